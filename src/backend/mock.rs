@@ -1,0 +1,336 @@
+//! The mock backend: a simulated node described in YAML (`mock.tessera.dev/v1alpha1`,
+//! kind `MockNode`), persisted as [`NodeState`] under the state dir.
+//!
+//! Without a file, the embedded default node is used: 2× H100 80GB HBM3 (minors 0–1,
+//! MIG-capable, PCIe root `pci0000:00`, NUMA 0) and 2× Tesla T4 (minors 2–3,
+//! `pci0000:80`, NUMA 1), with the default config gpu-0 `mig`, gpu-1 `shared`,
+//! gpu-2/3 `exclusive`. The file format is documented by `examples/mock-node.yaml`,
+//! which is exactly the embedded default.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::state::{NodeState, StateError};
+use super::{BackendError, CharMajors, GpuBackend, GpuInfo, NodeInventory};
+use crate::config::NodeConfig;
+
+/// The embedded default node description.
+pub const DEFAULT_NODE_YAML: &str = include_str!("../../examples/mock-node.yaml");
+pub const API_VERSION: &str = "mock.tessera.dev/v1alpha1";
+pub const KIND: &str = "MockNode";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MockCharDevices {
+    nvidia: u32,
+    #[serde(rename = "nvidia-uvm")]
+    nvidia_uvm: u32,
+    #[serde(rename = "nvidia-caps", default)]
+    nvidia_caps: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MockGpu {
+    /// NVML index; defaults to the position in the list.
+    #[serde(default)]
+    index: Option<u32>,
+    minor: u32,
+    uuid: String,
+    product_name: String,
+    brand: String,
+    architecture: String,
+    memory_bytes: u64,
+    multiprocessors: u32,
+    cuda_compute_capability: String,
+    #[serde(rename = "pciBusID")]
+    pci_bus_id: String,
+    #[serde(default)]
+    pcie_root: Option<String>,
+    #[serde(default)]
+    numa_node: Option<i64>,
+    #[serde(default)]
+    mig_capable: bool,
+    #[serde(default)]
+    mig_enabled: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MockNodeDoc {
+    api_version: String,
+    kind: String,
+    driver_version: String,
+    cuda_driver_version: String,
+    char_devices: MockCharDevices,
+    gpus: Vec<MockGpu>,
+    #[serde(default)]
+    config: Option<serde_yaml::Value>,
+}
+
+/// A parsed, validated mock node description.
+#[derive(Debug, Clone)]
+pub struct MockNode {
+    doc: MockNodeDoc,
+    source_name: String,
+    digest: String,
+}
+
+impl MockNode {
+    /// Parses and validates a description. Errors name the field and the source.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self, BackendError> {
+        let bad = |reason: String| BackendError::MockDescription {
+            path: source_name.into(),
+            reason,
+        };
+        let de = serde_yaml::Deserializer::from_str(text);
+        let doc: MockNodeDoc = serde_path_to_error::deserialize(de)
+            .map_err(|e| bad(format!("{}: {}", e.path(), e.inner())))?;
+        if doc.api_version != API_VERSION {
+            return Err(bad(format!(
+                "apiVersion: unsupported {:?}, expected {API_VERSION:?}",
+                doc.api_version
+            )));
+        }
+        if doc.kind != KIND {
+            return Err(bad(format!("kind: must be {KIND:?}")));
+        }
+        let mut minors = std::collections::BTreeSet::new();
+        let mut uuids = std::collections::BTreeSet::new();
+        for (i, g) in doc.gpus.iter().enumerate() {
+            if !minors.insert(g.minor) {
+                return Err(bad(format!("gpus[{i}].minor: duplicate minor {}", g.minor)));
+            }
+            if !g.uuid.starts_with("GPU-") || !uuids.insert(g.uuid.to_ascii_lowercase()) {
+                return Err(bad(format!(
+                    "gpus[{i}].uuid: {:?} must be a unique GPU-... UUID",
+                    g.uuid
+                )));
+            }
+            if g.mig_enabled && !g.mig_capable {
+                return Err(bad(format!("gpus[{i}].migEnabled: GPU is not migCapable")));
+            }
+        }
+        Ok(MockNode {
+            digest: fnv1a_hex(text.as_bytes()),
+            doc,
+            source_name: source_name.into(),
+        })
+    }
+
+    /// The embedded default node.
+    pub fn embedded_default() -> Result<Self, BackendError> {
+        Self::parse(DEFAULT_NODE_YAML, "built-in default node")
+    }
+
+    /// Loads a description file.
+    pub fn from_file(path: &Path) -> Result<Self, BackendError> {
+        let text = std::fs::read_to_string(path).map_err(|e| BackendError::MockDescription {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The node's inventory as described (GPUs ordered by minor).
+    pub fn inventory(&self) -> NodeInventory {
+        let mut gpus: Vec<GpuInfo> = self
+            .doc
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuInfo {
+                index: g.index.unwrap_or(i as u32),
+                minor: g.minor,
+                uuid: g.uuid.clone(),
+                product_name: g.product_name.clone(),
+                brand: g.brand.clone(),
+                architecture: g.architecture.clone(),
+                memory_bytes: g.memory_bytes,
+                multiprocessors: g.multiprocessors,
+                cuda_compute_capability: g.cuda_compute_capability.clone(),
+                pci_bus_id: g.pci_bus_id.to_ascii_lowercase(),
+                pcie_root: g.pcie_root.clone(),
+                numa_node: g.numa_node,
+                mig_capable: g.mig_capable,
+                mig_enabled: g.mig_enabled,
+            })
+            .collect();
+        gpus.sort_by_key(|g| g.minor);
+        NodeInventory {
+            driver_version: self.doc.driver_version.clone(),
+            cuda_driver_version: self.doc.cuda_driver_version.clone(),
+            char_majors: CharMajors {
+                nvidia: self.doc.char_devices.nvidia,
+                nvidia_uvm: self.doc.char_devices.nvidia_uvm,
+                nvidia_caps: self.doc.char_devices.nvidia_caps,
+            },
+            gpus,
+        }
+    }
+
+    /// The node config embedded in the description, if any, decoded strictly.
+    pub fn embedded_config(&self) -> Result<Option<NodeConfig>, crate::config::ConfigError> {
+        match &self.doc.config {
+            None => Ok(None),
+            Some(v) => NodeConfig::from_value(
+                v.clone(),
+                &format!("{} (config)", self.source_name),
+            )
+            .map(Some),
+        }
+    }
+
+    /// A digest of the description text; the state file records it so that a changed
+    /// description re-initialises the simulated node.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+}
+
+/// Whether the backend may create the state file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateAccess {
+    /// Read an existing state file if it matches the description; never write.
+    /// Used by `tessera inventory`, which must run without privileges.
+    ReadOnly,
+    /// Create (or re-create, when the description changed) the state file.
+    ReadWrite,
+}
+
+/// The mock backend over a [`MockNode`] and its state file.
+pub struct MockBackend {
+    node: MockNode,
+    state_dir: PathBuf,
+    access: StateAccess,
+}
+
+impl MockBackend {
+    pub fn new(node: MockNode, state_dir: PathBuf, access: StateAccess) -> Self {
+        MockBackend {
+            node,
+            state_dir,
+            access,
+        }
+    }
+
+    pub fn node(&self) -> &MockNode {
+        &self.node
+    }
+
+    /// Loads the node state, creating it from the description when missing or stale
+    /// (with [`StateAccess::ReadWrite`]).
+    pub fn state(&self) -> Result<NodeState, StateError> {
+        let existing = match NodeState::load(&self.state_dir) {
+            Ok(s) => s,
+            // Read-only callers must not fail on a state dir they cannot read.
+            Err(StateError::Read { .. }) if self.access == StateAccess::ReadOnly => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(s) = existing
+            && s.source_digest == self.node.digest()
+        {
+            return Ok(s);
+        }
+        let fresh = NodeState {
+            source_digest: self.node.digest().to_string(),
+            inventory: self.node.inventory(),
+        };
+        if self.access == StateAccess::ReadWrite {
+            fresh.store(&self.state_dir)?;
+        }
+        Ok(fresh)
+    }
+}
+
+impl GpuBackend for MockBackend {
+    fn kind(&self) -> &'static str {
+        "mock"
+    }
+
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        Ok(self.state()?.inventory)
+    }
+}
+
+/// FNV-1a, 64 bit: a stable digest with no dependency (not for security).
+fn fnv1a_hex(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded default node is the one the contract describes.
+    #[test]
+    fn embedded_default_node_matches_the_contract() {
+        let node = MockNode::embedded_default().unwrap();
+        let inv = node.inventory();
+        let summary: Vec<_> = inv
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.minor,
+                    g.product_name.as_str(),
+                    g.mig_capable,
+                    g.pcie_root.as_deref(),
+                    g.numa_node,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (0, "NVIDIA H100 80GB HBM3", true, Some("pci0000:00"), Some(0)),
+                (1, "NVIDIA H100 80GB HBM3", true, Some("pci0000:00"), Some(0)),
+                (2, "Tesla T4", false, Some("pci0000:80"), Some(1)),
+                (3, "Tesla T4", false, Some("pci0000:80"), Some(1)),
+            ]
+        );
+        let cfg = node.embedded_config().unwrap().unwrap();
+        let modes: Vec<_> = cfg
+            .resolve(&inv, "t")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.mode.as_str())
+            .collect();
+        assert_eq!(modes, ["mig", "shared", "exclusive", "exclusive"]);
+    }
+
+    /// An unknown field in a description is refused with its path.
+    #[test]
+    fn unknown_field_in_description_is_named() {
+        let text = DEFAULT_NODE_YAML.replace("numaNode: 0\n  migCapable: true\n  migEnabled: false\n- minor: 1", "numaNode: 0\n  migCapable: true\n  migEnabled: false\n  colour: green\n- minor: 1");
+        let err = MockNode::parse(&text, "t").unwrap_err().to_string();
+        assert!(err.contains("gpus[0]") && err.contains("colour"), "{err}");
+    }
+
+    /// The state file is created once and read back; a read-only backend never writes.
+    #[test]
+    fn state_is_persisted_only_with_write_access() {
+        let dir = tempfile::tempdir().unwrap();
+        let ro = MockBackend::new(
+            MockNode::embedded_default().unwrap(),
+            dir.path().into(),
+            StateAccess::ReadOnly,
+        );
+        assert_eq!(ro.discover().unwrap().gpus.len(), 4);
+        assert!(!dir.path().join(super::super::state::STATE_FILE).exists());
+        let rw = MockBackend::new(
+            MockNode::embedded_default().unwrap(),
+            dir.path().into(),
+            StateAccess::ReadWrite,
+        );
+        let inv = rw.discover().unwrap();
+        assert!(dir.path().join(super::super::state::STATE_FILE).exists());
+        assert_eq!(ro.discover().unwrap(), inv);
+    }
+}

@@ -1,0 +1,120 @@
+//! The GPU backend seam: what Tessera needs to know about the node's GPUs, behind a
+//! small trait with two implementations.
+//!
+//! * [`nvml::NvmlBackend`] talks to the NVIDIA driver through nvml-wrapper (optionally a
+//!   given `libnvidia-ml.so.1`, which is how tests point it at a fake library).
+//! * [`mock::MockBackend`] reads a YAML node description and keeps the simulated node's
+//!   state in [`state::NodeState`] under `--state-dir`. The fake `libnvidia-ml.so.1`
+//!   used in tests reads the very same state file, so the simulated node has one source
+//!   of truth.
+
+pub mod mock;
+pub mod nvml;
+pub mod state;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything discovery learns about one physical GPU. Backend-neutral: both the
+/// NVML and the mock backend fill exactly these fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    /// NVML enumeration index (not stable across reboots; the minor is).
+    pub index: u32,
+    /// Device minor number: `/dev/nvidia<minor>`. Device names derive from it.
+    pub minor: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+    /// NVML product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product_name: String,
+    /// NVML brand, e.g. `Nvidia`, `Tesla`.
+    pub brand: String,
+    /// Architecture name, e.g. `Hopper`, `Turing`.
+    pub architecture: String,
+    /// Total device memory in bytes, as NVML reports it.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessor count.
+    pub multiprocessors: u32,
+    /// CUDA compute capability as `major.minor`, e.g. `9.0`.
+    pub cuda_compute_capability: String,
+    /// PCI bus ID in the canonical `dddd:bb:dd.f` form, lower case.
+    pub pci_bus_id: String,
+    /// PCIe root complex (`pci0000:00`), when it could be resolved.
+    pub pcie_root: Option<String>,
+    /// NUMA node, when known.
+    pub numa_node: Option<i64>,
+    /// Whether the GPU supports MIG at all.
+    pub mig_capable: bool,
+    /// Whether MIG mode is currently enabled.
+    pub mig_enabled: bool,
+}
+
+/// Character-device majors of the NVIDIA driver, as listed in `/proc/devices`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CharMajors {
+    /// `nvidia` (or `nvidia-frontend` before driver 550.40): `/dev/nvidia<N>`, `nvidiactl`.
+    pub nvidia: u32,
+    /// `nvidia-uvm`: `/dev/nvidia-uvm` (minor 0) and `/dev/nvidia-uvm-tools` (minor 1).
+    pub nvidia_uvm: u32,
+    /// `nvidia-caps`: MIG capability nodes `/dev/nvidia-caps/nvidia-cap<m>`.
+    pub nvidia_caps: Option<u32>,
+}
+
+/// A snapshot of the node: driver facts plus every GPU, ordered by minor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInventory {
+    /// Kernel driver version as NVML prints it, e.g. `580.65.06`.
+    pub driver_version: String,
+    /// CUDA driver API version as `major.minor`, e.g. `13.0`.
+    pub cuda_driver_version: String,
+    pub char_majors: CharMajors,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// Errors of a GPU backend. `Display` says what failed here; causes are in `source`.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// NVML could not be loaded or initialised (no driver on this machine).
+    #[error(
+        "cannot load NVML from {lib}: {reason}; no NVIDIA driver here? Use `--backend mock` to run on a simulated node"
+    )]
+    NvmlUnavailable { lib: String, reason: String },
+    /// An NVML call failed on a device.
+    #[error("NVML call {call} failed on GPU {index}")]
+    NvmlCall {
+        call: &'static str,
+        index: u32,
+        #[source]
+        source: ::nvml_wrapper::error::NvmlError,
+    },
+    /// An NVML call failed that is not about a single device.
+    #[error("NVML call {call} failed")]
+    NvmlSystem {
+        call: &'static str,
+        #[source]
+        source: ::nvml_wrapper::error::NvmlError,
+    },
+    /// `/proc/devices` lacks a driver major or cannot be read.
+    #[error("cannot find the character-device major of {name} in {path}")]
+    CharMajor { name: &'static str, path: PathBuf },
+    /// The mock node description is unreadable or invalid.
+    #[error("mock node description {path}: {reason}")]
+    MockDescription { path: String, reason: String },
+    /// The simulated node's state file is unreadable, malformed or cannot be written.
+    #[error(transparent)]
+    State(#[from] state::StateError),
+}
+
+/// The narrow interface Tessera needs from a GPU driver. Later issues add MIG
+/// operations and health events here, shaped by what Tessera does, not by NVML.
+pub trait GpuBackend: Send + Sync {
+    /// A short name for logs (`nvml`, `mock`).
+    fn kind(&self) -> &'static str;
+    /// Enumerates the node's GPUs. Deterministic for an unchanged node; GPUs are
+    /// ordered by minor number.
+    fn discover(&self) -> Result<NodeInventory, BackendError>;
+}

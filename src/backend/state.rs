@@ -1,0 +1,327 @@
+//! The simulated node's state file: the one source of truth shared by the mock backend
+//! and the fake `libnvidia-ml.so.1` used in tests.
+//!
+//! The format is line-oriented text so that a small C library can read (and, for MIG,
+//! later write) it without a parser dependency. Each line is `key value`, where the
+//! value is the rest of the line after the first space. GPU blocks open with `gpu` and
+//! close with `end`:
+//!
+//! ```text
+//! tessera-node-state 1
+//! source 5f3a9c0e12ab34cd
+//! driver-version 580.65.06
+//! cuda-driver-version 13000
+//! major nvidia 195
+//! major nvidia-uvm 508
+//! major nvidia-caps 511
+//! gpu
+//! index 0
+//! minor 0
+//! uuid GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10
+//! name NVIDIA H100 80GB HBM3
+//! brand Nvidia
+//! architecture Hopper
+//! memory 85520809984
+//! multiprocessors 132
+//! compute-capability 9.0
+//! pci-bus-id 0000:19:00.0
+//! pcie-root pci0000:00
+//! numa-node 0
+//! mig-capable 1
+//! mig-enabled 0
+//! end
+//! ```
+//!
+//! `cuda-driver-version` uses NVML's integer form (`major*1000 + minor*10`). `pcie-root`
+//! and `numa-node` may be absent. Unknown keys are ignored so that a newer writer's file
+//! stays readable. Writers replace the file atomically.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::{CharMajors, GpuInfo, NodeInventory};
+
+/// File name of the state file inside `--state-dir`.
+pub const STATE_FILE: &str = "mock-node.state";
+const MAGIC: &str = "tessera-node-state";
+const FORMAT_VERSION: u32 = 1;
+
+/// The persisted simulated node: its inventory plus a digest of the description it was
+/// created from (so that a changed description re-initialises the node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub source_digest: String,
+    pub inventory: NodeInventory,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read node state {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write node state {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node state {path} line {line}: {reason}")]
+    Malformed {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+}
+
+impl NodeState {
+    /// Renders the state in the line format above. Deterministic.
+    pub fn render(&self) -> String {
+        let inv = &self.inventory;
+        let mut s = String::new();
+        // Writing to a String cannot fail.
+        let _ = writeln!(s, "{MAGIC} {FORMAT_VERSION}");
+        let _ = writeln!(s, "source {}", self.source_digest);
+        let _ = writeln!(s, "driver-version {}", inv.driver_version);
+        let _ = writeln!(
+            s,
+            "cuda-driver-version {}",
+            cuda_version_to_int(&inv.cuda_driver_version)
+        );
+        let _ = writeln!(s, "major nvidia {}", inv.char_majors.nvidia);
+        let _ = writeln!(s, "major nvidia-uvm {}", inv.char_majors.nvidia_uvm);
+        if let Some(caps) = inv.char_majors.nvidia_caps {
+            let _ = writeln!(s, "major nvidia-caps {caps}");
+        }
+        for g in &inv.gpus {
+            let _ = writeln!(s, "gpu");
+            let _ = writeln!(s, "index {}", g.index);
+            let _ = writeln!(s, "minor {}", g.minor);
+            let _ = writeln!(s, "uuid {}", g.uuid);
+            let _ = writeln!(s, "name {}", g.product_name);
+            let _ = writeln!(s, "brand {}", g.brand);
+            let _ = writeln!(s, "architecture {}", g.architecture);
+            let _ = writeln!(s, "memory {}", g.memory_bytes);
+            let _ = writeln!(s, "multiprocessors {}", g.multiprocessors);
+            let _ = writeln!(s, "compute-capability {}", g.cuda_compute_capability);
+            let _ = writeln!(s, "pci-bus-id {}", g.pci_bus_id);
+            if let Some(root) = &g.pcie_root {
+                let _ = writeln!(s, "pcie-root {root}");
+            }
+            if let Some(numa) = g.numa_node {
+                let _ = writeln!(s, "numa-node {numa}");
+            }
+            let _ = writeln!(s, "mig-capable {}", u8::from(g.mig_capable));
+            let _ = writeln!(s, "mig-enabled {}", u8::from(g.mig_enabled));
+            let _ = writeln!(s, "end");
+        }
+        s
+    }
+
+    /// Parses the line format. `path` is only used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, StateError> {
+        let bad = |line: usize, reason: String| StateError::Malformed {
+            path: path.to_path_buf(),
+            line,
+            reason,
+        };
+        let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end()));
+        match lines.next() {
+            Some((_, l)) if l == format!("{MAGIC} {FORMAT_VERSION}") => {}
+            Some((n, l)) => return Err(bad(n, format!("expected `{MAGIC} {FORMAT_VERSION}`, found `{l}`"))),
+            None => return Err(bad(0, "empty file".into())),
+        }
+        let mut digest = String::new();
+        let mut driver_version = None;
+        let mut cuda = None;
+        let (mut nvidia, mut uvm, mut caps) = (None, None, None);
+        let mut gpus = Vec::new();
+        let mut cur: Option<(usize, PartialGpu)> = None;
+        for (n, line) in lines {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+            if let Some((start, g)) = cur.as_mut() {
+                match key {
+                    "end" => {
+                        let g = std::mem::take(g).finish().map_err(|r| bad(*start, r))?;
+                        gpus.push(g);
+                        cur = None;
+                    }
+                    "gpu" => return Err(bad(n, "`gpu` inside a gpu block".into())),
+                    _ => g.set(key, value).map_err(|r| bad(n, r))?,
+                }
+                continue;
+            }
+            match key {
+                "source" => digest = value.to_string(),
+                "driver-version" => driver_version = Some(value.to_string()),
+                "cuda-driver-version" => {
+                    let v: u32 = value.parse().map_err(|_| bad(n, format!("bad cuda-driver-version `{value}`")))?;
+                    cuda = Some(format!("{}.{}", v / 1000, (v % 1000) / 10));
+                }
+                "major" => {
+                    let (name, num) = value.split_once(' ').unwrap_or((value, ""));
+                    let num: u32 = num.parse().map_err(|_| bad(n, format!("bad major `{value}`")))?;
+                    match name {
+                        "nvidia" => nvidia = Some(num),
+                        "nvidia-uvm" => uvm = Some(num),
+                        "nvidia-caps" => caps = Some(num),
+                        _ => {}
+                    }
+                }
+                "gpu" => cur = Some((n, PartialGpu::default())),
+                _ => {}
+            }
+        }
+        if let Some((start, _)) = cur {
+            return Err(bad(start, "gpu block without `end`".into()));
+        }
+        let missing = |what: &str| bad(0, format!("missing `{what}`"));
+        gpus.sort_by_key(|g: &GpuInfo| g.minor);
+        Ok(NodeState {
+            source_digest: digest,
+            inventory: NodeInventory {
+                driver_version: driver_version.ok_or_else(|| missing("driver-version"))?,
+                cuda_driver_version: cuda.ok_or_else(|| missing("cuda-driver-version"))?,
+                char_majors: CharMajors {
+                    nvidia: nvidia.ok_or_else(|| missing("major nvidia"))?,
+                    nvidia_uvm: uvm.ok_or_else(|| missing("major nvidia-uvm"))?,
+                    nvidia_caps: caps,
+                },
+                gpus,
+            },
+        })
+    }
+
+    /// Loads the state file from `state_dir`; `Ok(None)` when there is none yet.
+    pub fn load(state_dir: &Path) -> Result<Option<Self>, StateError> {
+        let path = state_dir.join(STATE_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&text, &path).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StateError::Read { path, source }),
+        }
+    }
+
+    /// Atomically (re)writes the state file into `state_dir`, creating the directory.
+    pub fn store(&self, state_dir: &Path) -> Result<(), StateError> {
+        let path = state_dir.join(STATE_FILE);
+        let write_err = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(state_dir).map_err(write_err)?;
+        tessera_cdi::atomic::write_atomic(
+            state_dir,
+            STATE_FILE,
+            &format!(".{STATE_FILE}.tmp"),
+            self.render().as_bytes(),
+        )
+        .map_err(write_err)
+    }
+}
+
+/// `13.0` → 13000, NVML's `cudaDriverVersion` encoding. Unparsable parts count as 0.
+pub fn cuda_version_to_int(v: &str) -> u32 {
+    let mut parts = v.split('.');
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    major * 1000 + minor * 10
+}
+
+#[derive(Default)]
+struct PartialGpu {
+    index: Option<u32>,
+    minor: Option<u32>,
+    uuid: Option<String>,
+    name: Option<String>,
+    brand: Option<String>,
+    architecture: Option<String>,
+    memory: Option<u64>,
+    sms: Option<u32>,
+    cc: Option<String>,
+    bus: Option<String>,
+    root: Option<String>,
+    numa: Option<i64>,
+    mig_capable: bool,
+    mig_enabled: bool,
+}
+
+impl PartialGpu {
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+            v.parse().map_err(|_| format!("bad {key} `{v}`"))
+        }
+        match key {
+            "index" => self.index = Some(num(key, value)?),
+            "minor" => self.minor = Some(num(key, value)?),
+            "uuid" => self.uuid = Some(value.into()),
+            "name" => self.name = Some(value.into()),
+            "brand" => self.brand = Some(value.into()),
+            "architecture" => self.architecture = Some(value.into()),
+            "memory" => self.memory = Some(num(key, value)?),
+            "multiprocessors" => self.sms = Some(num(key, value)?),
+            "compute-capability" => self.cc = Some(value.into()),
+            "pci-bus-id" => self.bus = Some(value.into()),
+            "pcie-root" => self.root = Some(value.into()),
+            "numa-node" => self.numa = Some(num(key, value)?),
+            "mig-capable" => self.mig_capable = value == "1",
+            "mig-enabled" => self.mig_enabled = value == "1",
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<GpuInfo, String> {
+        fn req<T>(v: Option<T>, key: &str) -> Result<T, String> {
+            v.ok_or_else(|| format!("gpu block lacks `{key}`"))
+        }
+        Ok(GpuInfo {
+            index: req(self.index, "index")?,
+            minor: req(self.minor, "minor")?,
+            uuid: req(self.uuid, "uuid")?,
+            product_name: req(self.name, "name")?,
+            brand: req(self.brand, "brand")?,
+            architecture: req(self.architecture, "architecture")?,
+            memory_bytes: req(self.memory, "memory")?,
+            multiprocessors: req(self.sms, "multiprocessors")?,
+            cuda_compute_capability: req(self.cc, "compute-capability")?,
+            pci_bus_id: req(self.bus, "pci-bus-id")?,
+            pcie_root: self.root,
+            numa_node: self.numa,
+            mig_capable: self.mig_capable,
+            mig_enabled: self.mig_enabled,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rendering then parsing gives back the same state (the format is lossless).
+    #[test]
+    fn state_round_trips() {
+        let state = NodeState {
+            source_digest: "abc".into(),
+            inventory: super::super::mock::MockNode::embedded_default()
+                .expect("embedded default parses")
+                .inventory(),
+        };
+        let text = state.render();
+        let back = NodeState::parse(&text, Path::new("x")).expect("parses");
+        assert_eq!(back, state);
+    }
+
+    /// A truncated GPU block is an error naming its line, not a silently smaller node.
+    #[test]
+    fn unterminated_gpu_block_is_an_error() {
+        let text = "tessera-node-state 1\ndriver-version 1\ncuda-driver-version 13000\nmajor nvidia 195\nmajor nvidia-uvm 508\ngpu\nindex 0\n";
+        let err = NodeState::parse(text, Path::new("s")).unwrap_err();
+        assert!(err.to_string().contains("line 6"), "{err}");
+    }
+}

@@ -1,0 +1,275 @@
+//! The node configuration (`config.tessera.dev/v1alpha1`, kind `NodeConfig`): which
+//! GPUs Tessera manages and in which mode. Decoding is strict and versioned; every
+//! error names the offending field.
+//!
+//! ```yaml
+//! apiVersion: config.tessera.dev/v1alpha1
+//! kind: NodeConfig
+//! gpus:                 # first matching rule wins; unmatched GPUs get the default mode
+//! - match: {minor: 0}   # exactly one of uuid, minor, product
+//!   mode: mig           # exclusive | mig | shared
+//! - match: {product: "Tesla T4"}
+//!   mode: exclusive
+//! exclude:              # GPUs Tessera never publishes
+//! - uuid: GPU-6c1f0d52-93a4-4e0b-8a27-51de3b9c7e44
+//! sliceLayout: auto     # auto | split | combined
+//! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
+//! ```
+//!
+//! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{GpuInfo, NodeInventory};
+
+pub const API_VERSION: &str = "config.tessera.dev/v1alpha1";
+pub const KIND: &str = "NodeConfig";
+
+/// How Tessera offers one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// A plain whole GPU (`type: gpu`).
+    Exclusive,
+    /// The whole GPU plus its MIG partitions, made exclusive through counters.
+    Mig,
+    /// One multi-allocatable device with consumable memory and compute.
+    Shared,
+}
+
+impl GpuMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMode::Exclusive => "exclusive",
+            GpuMode::Mig => "mig",
+            GpuMode::Shared => "shared",
+        }
+    }
+}
+
+/// Which ResourceSlice layout to use for counters (see the slices module).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SliceLayout {
+    /// Chosen from the API server version: `combined` on 1.34, `split` on ≥1.35.
+    #[default]
+    Auto,
+    /// Counter sets in slices of their own (Kubernetes ≥1.35).
+    Split,
+    /// Counter sets in the same slice as the devices that consume them (1.34).
+    Combined,
+}
+
+/// Selects GPUs. Exactly one field must be set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    /// Exact NVML product name, e.g. `NVIDIA H100 80GB HBM3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+}
+
+impl GpuSelector {
+    pub fn matches(&self, gpu: &GpuInfo) -> bool {
+        match (&self.uuid, self.minor, &self.product) {
+            (Some(u), _, _) => u.eq_ignore_ascii_case(&gpu.uuid),
+            (_, Some(m), _) => m == gpu.minor,
+            (_, _, Some(p)) => p == &gpu.product_name,
+            _ => false,
+        }
+    }
+
+    fn set_fields(&self) -> usize {
+        usize::from(self.uuid.is_some())
+            + usize::from(self.minor.is_some())
+            + usize::from(self.product.is_some())
+    }
+}
+
+/// One `gpus[]` rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuRule {
+    #[serde(rename = "match")]
+    pub selector: GpuSelector,
+    pub mode: GpuMode,
+}
+
+fn default_shared_slots() -> u32 {
+    4
+}
+
+/// The decoded node configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NodeConfig {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub gpus: Vec<GpuRule>,
+    #[serde(default)]
+    pub exclude: Vec<GpuSelector>,
+    #[serde(default)]
+    pub slice_layout: SliceLayout,
+    #[serde(default = "default_shared_slots")]
+    pub shared_slots: u32,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            gpus: Vec::new(),
+            exclude: Vec::new(),
+            slice_layout: SliceLayout::Auto,
+            shared_slots: default_shared_slots(),
+        }
+    }
+}
+
+/// A configuration error, naming the field (`gpus[1].mode`) it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node config {source_name}: {field}: {message}")]
+pub struct ConfigError {
+    /// Where the config came from (a file path, or `built-in`).
+    pub source_name: String,
+    /// The offending field path; `.` for the document itself.
+    pub field: String,
+    pub message: String,
+}
+
+/// One GPU with the mode the config gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedGpu {
+    pub gpu: GpuInfo,
+    pub mode: GpuMode,
+}
+
+impl NodeConfig {
+    /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
+    /// `apiVersion`/`kind`, and invalid values are errors naming the field.
+    pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        let value: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError {
+                source_name: source_name.into(),
+                field: ".".into(),
+                message: format!("not valid YAML: {e}"),
+            })?;
+        Self::from_value(value, source_name)
+    }
+
+    /// Decodes from an already parsed YAML value (e.g. the `config:` of a mock node).
+    pub fn from_value(value: serde_yaml::Value, source_name: &str) -> Result<Self, ConfigError> {
+        let err = |field: &str, message: String| ConfigError {
+            source_name: source_name.into(),
+            field: field.into(),
+            message,
+        };
+        // Check the version first, so that a future format gets "unsupported version"
+        // rather than a confusing unknown-field error.
+        let api_version = value.get("apiVersion").and_then(|v| v.as_str());
+        match api_version {
+            Some(API_VERSION) => {}
+            Some(other) => {
+                return Err(err(
+                    "apiVersion",
+                    format!("unsupported version {other:?}, expected {API_VERSION:?}"),
+                ));
+            }
+            None => return Err(err("apiVersion", format!("required, must be {API_VERSION:?}"))),
+        }
+        match value.get("kind").and_then(|v| v.as_str()) {
+            Some(KIND) => {}
+            other => return Err(err("kind", format!("must be {KIND:?}, found {other:?}"))),
+        }
+        let cfg: NodeConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            err(&path, e.into_inner().to_string())
+        })?;
+        cfg.validate(source_name)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, source_name: &str) -> Result<(), ConfigError> {
+        let err = |field: String, message: String| ConfigError {
+            source_name: source_name.into(),
+            field,
+            message,
+        };
+        for (i, rule) in self.gpus.iter().enumerate() {
+            if rule.selector.set_fields() != 1 {
+                return Err(err(
+                    format!("gpus[{i}].match"),
+                    "exactly one of uuid, minor, product must be set".into(),
+                ));
+            }
+        }
+        for (i, sel) in self.exclude.iter().enumerate() {
+            if sel.set_fields() != 1 {
+                return Err(err(
+                    format!("exclude[{i}]"),
+                    "exactly one of uuid, minor, product must be set".into(),
+                ));
+            }
+        }
+        if self.shared_slots == 0 || 100 % self.shared_slots != 0 {
+            return Err(err(
+                "sharedSlots".into(),
+                format!(
+                    "{} does not divide 100 (each slot's compute share is 100/N percent)",
+                    self.shared_slots
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decides each GPU's mode: excluded GPUs are dropped, the first matching rule
+    /// wins, and unmatched GPUs get the default (`mig` if MIG-capable, else
+    /// `exclusive`). Deterministic. Fails when a rule asks for `mig` on a GPU that is
+    /// not MIG-capable, naming the rule.
+    pub fn resolve(
+        &self,
+        inventory: &NodeInventory,
+        source_name: &str,
+    ) -> Result<Vec<ManagedGpu>, ConfigError> {
+        let mut out = Vec::with_capacity(inventory.gpus.len());
+        for gpu in &inventory.gpus {
+            if self.exclude.iter().any(|s| s.matches(gpu)) {
+                continue;
+            }
+            let rule = self
+                .gpus
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.selector.matches(gpu));
+            let mode = match rule {
+                Some((i, r)) => {
+                    if r.mode == GpuMode::Mig && !gpu.mig_capable {
+                        return Err(ConfigError {
+                            source_name: source_name.into(),
+                            field: format!("gpus[{i}].mode"),
+                            message: format!(
+                                "gpu-{} ({}) is not MIG-capable",
+                                gpu.minor, gpu.product_name
+                            ),
+                        });
+                    }
+                    r.mode
+                }
+                None if gpu.mig_capable => GpuMode::Mig,
+                None => GpuMode::Exclusive,
+            };
+            out.push(ManagedGpu {
+                gpu: gpu.clone(),
+                mode,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,339 @@
+//! Publishing the node's pool of ResourceSlices (kube-rs, `resource.k8s.io/v1`).
+//!
+//! Mirrors the upstream Go helper (`kubernetes-dra-api.md` §6): slices are owned by the
+//! Node, named with the indexed `generateName`, written only when something changed,
+//! stale ones deleted (with uid + resourceVersion preconditions), the pool generation
+//! bumped when more than one slice changes, and the pool republished when somebody
+//! (the kubelet at its start) deletes our slices. Before writing, the desired pool is
+//! validated against the server version's limits; an invalid pool is refused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::kubever::{FeatureGates, KubeVersion, VersionError};
+use crate::slices::parse_slice_index;
+use crate::validation;
+
+/// Errors of one publish step. `Display` names the step; the API error is the source.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("API call failed: {step}")]
+    Api {
+        step: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("API server version is not supported")]
+    Version(#[source] VersionError),
+    #[error("refusing to publish an invalid pool for Kubernetes {version}: {}", reasons.join("; "))]
+    InvalidPool { version: KubeVersion, reasons: Vec<String> },
+}
+
+fn api(step: &'static str) -> impl FnOnce(kube::Error) -> PublishError {
+    move |source| PublishError::Api { step, source }
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    /// The pool generation now published.
+    pub generation: i64,
+}
+
+impl SyncReport {
+    pub fn writes(&self) -> usize {
+        self.created + self.updated + self.deleted
+    }
+}
+
+/// Publishes one node-local pool (pool name = node name).
+pub struct Publisher {
+    slices: Api<ResourceSlice>,
+    driver: String,
+    node: String,
+    version: KubeVersion,
+    owner: OwnerReference,
+    /// For each slice index: the spec we last sent and the spec the server stored.
+    /// The server may drop gated fields, so "unchanged" means "the server still has
+    /// what it made of our last write", not "equal to what we want".
+    written: HashMap<usize, (ResourceSliceSpec, ResourceSliceSpec)>,
+}
+
+impl Publisher {
+    /// Learns the server version (`/version`) and the Node's UID for the owner
+    /// reference.
+    pub async fn new(client: kube::Client, driver: &str, node: &str) -> Result<Self, PublishError> {
+        let info = client.apiserver_version().await.map_err(api("get /version"))?;
+        let version = KubeVersion::from_server(&info.major, &info.minor).map_err(PublishError::Version)?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n = nodes.get(node).await.map_err(api("get node"))?;
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.into(),
+            uid: n.metadata.uid.unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        Ok(Publisher {
+            slices: Api::all(client),
+            driver: driver.into(),
+            node: node.into(),
+            version,
+            owner,
+            written: HashMap::new(),
+        })
+    }
+
+    /// The API server's release.
+    pub fn version(&self) -> KubeVersion {
+        self.version
+    }
+
+    fn field_selector(&self) -> String {
+        format!("spec.nodeName={},spec.driver={}", self.node, self.driver)
+    }
+
+    /// Validates the desired pool against the server version's limits: each slice as
+    /// the server would, plus the cross-slice checks the allocator makes.
+    pub fn prevalidate(&self, desired: &[ResourceSlice]) -> Result<(), PublishError> {
+        let gates = FeatureGates::defaults(self.version);
+        let mut reasons = Vec::new();
+        for (i, s) in desired.iter().enumerate() {
+            for e in validation::validate_resource_slice(s, &gates) {
+                reasons.push(format!("slice {i}: {e}"));
+            }
+        }
+        let refs: Vec<&ResourceSlice> = desired.iter().collect();
+        for p in validation::validate_pool(&refs) {
+            reasons.push(p.to_string());
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(PublishError::InvalidPool {
+                version: self.version,
+                reasons,
+            })
+        }
+    }
+
+    /// Creates each desired slice with `dryRun=All` and reports the fields the server
+    /// dropped (disabled feature gates), e.g. `spec.devices[0].allowMultipleAllocations`.
+    /// Writes nothing.
+    pub async fn detect_dropped_fields(&self, desired: &[ResourceSlice]) -> Result<Vec<String>, PublishError> {
+        let mut dropped = Vec::new();
+        for s in desired {
+            let probe = self.with_metadata(s, 1, None);
+            let stored = self
+                .slices
+                .create(&PostParams { dry_run: true, field_manager: None }, &probe)
+                .await
+                .map_err(api("dry-run create resourceslice"))?;
+            dropped.extend(validation::dropped_fields(&probe, &stored));
+        }
+        dropped.sort();
+        dropped.dedup();
+        Ok(dropped)
+    }
+
+    fn with_metadata(&self, desired: &ResourceSlice, generation: i64, base: Option<&ResourceSlice>) -> ResourceSlice {
+        let mut s = desired.clone();
+        s.spec.pool.generation = generation;
+        s.metadata.owner_references = Some(vec![self.owner.clone()]);
+        if let Some(base) = base {
+            s.metadata.name = base.metadata.name.clone();
+            s.metadata.generate_name = base.metadata.generate_name.clone();
+            s.metadata.resource_version = base.metadata.resource_version.clone();
+            s.metadata.uid = base.metadata.uid.clone();
+        }
+        s
+    }
+
+    fn unchanged(&self, index: usize, existing: &ResourceSlice, desired: &ResourceSlice) -> bool {
+        let norm = |spec: &ResourceSliceSpec| {
+            let mut s = spec.clone();
+            s.pool.generation = 0;
+            s
+        };
+        let have = norm(&existing.spec);
+        let want = norm(&desired.spec);
+        if have == want {
+            return true;
+        }
+        matches!(self.written.get(&index), Some((sent, stored)) if norm(sent) == want && norm(stored) == have)
+    }
+
+    /// Makes the server's pool equal to `desired` with as few writes as possible.
+    /// Zero writes when nothing changed. Order: delete obsolete, update changed, create
+    /// missing.
+    pub async fn sync(&mut self, desired: &[ResourceSlice]) -> Result<SyncReport, PublishError> {
+        self.prevalidate(desired)?;
+        let list = self
+            .slices
+            .list(&ListParams::default().fields(&self.field_selector()))
+            .await
+            .map_err(api("list resourceslices"))?;
+        let existing: Vec<ResourceSlice> = list
+            .items
+            .into_iter()
+            .filter(|s| s.spec.pool.name == self.node)
+            .collect();
+        let max_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let mut obsolete = Vec::new();
+        let mut by_index: BTreeMap<usize, ResourceSlice> = BTreeMap::new();
+        for s in existing {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            match parse_slice_index(&name, &self.driver, &self.node) {
+                Some(i) if s.spec.pool.generation == max_gen && i < desired.len() && !by_index.contains_key(&i) => {
+                    by_index.insert(i, s);
+                }
+                _ => obsolete.push(s),
+            }
+        }
+        let changed: Vec<usize> = by_index
+            .iter()
+            .filter(|(i, s)| !self.unchanged(**i, s, &desired[**i]))
+            .map(|(i, _)| *i)
+            .collect();
+        let missing: Vec<usize> = (0..desired.len()).filter(|i| !by_index.contains_key(i)).collect();
+        let mut report = SyncReport {
+            generation: max_gen,
+            ..Default::default()
+        };
+        if obsolete.is_empty() && changed.is_empty() && missing.is_empty() {
+            return Ok(report);
+        }
+        // Keep the generation for a single in-place change; otherwise bump it and
+        // rewrite every slice, so consumers never mix old and new slices.
+        let (generation, to_update): (i64, Vec<usize>) = if missing.is_empty() && changed.len() <= 1 && max_gen > 0 {
+            (max_gen, changed)
+        } else {
+            (max_gen + 1, by_index.keys().copied().collect())
+        };
+        report.generation = generation;
+        for s in &obsolete {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: s.metadata.uid.clone(),
+                    resource_version: s.metadata.resource_version.clone(),
+                }),
+                ..Default::default()
+            };
+            match self.slices.delete(&name, &dp).await {
+                Ok(_) => report.deleted += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(api("delete resourceslice")(e)),
+            }
+        }
+        for i in to_update {
+            let base = &by_index[&i];
+            let obj = self.with_metadata(&desired[i], generation, Some(base));
+            let name = base.metadata.name.clone().unwrap_or_default();
+            let stored = self
+                .slices
+                .replace(&name, &PostParams::default(), &obj)
+                .await
+                .map_err(api("update resourceslice"))?;
+            self.written.insert(i, (obj.spec, stored.spec));
+            report.updated += 1;
+        }
+        for i in missing {
+            let obj = self.with_metadata(&desired[i], generation, None);
+            let stored = self
+                .slices
+                .create(&PostParams::default(), &obj)
+                .await
+                .map_err(api("create resourceslice"))?;
+            self.written.insert(i, (obj.spec, stored.spec));
+            report.created += 1;
+        }
+        info!(
+            node = %self.node,
+            generation,
+            created = report.created,
+            updated = report.updated,
+            deleted = report.deleted,
+            "published ResourceSlices"
+        );
+        Ok(report)
+    }
+
+    /// Keeps the pool published until `shutdown` resolves: syncs whenever the desired
+    /// pool changes or our slices change on the server (for example the kubelet wiping
+    /// them at its start), retrying failures with a capped backoff. Leaves the slices in
+    /// place at shutdown (the kubelet wipes them when the driver is gone).
+    pub async fn run(
+        mut self,
+        mut desired: watch::Receiver<Vec<ResourceSlice>>,
+        debounce: Duration,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let cfg = watcher::Config::default().fields(&self.field_selector());
+        let mut events = watcher(self.slices.clone(), cfg).default_backoff().boxed();
+        tokio::pin!(shutdown);
+        let mut backoff = Duration::from_millis(200);
+        let mut reported_drops: Option<Vec<String>> = None;
+        loop {
+            let want = desired.borrow_and_update().clone();
+            if reported_drops.is_none() {
+                match self.detect_dropped_fields(&want).await {
+                    Ok(d) if d.is_empty() => reported_drops = Some(d),
+                    Ok(d) => {
+                        warn!(fields = ?d, "the API server dropped fields of our ResourceSlices (feature gates off)");
+                        reported_drops = Some(d);
+                    }
+                    Err(e) => warn!(error = %e, "dry-run probe for dropped fields failed"),
+                }
+            }
+            let retry = match self.sync(&want).await {
+                Ok(_) => {
+                    backoff = Duration::from_millis(200);
+                    None
+                }
+                Err(e) => {
+                    warn!(error = %e, error_source = ?std::error::Error::source(&e), "publishing ResourceSlices failed");
+                    let wait = backoff;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    Some(wait)
+                }
+            };
+            // Wait for a reason to sync again.
+            let retry_sleep = tokio::time::sleep(retry.unwrap_or(Duration::from_secs(3600)));
+            tokio::pin!(retry_sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = &mut retry_sleep, if retry.is_some() => break,
+                    changed = desired.changed() => {
+                        if changed.is_err() { return; }
+                        reported_drops = None;
+                        break;
+                    }
+                    ev = events.next() => match ev {
+                        Some(Ok(watcher::Event::Delete(_) | watcher::Event::Apply(_) | watcher::Event::InitDone)) => {
+                            tokio::time::sleep(debounce).await;
+                            break;
+                        }
+                        Some(_) => {}
+                        None => return,
+                    }
+                }
+            }
+        }
+    }
+}

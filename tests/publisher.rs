@@ -1,0 +1,255 @@
+//! The publisher against the fake API server, on every supported Kubernetes version:
+//! create, no-op resync with zero writes, change, external deletion, dropped gated
+//! fields, and the `tessera inventory` output passing the server's validation.
+
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, PostParams};
+use tessera::backend::mock::{MockNode, StateAccess};
+use tessera::backend::GpuInfo;
+use tessera::config::{GpuMode, ManagedGpu, NodeConfig};
+use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
+use tessera::kubever::KubeVersion;
+use tessera::node::{load_node, BackendPaths, BackendSpec, NodeModel};
+use tessera::publish::Publisher;
+use tessera::slices::{build_pool, PoolParams};
+
+const DRIVER: &str = "gpu.tessera.dev";
+const NODE: &str = "node-a";
+
+fn default_model() -> NodeModel {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = BackendPaths {
+        state_dir: dir.path().into(),
+        ..Default::default()
+    };
+    load_node(&BackendSpec::Mock(None), None, &paths, StateAccess::ReadOnly).unwrap()
+}
+
+fn pool(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
+    build_pool(
+        &PoolParams {
+            driver: DRIVER,
+            node_name: NODE,
+            version,
+        },
+        &model.inventory,
+        &model.gpus,
+    )
+}
+
+async fn server(version: KubeVersion) -> FakeApiServer {
+    let s = FakeApiServer::start(FakeApiConfig::new(version)).await.unwrap();
+    s.add_node(NODE);
+    s
+}
+
+/// First sync creates the pool owned by the Node; a second sync writes nothing.
+#[tokio::test]
+async fn publisher_creates_then_resyncs_with_zero_writes_on_every_version() {
+    for version in KubeVersion::ALL {
+        let api = server(version).await;
+        let model = default_model();
+        let desired = pool(&model, version);
+        let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        assert_eq!(p.version(), version);
+        let r = p.sync(&desired).await.unwrap();
+        assert_eq!((r.created, r.updated, r.deleted, r.generation), (1, 0, 0, 1), "{version}");
+        let stored = api.resource_slices();
+        assert_eq!(stored.len(), 1);
+        let s = &stored[0];
+        let name = s.metadata.name.as_deref().unwrap();
+        assert!(name.starts_with("00000-gpu.tessera.dev-node-a-") && name.len() == 34, "{name}");
+        let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
+        assert!(!owner.uid.is_empty());
+        assert_eq!(s.spec.devices.as_ref().unwrap().len(), 4);
+
+        api.clear_requests();
+        let r = p.sync(&desired).await.unwrap();
+        assert_eq!(r.writes(), 0, "{version}");
+        assert_eq!(api.write_count(), 0, "{version}: {:?}", api.requests());
+    }
+}
+
+/// One changed slice is updated in place at the same generation; a change in the
+/// number of slices bumps the generation and deletes the surplus slice.
+#[tokio::test]
+async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
+    let version = KubeVersion::NEWEST;
+    let api = server(version).await;
+    let mut model = default_model();
+    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+    p.sync(&pool(&model, version)).await.unwrap();
+
+    // Exclude gpu-3: one slice changes in place.
+    let cfg = NodeConfig::from_yaml(
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\nexclude:\n- minor: 3\n",
+        "test",
+    )
+    .unwrap();
+    model.gpus = cfg.resolve(&model.inventory, "test").unwrap();
+    let r = p.sync(&pool(&model, version)).await.unwrap();
+    assert_eq!((r.created, r.updated, r.deleted, r.generation), (0, 1, 0, 1));
+    assert_eq!(api.resource_slices()[0].spec.devices.as_ref().unwrap().len(), 3);
+
+    // 130 GPUs need two slices: generation 2, one updated, one created.
+    let template = model.inventory.gpus[2].clone();
+    let many: Vec<ManagedGpu> = (0..130)
+        .map(|i| ManagedGpu {
+            gpu: GpuInfo {
+                minor: i,
+                index: i,
+                uuid: format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
+                ..template.clone()
+            },
+            mode: GpuMode::Exclusive,
+        })
+        .collect();
+    model.gpus = many;
+    let r = p.sync(&pool(&model, version)).await.unwrap();
+    assert_eq!((r.created, r.updated, r.deleted, r.generation), (1, 1, 0, 2));
+    let stored = api.resource_slices();
+    assert_eq!(stored.len(), 2);
+    assert!(stored.iter().all(|s| s.spec.pool.generation == 2 && s.spec.pool.resource_slice_count == 2));
+
+    // Back to one slice: generation 3, the second slice is deleted.
+    model.gpus.truncate(4);
+    let r = p.sync(&pool(&model, version)).await.unwrap();
+    assert_eq!((r.created, r.updated, r.deleted, r.generation), (0, 1, 1, 3));
+    assert_eq!(api.resource_slices().len(), 1);
+}
+
+/// When somebody deletes our slice (the kubelet does at its start), the running
+/// publisher puts it back.
+#[tokio::test]
+async fn publisher_republishes_after_external_deletion() {
+    for version in KubeVersion::ALL {
+        let api = server(version).await;
+        let model = default_model();
+        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        let (_tx, rx) = tokio::sync::watch::channel(pool(&model, version));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(p.run(rx, Duration::from_millis(50), async {
+            let _ = stop_rx.await;
+        }));
+        let first = wait_for_slices(&api, 1).await;
+        let name = first[0].metadata.name.clone().unwrap();
+        assert!(api.delete_resource_slice(&name));
+        let again = wait_for_slices(&api, 1).await;
+        assert_ne!(again[0].metadata.name.as_deref(), Some(name.as_str()), "{version}");
+        assert_eq!(again[0].spec.devices.as_ref().unwrap().len(), 4);
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    }
+}
+
+async fn wait_for_slices(api: &FakeApiServer, n: usize) -> Vec<ResourceSlice> {
+    for _ in 0..200 {
+        let s = api.resource_slices();
+        if s.len() == n {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {n} slices; have {:?}", api.resource_slices().len());
+}
+
+/// A slice using consumable capacity, to see whether the server keeps the gated fields.
+fn shared_slice(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
+    let mut slices = pool(model, version);
+    let dev = &mut slices[0].spec.devices.as_mut().unwrap()[1];
+    dev.allow_multiple_allocations = Some(true);
+    let mut cap = dev.capacity.clone().unwrap();
+    let mem = cap.get_mut("memory").unwrap();
+    mem.value = Quantity("85520809984".into());
+    mem.request_policy = Some(CapacityRequestPolicy {
+        default: Some(Quantity("85520809984".into())),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: Quantity("1048576".into()),
+            max: None,
+            step: Some(Quantity("1048576".into())),
+        }),
+        valid_values: None,
+    });
+    dev.capacity = Some(cap);
+    slices
+}
+
+/// The dry-run probe reports exactly the fields a server with the gate off drops.
+#[tokio::test]
+async fn publisher_detects_dropped_gated_fields() {
+    let model = default_model();
+    for version in KubeVersion::ALL {
+        let api = server(version).await;
+        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        api.clear_requests();
+        let dropped = p.detect_dropped_fields(&shared_slice(&model, version)).await.unwrap();
+        let gate_on = version.minor() >= 36;
+        if gate_on {
+            assert!(dropped.is_empty(), "{version}: {dropped:?}");
+        } else {
+            let text = dropped.join(" ");
+            assert!(text.contains("allowMultipleAllocations"), "{version}: {dropped:?}");
+            assert!(text.contains("requestPolicy"), "{version}: {dropped:?}");
+        }
+        assert_eq!(api.write_count(), 0, "dry runs store nothing");
+        assert!(api.resource_slices().is_empty());
+    }
+}
+
+/// `tessera inventory` for the default node is accepted by the fake server's
+/// validation for every version (the CLI output, created verbatim).
+#[tokio::test]
+async fn inventory_output_passes_server_validation_on_every_version() {
+    for version in KubeVersion::ALL {
+        let state = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["inventory", "--backend", "mock", "--node-name", NODE, "-o", "json"])
+            .args(["--k8s-version", &version.to_string()])
+            .arg("--state-dir")
+            .arg(state.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(list["kind"], "List");
+        let items = list["items"].as_array().unwrap();
+        assert!(!items.is_empty());
+        let api = server(version).await;
+        let slices: Api<ResourceSlice> = Api::all(api.client().unwrap());
+        for item in items {
+            let s: ResourceSlice = serde_json::from_value(item.clone()).unwrap();
+            let created = slices.create(&PostParams::default(), &s).await;
+            assert!(created.is_ok(), "{version}: {created:?}");
+        }
+        assert!(std::fs::read_dir(state.path()).unwrap().next().is_none(), "inventory writes no state");
+    }
+}
+
+/// An invalid pool is refused before any write, with the reason.
+#[tokio::test]
+async fn publisher_refuses_an_invalid_pool_without_writing() {
+    let api = server(KubeVersion::NEWEST).await;
+    let model = default_model();
+    let mut desired = pool(&model, KubeVersion::NEWEST);
+    let devs = desired[0].spec.devices.as_mut().unwrap();
+    let mut attrs = devs[0].attributes.clone().unwrap_or_default();
+    attrs.insert(
+        "productName".into(),
+        k8s_openapi::api::resource::v1::DeviceAttribute {
+            string: Some("x".repeat(65)),
+            ..Default::default()
+        },
+    );
+    devs[0].attributes = Some(attrs);
+    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+    api.clear_requests();
+    let err = p.sync(&desired).await.unwrap_err().to_string();
+    assert!(err.contains("productName"), "{err}");
+    assert_eq!(api.write_count(), 0);
+}
