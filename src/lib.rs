@@ -1,12 +1,22 @@
 //! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map.
 
 pub mod backend;
+pub mod cdispec;
+pub mod checkpoint;
+pub mod claims;
 pub mod config;
+pub mod demo;
+pub mod driver;
+pub mod kubelet;
 pub mod kubever;
 pub mod naming;
 pub mod node;
+pub mod plugin;
+pub mod proto;
 pub mod versions;
 pub mod fakeapi;
+pub mod gpuconfig;
 pub mod publish;
 pub mod slices;
+pub mod state;
 pub mod validation;

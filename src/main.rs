@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera::backend::mock::StateAccess;
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
-use tessera::publish::Publisher;
+use tessera::plugin::{PluginOptions, PluginPaths};
+use tessera::state::FailPoints;
 use tessera::slices::{PoolParams, build_pool};
 
 #[derive(Parser)]
@@ -21,10 +22,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the kubelet plugin on this node (publishes the node's ResourceSlices).
+    /// Run the kubelet plugin on this node.
     Plugin(Box<PluginArgs>),
     /// Print the ResourceSlices the plugin would publish, as a v1 List.
     Inventory(InventoryArgs),
+    /// Run the whole node path against a fake API server and the mock node, in seconds.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Keep the demo's temp directory (specs, checkpoint, sockets) for inspection.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +87,12 @@ struct PluginArgs {
     /// The interception library to install into the run dir; default: next to the binary.
     #[arg(long)]
     interception_lib: Option<PathBuf>,
+    /// Rolling updates (kubelet >=1.33): this pod's UID, for per-pod socket names.
+    #[arg(long, env = "POD_UID")]
+    rolling_update_pod_uid: Option<String>,
+    /// Seconds between checks of prepared claims against the API server.
+    #[arg(long, default_value = "600")]
+    stale_claim_check_seconds: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -113,16 +129,22 @@ struct InventoryArgs {
 }
 
 fn main() -> Result<()> {
+    let cli = Cli::parse();
+    // The demo prints its own summary; its logs would only interleave with it.
+    let default_level = if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Inventory(a) => inventory(a),
+        Command::Demo(a) => {
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            rt.block_on(demo(a))
+        }
         Command::Plugin(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(plugin(*a))
@@ -169,8 +191,26 @@ fn inventory(a: InventoryArgs) -> Result<()> {
     Ok(())
 }
 
+async fn demo(a: DemoArgs) -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("tessera-demo-").tempdir()?;
+    let mut out = String::new();
+    let result = tessera::demo::run(dir.path(), &mut out).await;
+    print!("{out}");
+    let report = result?;
+    if !report.leftover_files.is_empty() {
+        bail!("files left in the CDI dir: {:?}", report.leftover_files);
+    }
+    if a.keep {
+        let kept = dir.keep();
+        println!("kept {}", kept.display());
+    }
+    Ok(())
+}
+
 async fn plugin(a: PluginArgs) -> Result<()> {
     tracing::debug!(args = ?a, "plugin configuration");
+    let fail_points = FailPoints::parse(&std::env::var("TESSERA_FAILPOINTS").unwrap_or_default())
+        .map_err(anyhow::Error::msg)?;
     let paths = BackendPaths {
         state_dir: a.state_dir.clone(),
         proc_root: a.proc_root.clone(),
@@ -186,33 +226,47 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         }
         None => kube::Client::try_default().await.context("in-cluster Kubernetes config")?,
     };
-    let publisher = Publisher::new(client, &a.driver_name, &a.node_name)
-        .await
-        .context("connecting to the API server")?;
-    let slices = build_pool(
-        &PoolParams {
-            driver: &a.driver_name,
-            node_name: &a.node_name,
-            version: publisher.version(),
+    let plugin_dir = a
+        .plugin_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&a.driver_name));
+    let opts = PluginOptions {
+        driver_name: a.driver_name.clone(),
+        node_name: a.node_name.clone(),
+        paths: PluginPaths {
+            plugin_registry_dir: a.plugin_registry_dir.clone(),
+            plugin_dir,
+            cdi_dir: a.cdi_dir.clone(),
+            state_dir: a.state_dir.clone(),
+            run_dir: a.run_dir.clone(),
+            dev_root: a.dev_root.clone(),
+            host_dev_root: a.host_dev_root.clone().unwrap_or_else(|| a.dev_root.clone()),
+            driver_root: a.driver_root.clone(),
+            host_driver_root: a.host_driver_root.clone().unwrap_or_else(|| a.driver_root.clone()),
+            proc_root: a.proc_root.clone(),
         },
-        &model.inventory,
-        &model.gpus,
-    );
-    publisher.prevalidate(&slices)?;
-    if slices.is_empty() {
-        bail!("no slices to publish");
-    }
-    tracing::info!(
-        node = %a.node_name,
-        gpus = model.gpus.len(),
-        kubernetes = %publisher.version(),
-        "publishing ResourceSlices; kubelet gRPC serving is not part of this build yet"
-    );
-    let (_tx, rx) = tokio::sync::watch::channel(slices);
-    publisher
-        .run(rx, Duration::from_millis(500), async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+        rolling_update_pod_uid: a.rolling_update_pod_uid.clone(),
+        stale_check_interval: Duration::from_secs(a.stale_claim_check_seconds.max(1)),
+        stale_min_age: Duration::from_secs(60),
+        publish_debounce: Duration::from_millis(500),
+        fail_points,
+    };
+    tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

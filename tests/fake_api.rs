@@ -11,8 +11,8 @@ use k8s_openapi::api::resource::v1::{
     DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
     ResourceClaimStatus, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Preconditions};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
 use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
 use tessera::kubever::KubeVersion;
 
@@ -186,8 +186,7 @@ async fn claims_with_status_subresource() {
     let same = api.replace("c1", &PostParams::default(), &with_status).await.unwrap();
     assert!(same.status.is_none());
     with_status.metadata.resource_version = same.metadata.resource_version.clone();
-    let data = serde_json::to_vec(&with_status).unwrap();
-    let allocated = api.replace_status("c1", &PostParams::default(), data).await.unwrap();
+    let allocated = api.replace_status("c1", &PostParams::default(), &with_status).await.unwrap();
     assert_eq!(
         allocated.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap()[0].device,
         "gpu-0"

@@ -1,6 +1,6 @@
 //! The production GPU backend: whole-GPU discovery through NVML (nvml-wrapper's safe
-//! API), plus the two facts NVML does not know, read from the host's `/proc` and
-//! `/sys` (character-device majors, PCIe root, and NUMA node where NVML has none).
+//! API), plus what NVML does not know, read from the host's `/proc` and `/sys`:
+//! character-device majors, the PCIe root complex, and the NUMA node when NVML has none.
 //!
 //! This module is a thin edge: [`NvmlBackend`] makes the calls and maps their errors,
 //! and the decisions (bus-ID normalisation, CUDA cores per SM, `/proc/devices` parsing,
@@ -31,6 +31,15 @@ pub struct NvmlBackend {
     sys_root: PathBuf,
 }
 
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("proc_root", &self.proc_root)
+            .field("sys_root", &self.sys_root)
+            .finish_non_exhaustive()
+    }
+}
+
 impl NvmlBackend {
     /// Loads and initialises NVML from `lib_path` (or the loader's default search for
     /// `libnvidia-ml.so.1`). `proc_root` and `sys_root` stand for `/proc` and `/sys`.
@@ -52,7 +61,6 @@ impl NvmlBackend {
             lib: lib_path
                 .as_deref()
                 .map_or_else(|| DEFAULT_LIB.to_string(), |p| p.display().to_string()),
-            // A String, not a source: the variant is shared with non-NVML causes.
             // NvmlError's Display already includes its libloading cause.
             reason: e.to_string(),
         })?;
@@ -65,7 +73,13 @@ impl NvmlBackend {
 
     /// One GPU by NVML index. Side effects: NVML calls and sysfs reads only.
     fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
-        let call = |call: &'static str| move |source| BackendError::NvmlCall { call, index, source };
+        let call = |call: &'static str| {
+            move |source| BackendError::NvmlCall {
+                call,
+                index,
+                source,
+            }
+        };
         let dev = self
             .nvml
             .device_by_index(index)
@@ -73,9 +87,15 @@ impl NvmlBackend {
         let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
         let product_name = dev.name().map_err(call("nvmlDeviceGetName"))?;
         let brand = dev.brand().map_err(call("nvmlDeviceGetBrand"))?;
-        let architecture = dev.architecture().map_err(call("nvmlDeviceGetArchitecture"))?;
-        let memory = dev.memory_info().map_err(call("nvmlDeviceGetMemoryInfo_v2"))?;
-        let minor = dev.minor_number().map_err(call("nvmlDeviceGetMinorNumber"))?;
+        let architecture = dev
+            .architecture()
+            .map_err(call("nvmlDeviceGetArchitecture"))?;
+        let memory = dev
+            .memory_info()
+            .map_err(call("nvmlDeviceGetMemoryInfo_v2"))?;
+        let minor = dev
+            .minor_number()
+            .map_err(call("nvmlDeviceGetMinorNumber"))?;
         let pci = dev.pci_info().map_err(call("nvmlDeviceGetPciInfo_v3"))?;
         let pci_bus_id = normalize_bus_id(&pci.bus_id)
             .ok_or_else(|| call("nvmlDeviceGetPciInfo_v3")(NvmlError::GetPciInfoFailed))?;
@@ -83,9 +103,9 @@ impl NvmlBackend {
             .cuda_compute_capability()
             .map_err(call("nvmlDeviceGetCudaComputeCapability"))?;
         let per_sm = cuda_cores_per_sm(cc.major, cc.minor).ok_or_else(|| {
-            // No dedicated BackendError variant exists for "compute capability missing
-            // from the table"; report the capability as NVML's unexpected value, packed
-            // as major*10+minor (e.g. 110 for 11.0).
+            // BackendError has no variant for "capability missing from the table";
+            // report it as an unexpected NVML value, packed as major*10+minor (e.g.
+            // 130 for 13.0).
             let packed = cc.major.saturating_mul(10).saturating_add(cc.minor);
             call("nvmlDeviceGetCudaComputeCapability")(NvmlError::UnexpectedVariant(
                 u32::try_from(packed).unwrap_or(u32::MAX),
@@ -323,9 +343,7 @@ fn sysfs_numa_node(sys_root: &Path, bdf: &str) -> Option<i64> {
 }
 
 fn pci_device_dir(sys_root: &Path, bdf: &str) -> PathBuf {
-    sys_root
-        .join("bus/pci/devices")
-        .join(OsStr::new(bdf))
+    sys_root.join("bus/pci/devices").join(OsStr::new(bdf))
 }
 
 #[cfg(test)]
@@ -393,7 +411,12 @@ mod tests {
     /// NVML's integer CUDA version prints as `major.minor`, the form state.rs parses.
     #[test]
     fn cuda_driver_versions_print_as_major_dot_minor() {
-        for (v, want) in [(13000, "13.0"), (12090, "12.9"), (12020, "12.2"), (11080, "11.8")] {
+        for (v, want) in [
+            (13000, "13.0"),
+            (12090, "12.9"),
+            (12020, "12.2"),
+            (11080, "11.8"),
+        ] {
             assert_eq!(cuda_version_string(v), want);
             assert_eq!(super::super::state::cuda_version_to_int(want), v as u32);
         }
@@ -424,9 +447,13 @@ mod tests {
         let both = "Character devices:\n196 nvidia-frontend\n195 nvidia\n250 nvidia-uvm\n";
         assert_eq!(parse_char_majors(both).map(|m| m.nvidia), Ok(195));
 
-        let block_only = "Character devices:\n  1 mem\n508 nvidia-uvm\nBlock devices:\n195 nvidia\n";
+        let block_only =
+            "Character devices:\n  1 mem\n508 nvidia-uvm\nBlock devices:\n195 nvidia\n";
         assert_eq!(parse_char_majors(block_only), Err("nvidia"));
-        assert_eq!(parse_char_majors("Character devices:\n195 nvidia\n"), Err("nvidia-uvm"));
+        assert_eq!(
+            parse_char_majors("Character devices:\n195 nvidia\n"),
+            Err("nvidia-uvm")
+        );
         assert_eq!(parse_char_majors(""), Err("nvidia"));
     }
 
@@ -434,15 +461,28 @@ mod tests {
     #[test]
     fn pcie_root_is_read_from_the_canonical_device_path() {
         let cases = [
-            ("/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0", Some("pci0000:00")),
-            ("devices/pci0000:80/0000:80:01.0/0000:86:00.0", Some("pci0000:80")),
-            ("/sys/devices/pci10000:00/10000:00:02.0/10000:01:00.0", Some("pci10000:00")),
+            (
+                "/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0",
+                Some("pci0000:00"),
+            ),
+            (
+                "devices/pci0000:80/0000:80:01.0/0000:86:00.0",
+                Some("pci0000:80"),
+            ),
+            (
+                "/sys/devices/pci10000:00/10000:00:02.0/10000:01:00.0",
+                Some("pci10000:00"),
+            ),
             ("/sys/devices/platform/0000:19:00.0", None),
             ("/sys/bus/pci/devices/0000:19:00.0", None),
             ("/sys/devices", None),
         ];
         for (path, want) in cases {
-            assert_eq!(pcie_root_in_path(Path::new(path)).as_deref(), want, "{path}");
+            assert_eq!(
+                pcie_root_in_path(Path::new(path)).as_deref(),
+                want,
+                "{path}"
+            );
         }
     }
 
@@ -466,10 +506,16 @@ mod tests {
             links.join("0000:86:00.0"),
         )
         .unwrap();
-        std::os::unix::fs::symlink("../../../devices/platform/0000:af:00.0", links.join("0000:af:00.0"))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/platform/0000:af:00.0",
+            links.join("0000:af:00.0"),
+        )
+        .unwrap();
 
-        assert_eq!(sysfs_pcie_root(&sys, "0000:86:00.0").as_deref(), Some("pci0000:80"));
+        assert_eq!(
+            sysfs_pcie_root(&sys, "0000:86:00.0").as_deref(),
+            Some("pci0000:80")
+        );
         assert_eq!(sysfs_numa_node(&sys, "0000:86:00.0"), Some(1));
         assert_eq!(sysfs_pcie_root(&sys, "0000:af:00.0"), None);
         assert_eq!(sysfs_numa_node(&sys, "0000:af:00.0"), None);
@@ -489,6 +535,15 @@ mod tests {
         );
         std::fs::write(&path, "Character devices:\n195 nvidia\n").unwrap();
         let err = read_char_majors(&path).unwrap_err();
-        assert!(matches!(err, BackendError::CharMajor { name: "nvidia-uvm", .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                BackendError::CharMajor {
+                    name: "nvidia-uvm",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }

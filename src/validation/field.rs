@@ -134,6 +134,7 @@ impl From<usize> for BadValue {
 }
 
 /// One validation failure, as the API server reports it in a `StatusCause`.
+/// Constructors take the path as a [`FieldPath`] or a string in the same notation.
 ///
 /// `bad_value` is the value as Kubernetes renders it inside the message (Go-quoted for
 /// strings, bare for numbers); `None` when the kind never shows a value (Required,
@@ -147,47 +148,57 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(kind: FieldErrorKind, path: &FieldPath, value: Option<BadValue>, detail: impl Into<String>) -> Self {
+    fn new(
+        kind: FieldErrorKind,
+        path: impl fmt::Display,
+        value: Option<BadValue>,
+        detail: impl Into<String>,
+    ) -> Self {
         FieldError {
             kind,
-            field: path.as_str().to_string(),
+            field: path.to_string(),
             detail: detail.into(),
             bad_value: value.map(|v| v.render()),
         }
     }
 
     /// `field.Invalid(path, value, detail)`.
-    pub fn invalid(path: &FieldPath, value: BadValue, detail: impl Into<String>) -> Self {
+    pub fn invalid(path: impl fmt::Display, value: BadValue, detail: impl Into<String>) -> Self {
         Self::new(FieldErrorKind::Invalid, path, Some(value), detail)
     }
 
     /// `field.Invalid(path, "<value omitted>", detail)`: Go prints no value then.
-    pub fn invalid_omitted(path: &FieldPath, detail: impl Into<String>) -> Self {
+    pub fn invalid_omitted(path: impl fmt::Display, detail: impl Into<String>) -> Self {
         Self::new(FieldErrorKind::Invalid, path, None, detail)
     }
 
+    /// `ValidateImmutableField`'s error (`field is immutable`); the new value is not shown.
+    pub fn invalid_immutable(path: impl fmt::Display) -> Self {
+        Self::new(FieldErrorKind::Invalid, path, None, "field is immutable")
+    }
+
     /// `field.Required(path, detail)`.
-    pub fn required(path: &FieldPath, detail: impl Into<String>) -> Self {
+    pub fn required(path: impl fmt::Display, detail: impl Into<String>) -> Self {
         Self::new(FieldErrorKind::Required, path, None, detail)
     }
 
     /// `field.Forbidden(path, detail)`.
-    pub fn forbidden(path: &FieldPath, detail: impl Into<String>) -> Self {
+    pub fn forbidden(path: impl fmt::Display, detail: impl Into<String>) -> Self {
         Self::new(FieldErrorKind::Forbidden, path, None, detail)
     }
 
     /// `field.Duplicate(path, value)`.
-    pub fn duplicate(path: &FieldPath, value: BadValue) -> Self {
+    pub fn duplicate(path: impl fmt::Display, value: BadValue) -> Self {
         Self::new(FieldErrorKind::Duplicate, path, Some(value), "")
     }
 
     /// `field.NotFound(path, value)`.
-    pub fn not_found(path: &FieldPath, value: BadValue) -> Self {
+    pub fn not_found(path: impl fmt::Display, value: BadValue) -> Self {
         Self::new(FieldErrorKind::NotFound, path, Some(value), "")
     }
 
     /// `field.NotSupported(path, value, valid)`: lists the valid values Go-quoted.
-    pub fn not_supported(path: &FieldPath, value: BadValue, valid: &[&str]) -> Self {
+    pub fn not_supported(path: impl fmt::Display, value: BadValue, valid: &[&str]) -> Self {
         let detail = if valid.is_empty() {
             String::new()
         } else {
@@ -198,13 +209,18 @@ impl FieldError {
     }
 
     /// `field.TooLong(path, _, max)`: `may not be more than <max> bytes`.
-    pub fn too_long(path: &FieldPath, max: usize) -> Self {
+    pub fn too_long(path: impl fmt::Display, max: usize) -> Self {
         let unit = if max == 1 { "byte" } else { "bytes" };
-        Self::new(FieldErrorKind::TooLong, path, None, format!("may not be more than {max} {unit}"))
+        Self::new(
+            FieldErrorKind::TooLong,
+            path,
+            None,
+            format!("may not be more than {max} {unit}"),
+        )
     }
 
     /// `field.TooMany(path, actual, max)`: `<actual>: must have at most <max> items`.
-    pub fn too_many(path: &FieldPath, actual: usize, max: usize) -> Self {
+    pub fn too_many(path: impl fmt::Display, actual: usize, max: usize) -> Self {
         let unit = if max == 1 { "item" } else { "items" };
         Self::new(
             FieldErrorKind::TooMany,
@@ -234,6 +250,54 @@ impl fmt::Display for FieldError {
 }
 
 impl std::error::Error for FieldError {}
+
+/// Go's `validateSlice`: a list over `max` yields only `TooMany` (no per-item checks);
+/// otherwise every item is checked at `path[i]`. `None` means unlimited.
+pub(crate) fn validate_list<T>(
+    items: &[T],
+    max: Option<usize>,
+    path: &FieldPath,
+    mut item: impl FnMut(&T, &FieldPath) -> Vec<FieldError>,
+) -> Vec<FieldError> {
+    if let Some(max) = max
+        && items.len() > max
+    {
+        return vec![FieldError::too_many(path, items.len(), max)];
+    }
+    items
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| item(t, &path.index(i)))
+        .collect()
+}
+
+/// Go's `validateSet`: [`validate_list`] plus `Duplicate` at `path[i]` for every item
+/// whose key was seen before.
+pub(crate) fn validate_unique_list<T, K: Ord>(
+    items: &[T],
+    max: Option<usize>,
+    path: &FieldPath,
+    item: impl FnMut(&T, &FieldPath) -> Vec<FieldError>,
+    key: impl Fn(&T) -> K,
+    render: impl Fn(&K) -> BadValue,
+) -> Vec<FieldError> {
+    if let Some(max) = max
+        && items.len() > max
+    {
+        return vec![FieldError::too_many(path, items.len(), max)];
+    }
+    let mut errs = validate_list(items, None, path, item);
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, t) in items.iter().enumerate() {
+        let k = key(t);
+        if seen.contains(&k) {
+            errs.push(FieldError::duplicate(path.index(i), render(&k)));
+        } else {
+            seen.insert(k);
+        }
+    }
+    errs
+}
 
 /// The `message` of the 422 `Status` the API server returns (`errors.NewInvalid`):
 /// `ResourceSlice.resource.k8s.io "x" is invalid: <err>` or `... is invalid: [<e1>, <e2>]`.
@@ -266,7 +330,9 @@ pub fn go_quote(s: &str) -> String {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c if c.is_control() => {
                 if (c as u32) <= 0xffff {
                     out.push_str(&format!("\\u{:04x}", c as u32));
@@ -291,7 +357,11 @@ mod tests {
         let devices = FieldPath::new("spec").child("devices");
         let cases = [
             (
-                FieldError::invalid(&devices.index(0).child("name"), BadValue::str("Gpu"), "bad label"),
+                FieldError::invalid(
+                    devices.index(0).child("name"),
+                    BadValue::str("Gpu"),
+                    "bad label",
+                ),
                 "spec.devices[0].name: Invalid value: \"Gpu\": bad label",
             ),
             (
@@ -299,23 +369,47 @@ mod tests {
                 "spec.devices: Too many: 129: must have at most 128 items",
             ),
             (
-                FieldError::too_long(&devices.index(0).child("attributes").key("x").child("string"), 64),
+                FieldError::too_long(
+                    devices
+                        .index(0)
+                        .child("attributes")
+                        .key("x")
+                        .child("string"),
+                    64,
+                ),
                 "spec.devices[0].attributes[x].string: Too long: may not be more than 64 bytes",
             ),
-            (FieldError::required(&FieldPath::new("spec").child("driver"), ""), "spec.driver: Required value"),
             (
-                FieldError::forbidden(&devices.index(0).child("capacity").key("memory").child("requestPolicy"), "no"),
+                FieldError::required(FieldPath::new("spec").child("driver"), ""),
+                "spec.driver: Required value",
+            ),
+            (
+                FieldError::forbidden(
+                    devices
+                        .index(0)
+                        .child("capacity")
+                        .key("memory")
+                        .child("requestPolicy"),
+                    "no",
+                ),
                 "spec.devices[0].capacity[memory].requestPolicy: Forbidden: no",
             ),
             (
-                FieldError::duplicate(&devices.index(1), BadValue::str("gpu-0")),
+                FieldError::duplicate(devices.index(1), BadValue::str("gpu-0")),
                 "spec.devices[1]: Duplicate value: \"gpu-0\"",
             ),
             (
-                FieldError::not_supported(&FieldPath::new("effect"), BadValue::str("X"), &["NoExecute", "NoSchedule"]),
+                FieldError::not_supported(
+                    FieldPath::new("effect"),
+                    BadValue::str("X"),
+                    &["NoExecute", "NoSchedule"],
+                ),
                 "effect: Unsupported value: \"X\": supported values: \"NoExecute\", \"NoSchedule\"",
             ),
-            (FieldError::invalid(&devices.index(2), BadValue::Null, "d"), "spec.devices[2]: Invalid value: null: d"),
+            (
+                FieldError::invalid(devices.index(2), BadValue::Null, "d"),
+                "spec.devices[2]: Invalid value: null: d",
+            ),
         ];
         for (err, want) in cases {
             assert_eq!(err.to_string(), want);
@@ -331,7 +425,10 @@ mod tests {
         assert_eq!(FieldErrorKind::TooMany.reason(), "FieldValueTooMany");
         assert_eq!(FieldErrorKind::TooLong.reason(), "FieldValueTooLong");
         assert_eq!(FieldErrorKind::Duplicate.reason(), "FieldValueDuplicate");
-        assert_eq!(FieldErrorKind::NotSupported.reason(), "FieldValueNotSupported");
+        assert_eq!(
+            FieldErrorKind::NotSupported.reason(),
+            "FieldValueNotSupported"
+        );
         assert_eq!(FieldErrorKind::NotFound.reason(), "FieldValueNotFound");
     }
 
@@ -339,10 +436,14 @@ mod tests {
     #[test]
     fn status_message_aggregates() {
         let p = FieldPath::new("spec");
-        let e1 = FieldError::required(&p.child("driver"), "");
-        let e2 = FieldError::required(&p.child("pool"), "");
+        let e1 = FieldError::required(p.child("driver"), "");
+        let e2 = FieldError::required(p.child("pool"), "");
         assert_eq!(
-            invalid_status_message("ResourceSlice.resource.k8s.io", "s", std::slice::from_ref(&e1)),
+            invalid_status_message(
+                "ResourceSlice.resource.k8s.io",
+                "s",
+                std::slice::from_ref(&e1)
+            ),
             "ResourceSlice.resource.k8s.io \"s\" is invalid: spec.driver: Required value"
         );
         assert_eq!(

@@ -69,7 +69,9 @@ impl ParsedQuantity {
     /// values rounded up to nano precision). Errors: [`QuantityError`]. Deterministic.
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
         let s = input.trim();
-        let format_wrong = || QuantityError::FormatWrong { input: input.to_string() };
+        let format_wrong = || QuantityError::FormatWrong {
+            input: input.to_string(),
+        };
         let b = s.as_bytes();
         let mut pos = 0;
         let mut negative = false;
@@ -99,9 +101,14 @@ impl ParsedQuantity {
         let suffix = &s[pos..];
         check_suffix_shape(suffix).ok_or_else(format_wrong)?;
         let (base, exponent, format) =
-            interpret_suffix(suffix).ok_or_else(|| QuantityError::Suffix { input: input.to_string() })?;
-        Self::from_parts(int_part, frac_part, negative, base, exponent, format)
-            .ok_or_else(|| QuantityError::Numeric { input: input.to_string() })
+            interpret_suffix(suffix).ok_or_else(|| QuantityError::Suffix {
+                input: input.to_string(),
+            })?;
+        Self::from_parts(int_part, frac_part, negative, base, exponent, format).ok_or_else(|| {
+            QuantityError::Numeric {
+                input: input.to_string(),
+            }
+        })
     }
 
     fn from_parts(
@@ -122,7 +129,11 @@ impl ParsedQuantity {
         if digits.len() > MAX_DIGITS {
             return None;
         }
-        let mut mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+        let mut mantissa: i128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
         if base == 10 {
             exp10 = exp10.checked_add(exponent)?;
         } else {
@@ -131,14 +142,23 @@ impl ParsedQuantity {
         if negative {
             mantissa = -mantissa;
         }
-        let mut q = ParsedQuantity { mantissa, exp10, format }.normalized()?;
+        let mut q = ParsedQuantity {
+            mantissa,
+            exp10,
+            format,
+        }
+        .normalized()?;
         if q.exp10 < NANO {
             q = q.round_away_to_exp(NANO).normalized()?;
         }
         if format == QuantityFormat::BinarySI {
             let max = ParsedQuantity::from_i128(i128::from(i64::MAX));
             if q.abs_cmp(&max) == Ordering::Greater {
-                q.mantissa = if q.mantissa < 0 { -max.mantissa } else { max.mantissa };
+                q.mantissa = if q.mantissa < 0 {
+                    -max.mantissa
+                } else {
+                    max.mantissa
+                };
                 q.exp10 = max.exp10;
             }
             if q.abs_cmp(&ParsedQuantity::from_i128(1)) == Ordering::Less && !q.is_zero() {
@@ -155,9 +175,17 @@ impl ParsedQuantity {
     }
 
     fn from_i128(v: i128) -> Self {
-        ParsedQuantity { mantissa: v, exp10: 0, format: QuantityFormat::DecimalSI }
-            .normalized()
-            .unwrap_or(ParsedQuantity { mantissa: 0, exp10: 0, format: QuantityFormat::DecimalSI })
+        ParsedQuantity {
+            mantissa: v,
+            exp10: 0,
+            format: QuantityFormat::DecimalSI,
+        }
+        .normalized()
+        .unwrap_or(ParsedQuantity {
+            mantissa: 0,
+            exp10: 0,
+            format: QuantityFormat::DecimalSI,
+        })
     }
 
     fn normalized(mut self) -> Option<Self> {
@@ -182,8 +210,16 @@ impl ParsedQuantity {
             Some(div) => (self.mantissa / div, self.mantissa % div != 0),
             None => (0, self.mantissa != 0),
         };
-        let q = if inexact { q + self.mantissa.signum() } else { q };
-        ParsedQuantity { mantissa: q, exp10: target, format: self.format }
+        let q = if inexact {
+            q + self.mantissa.signum()
+        } else {
+            q
+        };
+        ParsedQuantity {
+            mantissa: q,
+            exp10: target,
+            format: self.format,
+        }
     }
 
     pub fn format(&self) -> QuantityFormat {
@@ -238,16 +274,54 @@ impl ParsedQuantity {
     /// Go's `Add`. `None` if the result does not fit.
     pub fn checked_add(&self, other: &ParsedQuantity) -> Option<ParsedQuantity> {
         let exp = self.exp10.min(other.exp10);
-        let a = self.mantissa.checked_mul(10i128.checked_pow(u32::try_from(self.exp10 - exp).ok()?)?)?;
-        let b = other.mantissa.checked_mul(10i128.checked_pow(u32::try_from(other.exp10 - exp).ok()?)?)?;
-        let format = if self.is_zero() { other.format } else { self.format };
-        ParsedQuantity { mantissa: a.checked_add(b)?, exp10: exp, format }.normalized()
+        let a = self
+            .mantissa
+            .checked_mul(10i128.checked_pow(u32::try_from(self.exp10 - exp).ok()?)?)?;
+        let b = other
+            .mantissa
+            .checked_mul(10i128.checked_pow(u32::try_from(other.exp10 - exp).ok()?)?)?;
+        let format = if self.is_zero() {
+            other.format
+        } else {
+            self.format
+        };
+        ParsedQuantity {
+            mantissa: a.checked_add(b)?,
+            exp10: exp,
+            format,
+        }
+        .normalized()
     }
 
     /// Exact difference; see [`Self::checked_add`].
     pub fn checked_sub(&self, other: &ParsedQuantity) -> Option<ParsedQuantity> {
-        let neg = ParsedQuantity { mantissa: -other.mantissa, ..*other };
+        let neg = ParsedQuantity {
+            mantissa: -other.mantissa,
+            ..*other
+        };
         self.checked_add(&neg)
+    }
+
+    /// The exact value as a plain decimal (`1073741824`, `0.5`), the same for equal values
+    /// in any format (Go's `AsDec().String()` without trailing zeros).
+    pub fn to_decimal_string(&self) -> String {
+        let digits = self.mantissa.unsigned_abs().to_string();
+        let sign = if self.mantissa < 0 { "-" } else { "" };
+        if self.exp10 >= 0 {
+            let zeros = if self.mantissa == 0 {
+                0
+            } else {
+                self.exp10.unsigned_abs() as usize
+            };
+            return format!("{sign}{digits}{}", "0".repeat(zeros));
+        }
+        let frac_len = self.exp10.unsigned_abs() as usize;
+        let padded = format!(
+            "{}{digits}",
+            "0".repeat((frac_len + 1).saturating_sub(digits.len()))
+        );
+        let (int, frac) = padded.split_at(padded.len() - frac_len);
+        format!("{sign}{int}.{frac}")
     }
 
     fn abs_cmp(&self, other: &ParsedQuantity) -> Ordering {
@@ -260,12 +334,18 @@ impl ParsedQuantity {
         if o1 != o2 {
             return o1.cmp(&o2);
         }
-        // Same order of magnitude: aligning needs at most 38 more digits, which fits.
-        let scale = |m: u128, by: i32| m * 10u128.pow(u32::try_from(by).unwrap_or(0));
+        // Same order of magnitude: align exponents; a scaled value that overflows
+        // `u128` is larger than any mantissa.
+        let scale = |m: u128, by: i32| {
+            u32::try_from(by)
+                .ok()
+                .and_then(|by| 10u128.checked_pow(by))
+                .and_then(|p| m.checked_mul(p))
+        };
         if self.exp10 >= other.exp10 {
-            scale(m1, self.exp10 - other.exp10).cmp(&m2)
+            scale(m1, self.exp10 - other.exp10).map_or(Ordering::Greater, |a| a.cmp(&m2))
         } else {
-            m1.cmp(&scale(m2, other.exp10 - self.exp10))
+            scale(m2, other.exp10 - self.exp10).map_or(Ordering::Less, |b| m1.cmp(&b))
         }
     }
 }
@@ -456,10 +536,19 @@ mod tests {
     fn malformed_quantities_are_refused() {
         let wrong = ["", "abc", "1.2.3", "1 Gi", "Gi", "-", ".", "1Gi2x"];
         for s in wrong {
-            assert!(matches!(ParsedQuantity::parse(s), Err(QuantityError::FormatWrong { .. })), "{s}");
+            assert!(
+                matches!(
+                    ParsedQuantity::parse(s),
+                    Err(QuantityError::FormatWrong { .. })
+                ),
+                "{s}"
+            );
         }
         for s in ["1Ki2", "1e", "1K", "1ee3", "1mi"] {
-            assert!(matches!(ParsedQuantity::parse(s), Err(QuantityError::Suffix { .. })), "{s}");
+            assert!(
+                matches!(ParsedQuantity::parse(s), Err(QuantityError::Suffix { .. })),
+                "{s}"
+            );
         }
         assert!(matches!(
             ParsedQuantity::parse("123456789012345678901234567890123456789"),
@@ -480,6 +569,9 @@ mod tests {
         assert!(q("1n") > q("0"));
         assert!(q("999m") < q("1"));
         assert_eq!(q("1e3"), q("1k"));
+        let sevens = q(&"7".repeat(38));
+        let big = sevens.checked_add(&sevens).unwrap();
+        assert!(q("1e38") < big && big < q("9e38") && q("9e38") > big);
     }
 
     /// `Value()` and `MilliValue()` round away from zero like Go.
@@ -504,5 +596,19 @@ mod tests {
         assert_eq!(q("0").checked_add(&q("1Gi")).unwrap().to_string(), "1Gi");
         assert_eq!(q("1.5").checked_add(&q("500m")).unwrap(), q("2"));
         assert_eq!(q("1").checked_sub(&q("3")).unwrap(), q("-2"));
+    }
+
+    /// The decimal key is format-independent.
+    #[test]
+    fn decimal_strings_ignore_format() {
+        assert_eq!(
+            q("1Gi").to_decimal_string(),
+            q("1073741824").to_decimal_string()
+        );
+        assert_eq!(q("500m").to_decimal_string(), "0.5");
+        assert_eq!(q("-1n").to_decimal_string(), "-0.000000001");
+        assert_eq!(q("12.5k").to_decimal_string(), "12500");
+        assert_eq!(q("0").to_decimal_string(), "0");
+        assert_eq!(q("1.25").to_decimal_string(), "1.25");
     }
 }

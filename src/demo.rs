@@ -1,0 +1,379 @@
+//! `tessera demo`: the whole node path in seconds, with no cluster, GPU or root.
+//!
+//! It starts the fake API server (Kubernetes 1.37, default gates) and the plugin on
+//! the embedded mock node in a temp dir, then acts as the kubelet over the real
+//! sockets: registration, then DRA v1. Each phase's claims are created, allocated,
+//! prepared and unprepared, and the demo shows that no file is left behind.
+//!
+//! Phases (the claim table is a contract; tests assert it):
+//!
+//! | phase | claim | asks for | gets |
+//! |---|---|---|---|
+//! | whole GPUs | `w1` | one GPU whose product is an H100 | `gpu-0` |
+//! | whole GPUs | `w2` | two Tesla T4 | `gpu-2`, `gpu-3` |
+//!
+//! Until `tessera plan` exists, claims are allocated by [`allocate_first_fit`]: the
+//! first unallocated devices in slice order whose product matches, which is what the
+//! scheduler's first fit gives for these requests.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest, DeviceRequestAllocationResult,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
+    ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+
+use crate::backend::mock::StateAccess;
+use crate::fakeapi::{FakeApiConfig, FakeApiServer};
+use crate::kubelet::{self, DraClient, DraVersion, KubeletClaim};
+use crate::kubever::KubeVersion;
+use crate::node::{BackendPaths, BackendSpec, load_node};
+use crate::plugin::{self, PluginOptions, PluginPaths};
+use crate::state::FailPoints;
+
+pub const DRIVER: &str = "gpu.tessera.dev";
+pub const NODE: &str = "demo-node";
+pub const NAMESPACE: &str = "demo";
+
+/// One demo claim: a name, and how many devices of which product it asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoClaim {
+    pub name: &'static str,
+    pub product_contains: &'static str,
+    pub count: usize,
+}
+
+/// A phase of the demo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    pub title: &'static str,
+    pub claims: Vec<DemoClaim>,
+}
+
+/// The demo's phases, in order.
+pub fn phases() -> Vec<Phase> {
+    vec![Phase {
+        title: "whole GPUs",
+        claims: vec![
+            DemoClaim {
+                name: "w1",
+                product_contains: "H100",
+                count: 1,
+            },
+            DemoClaim {
+                name: "w2",
+                product_contains: "T4",
+                count: 2,
+            },
+        ],
+    }]
+}
+
+/// What the demo did, for the printed summary and for tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DemoReport {
+    /// (claim name, devices it got, CDI IDs, spec path).
+    pub prepared: Vec<(String, Vec<String>, Vec<String>, PathBuf)>,
+    /// Files left in the CDI dir after the last unprepare (must be empty).
+    pub leftover_files: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("demo set-up failed: {0}")]
+    Setup(String),
+    #[error("demo step failed: {0}")]
+    Step(String),
+}
+
+fn step<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
+    move |e| DemoError::Step(format!("{what}: {e}"))
+}
+
+/// Picks, for each claim in order, the first `count` devices in slice order whose
+/// `productName` contains the wanted text and that no earlier claim got. Pure.
+pub fn allocate_first_fit(slices: &[ResourceSlice], claims: &[DemoClaim]) -> Result<Vec<Vec<String>>, String> {
+    let mut taken: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut ordered: Vec<&ResourceSlice> = slices.iter().collect();
+    ordered.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for c in claims {
+        let mut got = Vec::new();
+        for d in ordered.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+            if got.len() == c.count {
+                break;
+            }
+            let product = d
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get("productName"))
+                .and_then(|a| a.string.as_deref())
+                .unwrap_or("");
+            if product.contains(c.product_contains) && !taken.contains(&d.name) {
+                got.push(d.name.clone());
+                taken.push(d.name.clone());
+            }
+        }
+        if got.len() < c.count {
+            return Err(format!("cannot allocate claim {}: not enough {} devices", c.name, c.product_contains));
+        }
+        out.push(got);
+    }
+    Ok(out)
+}
+
+fn claim_object(c: &DemoClaim) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(c.name.into()),
+            namespace: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "gpu".into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: "gpu.tessera.dev".into(),
+                        count: Some(c.count as i64),
+                        selectors: Some(vec![k8s_openapi::api::resource::v1::DeviceSelector {
+                            cel: Some(k8s_openapi::api::resource::v1::CELDeviceSelector {
+                                expression: format!(
+                                    "device.attributes[\"{DRIVER}\"].productName.contains(\"{}\")",
+                                    c.product_contains
+                                ),
+                            }),
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }),
+        status: None,
+    }
+}
+
+/// Fake driver files so the CDI specs mount something real.
+fn make_driver_root(root: &Path, driver_version: &str) -> std::io::Result<()> {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib)?;
+    std::fs::create_dir_all(root.join("usr/bin"))?;
+    for base in ["libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"] {
+        std::fs::write(lib.join(format!("{base}.{driver_version}")), b"")?;
+    }
+    std::fs::write(root.join("usr/bin/nvidia-smi"), b"")?;
+    Ok(())
+}
+
+async fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> Result<T, DemoError> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = probe() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            return Err(DemoError::Step(format!("timed out waiting for {what}")));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs the demo in `workdir`, writing the readable summary to `out`.
+pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoError> {
+    let setup = |e: std::io::Error| DemoError::Setup(e.to_string());
+    let version = KubeVersion::NEWEST;
+    let api = FakeApiServer::start(FakeApiConfig::new(version)).await.map_err(setup)?;
+    api.add_node(NODE);
+    let client = api.client().map_err(|e| DemoError::Setup(e.to_string()))?;
+    let paths = PluginPaths {
+        plugin_registry_dir: workdir.join("plugins_registry"),
+        plugin_dir: workdir.join("plugins").join(DRIVER),
+        cdi_dir: workdir.join("cdi"),
+        state_dir: workdir.join("state"),
+        run_dir: workdir.join("run"),
+        dev_root: PathBuf::from("/"),
+        host_dev_root: PathBuf::from("/"),
+        driver_root: workdir.join("driver-root"),
+        host_driver_root: workdir.join("driver-root"),
+        proc_root: PathBuf::from("/proc"),
+    };
+    let model = load_node(
+        &BackendSpec::Mock(None),
+        None,
+        &BackendPaths {
+            state_dir: paths.state_dir.clone(),
+            ..Default::default()
+        },
+        StateAccess::ReadWrite,
+    )
+    .map_err(|e| DemoError::Setup(e.to_string()))?;
+    make_driver_root(&paths.driver_root, &model.inventory.driver_version).map_err(setup)?;
+    let opts = PluginOptions {
+        driver_name: DRIVER.into(),
+        node_name: NODE.into(),
+        paths: paths.clone(),
+        rolling_update_pod_uid: None,
+        stale_check_interval: Duration::from_secs(600),
+        stale_min_age: Duration::from_secs(600),
+        publish_debounce: Duration::from_millis(100),
+        fail_points: FailPoints::default(),
+    };
+    let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let plugin_task = tokio::spawn(plugin::run(opts, model.clone(), client.clone(), async {
+        let _ = stop_rx.await;
+    }));
+
+    let _ = writeln!(out, "Tessera demo: fake API server (Kubernetes {version}) + plugin on the mock node, in {}", workdir.display());
+    wait_for("the registration socket", || reg_socket.exists().then_some(())).await?;
+    let (info, dra_version) = kubelet::register(&reg_socket, &["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+        .await
+        .map_err(step("registration"))?;
+    let _ = writeln!(
+        out,
+        "kubelet: registered {} ({}), endpoint {}, versions {:?}, using {}",
+        info.name,
+        info.r#type,
+        info.endpoint,
+        info.supported_versions,
+        if dra_version == DraVersion::V1 { "v1" } else { "v1beta1" }
+    );
+    let dra = DraClient::connect(Path::new(&info.endpoint)).await.map_err(step("connect"))?;
+    let slices = wait_for("the ResourceSlices", || {
+        let s = api.resource_slices();
+        (!s.is_empty()).then_some(s)
+    })
+    .await?;
+    let _ = writeln!(out, "\nnode {NODE}: {} ResourceSlice(s), pool generation {}", slices.len(), slices[0].spec.pool.generation);
+    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        let attr = |k: &str| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get(k))
+                .and_then(|a| a.string.clone())
+                .unwrap_or_default()
+        };
+        let mem = d
+            .capacity
+            .as_ref()
+            .and_then(|c| c.get("memory"))
+            .and_then(|c| c.value.0.parse::<u64>().ok())
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  {:<8} type={:<4} {:<24} {:>6.1} GiB  {}",
+            d.name,
+            attr("type"),
+            attr("productName"),
+            mem as f64 / (1u64 << 30) as f64,
+            attr("resource.kubernetes.io/pcieRoot")
+        );
+    }
+
+    let claims_api: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut report = DemoReport::default();
+    for phase in phases() {
+        let _ = writeln!(out, "\nphase: {}", phase.title);
+        let allocations = allocate_first_fit(&slices, &phase.claims).map_err(DemoError::Step)?;
+        let mut kclaims = Vec::new();
+        for (c, devices) in phase.claims.iter().zip(&allocations) {
+            let created = claims_api
+                .create(&PostParams::default(), &claim_object(c))
+                .await
+                .map_err(step("create claim"))?;
+            let mut allocated = created.clone();
+            allocated.status = Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(
+                            devices
+                                .iter()
+                                .map(|d| DeviceRequestAllocationResult {
+                                    request: "gpu".into(),
+                                    driver: DRIVER.into(),
+                                    pool: NODE.into(),
+                                    device: d.clone(),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                        ),
+                        config: None,
+                    }),
+                    ..Default::default()
+                }),
+                reserved_for: Some(vec![ResourceClaimConsumerReference {
+                    resource: "pods".into(),
+                    name: format!("{}-pod", c.name),
+                    uid: format!("{}-pod-uid", c.name),
+                    api_group: None,
+                }]),
+                devices: None,
+            });
+            claims_api
+                .replace_status(c.name, &PostParams::default(), &allocated)
+                .await
+                .map_err(step("allocate claim"))?;
+            kclaims.push(KubeletClaim {
+                namespace: NAMESPACE.into(),
+                uid: created.metadata.uid.clone().unwrap_or_default(),
+                name: c.name.into(),
+            });
+        }
+        let resp = dra.prepare_v1(&kclaims).await.map_err(step("prepare"))?;
+        for (c, kc) in phase.claims.iter().zip(&kclaims) {
+            let r = resp
+                .claims
+                .get(&kc.uid)
+                .ok_or_else(|| DemoError::Step(format!("no answer for claim {}", c.name)))?;
+            if !r.error.is_empty() {
+                return Err(DemoError::Step(format!("prepare {}: {}", c.name, r.error)));
+            }
+            let devices: Vec<String> = r.devices.iter().map(|d| d.device_name.clone()).collect();
+            let ids: Vec<String> = r.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect();
+            let spec = paths.cdi_dir.join(format!("tessera.dev-gpu-{}.json", kc.uid));
+            let _ = writeln!(
+                out,
+                "  claim {} ({} x {}): devices {}",
+                c.name,
+                c.count,
+                c.product_contains,
+                devices.join(", ")
+            );
+            for id in &ids {
+                let _ = writeln!(out, "    CDI {id}");
+            }
+            let _ = writeln!(out, "    spec {} ({})", spec.display(), if spec.exists() { "written" } else { "MISSING" });
+            report.prepared.push((c.name.to_string(), devices, ids, spec));
+        }
+        let resp = dra.unprepare_v1(&kclaims).await.map_err(step("unprepare"))?;
+        if let Some((uid, r)) = resp.claims.iter().find(|(_, r)| !r.error.is_empty()) {
+            return Err(DemoError::Step(format!("unprepare {uid}: {}", r.error)));
+        }
+        let left: Vec<String> = std::fs::read_dir(&paths.cdi_dir)
+            .map_err(setup)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let _ = writeln!(out, "  unprepared {} claim(s); CDI dir now holds {} file(s)", kclaims.len(), left.len());
+        report.leftover_files = left;
+    }
+    let _ = stop_tx.send(());
+    plugin_task
+        .await
+        .map_err(step("plugin task"))?
+        .map_err(step("plugin"))?;
+    let sockets_left = reg_socket.exists();
+    let _ = writeln!(
+        out,
+        "\nplugin stopped; registration socket {}",
+        if sockets_left { "still present (BUG)" } else { "removed" }
+    );
+    Ok(report)
+}

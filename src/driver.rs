@@ -1,0 +1,271 @@
+//! The kubelet-facing gRPC services: DRA `v1` and `v1beta1` on the DRA socket, and
+//! plugin registration on the registration socket. Handlers only translate: fetch each
+//! claim from the API server (outside any lock), hand it to [`DeviceState`] on a
+//! blocking thread, and encode per-claim results. Every requested claim gets an entry;
+//! failures are per-claim error strings, never a whole-call error.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::checkpoint::PreparedDevice;
+use crate::proto::{dra_v1, dra_v1beta1, registration};
+use crate::state::DeviceState;
+
+/// The versions advertised at registration, in order of preference.
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// How long one claim GET may take; well inside the kubelet's 45 s call deadline.
+const CLAIM_GET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A claim reference as the kubelet sends it (the same in v1 and v1beta1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub uid: String,
+    pub name: String,
+}
+
+/// The shared implementation behind both DRA versions.
+#[derive(Clone)]
+pub struct Driver {
+    state: Arc<DeviceState>,
+    client: kube::Client,
+}
+
+impl Driver {
+    pub fn new(state: Arc<DeviceState>, client: kube::Client) -> Self {
+        Driver { state, client }
+    }
+
+    async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, String> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        match tokio::time::timeout(CLAIM_GET_TIMEOUT, api.get_opt(&c.name)).await {
+            Err(_) => Err(format!("getting ResourceClaim {}/{} timed out", c.namespace, c.name)),
+            Ok(Err(e)) => Err(format!("getting ResourceClaim {}/{}: {e}", c.namespace, c.name)),
+            Ok(Ok(None)) => Err(format!("ResourceClaim {}/{} not found", c.namespace, c.name)),
+            Ok(Ok(Some(claim))) => Ok(claim),
+        }
+    }
+
+    /// Prepares each claim; the result map has one entry per claim UID.
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+        let mut out = HashMap::with_capacity(claims.len());
+        for c in claims {
+            let span = info_span!("prepare", claim = %c.uid, namespace = %c.namespace, name = %c.name);
+            let result = async {
+                let claim = self.fetch(&c).await?;
+                let state = self.state.clone();
+                let uid = c.uid.clone();
+                let r = tokio::task::spawn_blocking(move || state.prepare(&claim, &uid))
+                    .await
+                    .map_err(|e| format!("prepare task failed: {e}"))?
+                    .map_err(|e| e.chain());
+                match &r {
+                    Ok(devs) => {
+                        let names: Vec<&str> = devs.iter().map(|d| d.device_name.as_str()).collect();
+                        info!(devices = ?names, "prepared");
+                    }
+                    Err(e) => warn!(error = %e, "prepare failed"),
+                }
+                r
+            }
+            .instrument(span)
+            .await;
+            out.insert(c.uid, result);
+        }
+        out
+    }
+
+    /// Unprepares each claim; unknown claims succeed.
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        let mut out = HashMap::with_capacity(claims.len());
+        for c in claims {
+            let state = self.state.clone();
+            let uid = c.uid.clone();
+            let r = tokio::task::spawn_blocking(move || state.unprepare(&uid))
+                .instrument(info_span!("unprepare", claim = %c.uid))
+                .await
+                .map_err(|e| format!("unprepare task failed: {e}"))
+                .and_then(|r| r.map_err(|e| e.chain()));
+            match &r {
+                Ok(()) => info!(claim = %c.uid, "unprepared"),
+                Err(e) => warn!(claim = %c.uid, error = %e, "unprepare failed"),
+            }
+            out.insert(c.uid, r);
+        }
+        out
+    }
+}
+
+/// `DRAPlugin` v1.
+pub struct DraV1(pub Driver);
+/// `DRAPlugin` v1beta1 (no `share_id`).
+pub struct DraV1beta1(pub Driver);
+
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                uid: c.uid,
+                name: c.name,
+            })
+            .collect()
+    };
+}
+
+#[tonic::async_trait]
+impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                let resp = match r {
+                    Ok(devs) => dra_v1::NodePrepareResourceResponse {
+                        devices: devs
+                            .into_iter()
+                            .map(|d| dra_v1::Device {
+                                request_names: d.request_names,
+                                pool_name: d.pool_name,
+                                device_name: d.device_name,
+                                cdi_device_ids: d.cdi_device_ids,
+                                share_id: d.share_id,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(e) => dra_v1::NodePrepareResourceResponse {
+                        devices: vec![],
+                        error: e,
+                    },
+                };
+                (uid, resp)
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    dra_v1::NodeUnprepareResourceResponse {
+                        error: r.err().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[tonic::async_trait]
+impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                let resp = match r {
+                    Ok(devs) => dra_v1beta1::NodePrepareResourceResponse {
+                        devices: devs
+                            .into_iter()
+                            .map(|d| dra_v1beta1::Device {
+                                request_names: d.request_names,
+                                pool_name: d.pool_name,
+                                device_name: d.device_name,
+                                cdi_device_ids: d.cdi_device_ids,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(e) => dra_v1beta1::NodePrepareResourceResponse {
+                        devices: vec![],
+                        error: e,
+                    },
+                };
+                (uid, resp)
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    dra_v1beta1::NodeUnprepareResourceResponse {
+                        error: r.err().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+/// The registration service the kubelet's plugin watcher talks to.
+pub struct Registrar {
+    pub driver_name: String,
+    /// Absolute path of the DRA socket.
+    pub endpoint: String,
+    /// Last status the kubelet reported: `Some(Ok(()))` once registered.
+    pub status: watch::Sender<Option<Result<(), String>>>,
+}
+
+#[tonic::async_trait]
+impl registration::registration_server::Registration for Registrar {
+    async fn get_info(
+        &self,
+        _req: Request<registration::InfoRequest>,
+    ) -> Result<Response<registration::PluginInfo>, Status> {
+        Ok(Response::new(registration::PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: self.driver_name.clone(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<registration::RegistrationStatus>,
+    ) -> Result<Response<registration::RegistrationStatusResponse>, Status> {
+        let s = req.into_inner();
+        if s.plugin_registered {
+            info!("registered with the kubelet");
+            self.status.send_replace(Some(Ok(())));
+            Ok(Response::new(registration::RegistrationStatusResponse {}))
+        } else {
+            warn!(error = %s.error, "the kubelet refused the registration");
+            self.status.send_replace(Some(Err(s.error.clone())));
+            Err(Status::internal(format!("registration failed: {}", s.error)))
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Running the kubelet plugin: recover state, serve DRA on the plugin socket, then
+//! register, publish slices, and clean up claims the kubelet forgot, until shutdown.
+//! Shape `run(options, node, client, shutdown)`: `main` passes a signal future, tests
+//! pass a oneshot.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
+use sha2::{Digest, Sha256};
+use tokio::net::UnixListener;
+use tokio::sync::{oneshot, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+use tracing::{info, warn};
+
+use crate::cdispec::{self, CdiContext};
+use crate::driver::{DraV1, DraV1beta1, Driver, Registrar};
+use crate::node::NodeModel;
+use crate::proto::{dra_v1, dra_v1beta1, registration};
+use crate::publish::Publisher;
+use crate::slices::{PoolParams, build_pool};
+use crate::state::{DeviceState, FailPoints, PrepareError, StateConfig};
+
+/// The plugin's directories (the CLI's path flags).
+#[derive(Debug, Clone)]
+pub struct PluginPaths {
+    pub plugin_registry_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub dev_root: PathBuf,
+    pub host_dev_root: PathBuf,
+    pub driver_root: PathBuf,
+    pub host_driver_root: PathBuf,
+    pub proc_root: PathBuf,
+}
+
+/// Everything `run` needs besides the node and the client.
+#[derive(Debug, Clone)]
+pub struct PluginOptions {
+    pub driver_name: String,
+    pub node_name: String,
+    pub paths: PluginPaths,
+    /// With kubelet ≥1.33 rolling updates: the pod UID, giving per-pod socket names so
+    /// that a new DaemonSet pod can take over without a gap.
+    pub rolling_update_pod_uid: Option<String>,
+    /// How often prepared claims are checked against the API server.
+    pub stale_check_interval: Duration,
+    /// Only claims prepared at least this long ago are checked.
+    pub stale_min_age: Duration,
+    pub publish_debounce: Duration,
+    pub fail_points: FailPoints,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("state recovery failed")]
+    State(#[from] PrepareError),
+    #[error("cannot listen on {path}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("publisher start-up failed")]
+    Publish(#[from] crate::publish::PublishError),
+    #[error("gRPC server failed")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// `dra.sock`, or `dra-<podUID>.sock` with rolling updates.
+pub fn dra_socket_path(opts: &PluginOptions) -> PathBuf {
+    match &opts.rolling_update_pod_uid {
+        Some(uid) => opts.paths.plugin_dir.join(format!("dra-{uid}.sock")),
+        None => opts.paths.plugin_dir.join("dra.sock"),
+    }
+}
+
+/// Maximum AF_UNIX path length the kubelet accepts.
+const MAX_SOCKET_PATH: usize = 108;
+
+/// `<driver>-reg.sock`; with rolling updates the first of the 1.37 helper's candidates
+/// whose full path fits in 108 bytes: `<driver>-<podUID>-reg.sock`,
+/// `<driver>-<b64url(sha256(uid))[:8 bytes]>-reg.sock`,
+/// `dra-<b64url(sha256(driver "\0" uid))[:16 bytes]>-reg.sock` (base64url without
+/// padding of the first 8 or 16 bytes of the digest).
+pub fn registration_socket_path(dir: &Path, driver: &str, pod_uid: Option<&str>) -> PathBuf {
+    let Some(uid) = pod_uid else {
+        return dir.join(format!("{driver}-reg.sock"));
+    };
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let short = b64.encode(&Sha256::digest(uid.as_bytes())[..8]);
+    let mut both = Vec::from(driver.as_bytes());
+    both.push(0);
+    both.extend_from_slice(uid.as_bytes());
+    let shortest = b64.encode(&Sha256::digest(&both)[..16]);
+    let candidates = [
+        format!("{driver}-{uid}-reg.sock"),
+        format!("{driver}-{short}-reg.sock"),
+        format!("dra-{shortest}-reg.sock"),
+    ];
+    let fits = |name: &String| dir.join(name).as_os_str().len() <= MAX_SOCKET_PATH;
+    let chosen = candidates.iter().find(|c| fits(c)).unwrap_or(&candidates[2]);
+    dir.join(chosen)
+}
+
+fn listen(path: &Path) -> Result<UnixListener, PluginError> {
+    let err = |source| PluginError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    // A socket left by a crashed instance of ours would make bind fail.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    UnixListener::bind(path).map_err(err)
+}
+
+/// Opens the device state: discovers driver files and recovers from the previous run.
+pub fn open_state(opts: &PluginOptions, model: &NodeModel) -> Result<DeviceState, PluginError> {
+    let driver_files = cdispec::discover_driver_files(
+        &opts.paths.driver_root,
+        &opts.paths.host_driver_root,
+        &model.inventory.driver_version,
+    );
+    if !driver_files.iter().any(|f| f.container_path.ends_with("/libcuda.so.1")) {
+        warn!(driver_root = %opts.paths.driver_root.display(), "libcuda not found under the driver root; containers will lack the CUDA driver library");
+    }
+    let cdi = CdiContext {
+        host_dev_root: opts.paths.host_dev_root.clone(),
+        majors: model.inventory.char_majors,
+        driver_files,
+    };
+    let cfg = StateConfig {
+        driver: opts.driver_name.clone(),
+        pool: opts.node_name.clone(),
+        cdi_dir: opts.paths.cdi_dir.clone(),
+        plugin_dir: opts.paths.plugin_dir.clone(),
+        state_dir: opts.paths.state_dir.clone(),
+        boot_id: crate::checkpoint::boot_id(&opts.paths.proc_root),
+        fail_points: opts.fail_points.clone(),
+    };
+    let (state, _recovery) = DeviceState::open(cfg, model.gpus.clone(), cdi)?;
+    Ok(state)
+}
+
+/// Runs the plugin until `shutdown` resolves. Order: recover state, serve DRA, then
+/// register (so the kubelet only sees a ready plugin), then publish and clean up. On
+/// shutdown both sockets are removed; ResourceSlices stay (the kubelet wipes them).
+pub async fn run(
+    opts: PluginOptions,
+    model: NodeModel,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PluginError> {
+    let state = Arc::new(open_state(&opts, &model)?);
+    let driver = Driver::new(state.clone(), client.clone());
+
+    let dra_path = dra_socket_path(&opts);
+    let dra_listener = listen(&dra_path)?;
+    let (dra_stop_tx, dra_stop_rx) = oneshot::channel::<()>();
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(driver.clone())))
+        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1(driver.clone())))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), async {
+            let _ = dra_stop_rx.await;
+        });
+    let dra_task = tokio::spawn(dra_server);
+
+    let reg_path = registration_socket_path(
+        &opts.paths.plugin_registry_dir,
+        &opts.driver_name,
+        opts.rolling_update_pod_uid.as_deref(),
+    );
+    let reg_listener = listen(&reg_path)?;
+    let (status_tx, _status_rx) = watch::channel(None);
+    let registrar = Registrar {
+        driver_name: opts.driver_name.clone(),
+        endpoint: dra_path.display().to_string(),
+        status: status_tx,
+    };
+    let (reg_stop_tx, reg_stop_rx) = oneshot::channel::<()>();
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(registration::registration_server::RegistrationServer::new(registrar))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), async {
+            let _ = reg_stop_rx.await;
+        });
+    let reg_task = tokio::spawn(reg_server);
+    info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
+
+    let (bg_stop_tx, bg_stop_rx) = watch::channel(false);
+    let publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
+    let slices = build_pool(
+        &PoolParams {
+            driver: &opts.driver_name,
+            node_name: &opts.node_name,
+            version: publisher.version(),
+        },
+        &model.inventory,
+        &model.gpus,
+    );
+    publisher.prevalidate(&slices)?;
+    let (_slices_tx, slices_rx) = watch::channel(slices);
+    let mut stop = bg_stop_rx.clone();
+    let publish_task = tokio::spawn(publisher.run(slices_rx, opts.publish_debounce, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    let cleanup_task = tokio::spawn(stale_claim_cleanup(
+        state.clone(),
+        client.clone(),
+        opts.stale_check_interval,
+        opts.stale_min_age,
+        bg_stop_rx,
+    ));
+
+    shutdown.await;
+    info!("shutting down");
+    let _ = reg_stop_tx.send(());
+    let _ = dra_stop_tx.send(());
+    let _ = bg_stop_tx.send(true);
+    for (path, task) in [(&reg_path, reg_task), (&dra_path, dra_task)] {
+        match task.await {
+            Ok(Err(e)) => warn!(error = %e, "gRPC server ended with an error"),
+            Err(e) => warn!(error = %e, "gRPC server task failed"),
+            Ok(Ok(())) => {}
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let _ = publish_task.await;
+    let _ = cleanup_task.await;
+    Ok(())
+}
+
+/// Periodically (and at start-up) unprepares claims prepared long ago whose
+/// ResourceClaim no longer exists or has a new UID: the plugin may have been down when
+/// the kubelet tried to unprepare them.
+pub async fn stale_claim_cleanup(
+    state: Arc<DeviceState>,
+    client: kube::Client,
+    interval: Duration,
+    min_age: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        if let Err(e) = cleanup_once(&state, &client, min_age).await {
+            warn!(error = %e, "stale claim clean-up failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// One clean-up pass; returns the UIDs it unprepared.
+pub async fn cleanup_once(
+    state: &Arc<DeviceState>,
+    client: &kube::Client,
+    min_age: Duration,
+) -> Result<Vec<String>, String> {
+    let s = state.clone();
+    let secs = min_age.as_secs();
+    let candidates = tokio::task::spawn_blocking(move || s.prepared_claims(secs))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.chain())?;
+    let mut removed = Vec::new();
+    for (uid, ns, name) in candidates {
+        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
+        let gone = match api.get_opt(&name).await {
+            Ok(None) => true,
+            Ok(Some(c)) => c.metadata.uid.as_deref() != Some(uid.as_str()),
+            // Unknown: keep it; better a late clean-up than unpreparing a live claim.
+            Err(e) => {
+                warn!(claim = %uid, error = %e, "cannot check claim; keeping it");
+                false
+            }
+        };
+        if gone {
+            let s = state.clone();
+            let u = uid.clone();
+            tokio::task::spawn_blocking(move || s.unprepare(&u))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.chain())?;
+            info!(claim = %uid, namespace = %ns, name = %name, "unprepared a claim that no longer exists");
+            removed.push(uid);
+        }
+    }
+    Ok(removed)
+}
