@@ -10,7 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_cdi::{ContainerEdits, Device, DeviceNode, Mount, Spec, SpecFileNames, SpecVersion, VersionPolicy, WriteError};
+use tessera_cdi::{
+    ContainerEdits, Device, DeviceNode, Mount, Spec, SpecFileNames, SpecVersion, VersionPolicy,
+    WriteError,
+};
 
 use crate::backend::CharMajors;
 use crate::claims::ClaimPlan;
@@ -57,7 +60,9 @@ fn host_dev(ctx: &CdiContext, path: &str) -> String {
 
 /// `root` + absolute `path`, without doubling slashes (`/` + `/dev/x` = `/dev/x`).
 pub fn join_host(root: &Path, path: &str) -> String {
-    root.join(path.trim_start_matches('/')).display().to_string()
+    root.join(path.trim_start_matches('/'))
+        .display()
+        .to_string()
 }
 
 /// The claim's spec. Deterministic: devices in plan order, spec-level edits fixed.
@@ -73,7 +78,10 @@ pub fn render_claim_spec(plan: &ClaimPlan, ctx: &CdiContext) -> Spec {
                 i64::from(ctx.majors.nvidia),
                 i64::from(d.gpu_minor),
             );
-            Device::new(d.cdi_name(&plan.uid), ContainerEdits::default().with_device_node(node))
+            Device::new(
+                d.cdi_name(&plan.uid),
+                ContainerEdits::default().with_device_node(node),
+            )
         })
         .collect();
     let mut common = ContainerEdits::default();
@@ -90,7 +98,10 @@ pub fn render_claim_spec(plan: &ClaimPlan, ctx: &CdiContext) -> Spec {
         ));
     }
     for f in &ctx.driver_files {
-        common = common.with_mount(Mount::bind_ro(f.host_path.clone(), f.container_path.clone()));
+        common = common.with_mount(Mount::bind_ro(
+            f.host_path.clone(),
+            f.container_path.clone(),
+        ));
     }
     Spec::new("auto", CDI_KIND, devices).with_container_edits(common)
 }
@@ -100,7 +111,10 @@ pub fn render_claim_spec(plan: &ClaimPlan, ctx: &CdiContext) -> Spec {
 const DRIVER_LIBS: &[(&str, &str)] = &[
     ("libcuda.so", "libcuda.so.1"),
     ("libnvidia-ml.so", "libnvidia-ml.so.1"),
-    ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+    (
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-ptxjitcompiler.so.1",
+    ),
     ("libnvidia-nvvm.so", "libnvidia-nvvm.so.4"),
 ];
 /// Library directories searched under the driver root, in order.
@@ -121,7 +135,11 @@ const BIN_DIRS: &[&str] = &["usr/bin", "bin", "usr/local/bin"];
 /// `host_driver_root` (the host's view) for the spec. A library is taken as
 /// `<lib>.<driver_version>` (what the driver installs), else its soname file. Missing
 /// files are skipped; the caller warns when `libcuda` is missing.
-pub fn discover_driver_files(driver_root: &Path, host_driver_root: &Path, driver_version: &str) -> Vec<DriverFile> {
+pub fn discover_driver_files(
+    driver_root: &Path,
+    host_driver_root: &Path,
+    driver_version: &str,
+) -> Vec<DriverFile> {
     let mut out = Vec::new();
     for (base, soname) in DRIVER_LIBS {
         let candidates = [format!("{base}.{driver_version}"), soname.to_string()];
@@ -202,22 +220,44 @@ mod tests {
         let names: Vec<_> = spec.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
             names,
-            ["0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-2", "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-3"]
+            [
+                "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-2",
+                "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-3"
+            ]
         );
         let node = &spec.devices[1].container_edits.device_nodes[0];
-        assert_eq!((node.path.as_str(), node.major, node.minor), ("/dev/nvidia3", Some(195), Some(3)));
+        assert_eq!(
+            (node.path.as_str(), node.major, node.minor),
+            ("/dev/nvidia3", Some(195), Some(3))
+        );
         let common = spec.container_edits.as_ref().unwrap();
-        let paths: Vec<_> = common.device_nodes.iter().map(|n| n.path.as_str()).collect();
-        assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]);
-        assert_eq!(common.mounts[0].container_path, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        let paths: Vec<_> = common
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(
+            paths,
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        );
+        assert_eq!(
+            common.mounts[0].container_path,
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        );
         assert!(common.mounts[0].options.contains(&"ro".to_string()));
     }
 
     /// Shared allocations carry the first 8 characters of the shareID in the CDI name.
     #[test]
     fn shared_allocations_carry_the_share_prefix() {
-        let spec = render_claim_spec(&plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]), &ctx());
-        assert_eq!(spec.devices[0].name, "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e");
+        let spec = render_claim_spec(
+            &plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]),
+            &ctx(),
+        );
+        assert_eq!(
+            spec.devices[0].name,
+            "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e"
+        );
     }
 
     /// Host paths honour the host dev root.
@@ -227,7 +267,10 @@ mod tests {
         c.host_dev_root = PathBuf::from("/run/fake-dev-root");
         let spec = render_claim_spec(&plan(&[(0, None)]), &c);
         let node = &spec.devices[0].container_edits.device_nodes[0];
-        assert_eq!(node.host_path.as_deref(), Some("/run/fake-dev-root/dev/nvidia0"));
+        assert_eq!(
+            node.host_path.as_deref(),
+            Some("/run/fake-dev-root/dev/nvidia0")
+        );
         assert_eq!(node.path, "/dev/nvidia0");
     }
 
@@ -242,12 +285,21 @@ mod tests {
         std::fs::write(lib.join("libnvidia-ml.so.1"), b"").unwrap();
         std::fs::write(root.path().join("usr/bin/nvidia-smi"), b"").unwrap();
         let files = discover_driver_files(root.path(), Path::new("/host"), "580.65.06");
-        let pairs: Vec<_> = files.iter().map(|f| (f.host_path.as_str(), f.container_path.as_str())).collect();
+        let pairs: Vec<_> = files
+            .iter()
+            .map(|f| (f.host_path.as_str(), f.container_path.as_str()))
+            .collect();
         assert_eq!(
             pairs,
             [
-                ("/host/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-                ("/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+                (
+                    "/host/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+                ),
+                (
+                    "/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+                ),
                 ("/host/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
             ]
         );

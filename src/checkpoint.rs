@@ -160,7 +160,9 @@ impl CheckpointStore {
                 },
             )),
             Err(e) => {
-                let moved_to = self.dir.join(format!("{CHECKPOINT_FILE}.corrupt-{}", unix_now()));
+                let moved_to = self
+                    .dir
+                    .join(format!("{CHECKPOINT_FILE}.corrupt-{}", unix_now()));
                 std::fs::rename(&path, &moved_to).map_err(|source| CheckpointError::Write {
                     path: moved_to.clone(),
                     source,
@@ -183,7 +185,8 @@ impl CheckpointStore {
             source,
         };
         let bytes = serde_json::to_vec(cp).map_err(|e| write(std::io::Error::other(e)))?;
-        tessera_cdi::atomic::write_atomic(&self.dir, CHECKPOINT_FILE, TEMP_FILE, &bytes).map_err(write)
+        tessera_cdi::atomic::write_atomic(&self.dir, CHECKPOINT_FILE, TEMP_FILE, &bytes)
+            .map_err(write)
     }
 
     /// Removes a stray temp file left by a crash mid-write.
@@ -229,7 +232,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(dir.path());
         let mut cp = Checkpoint::empty("boot-a");
-        cp.claims.insert("u1".into(), record(ClaimState::PrepareCompleted));
+        cp.claims
+            .insert("u1".into(), record(ClaimState::PrepareCompleted));
         store.store(&cp).unwrap();
         let (back, outcome) = store.load("boot-a").unwrap();
         assert_eq!(outcome, LoadOutcome::Loaded);
@@ -242,7 +246,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(dir.path());
         let mut cp = Checkpoint::empty("boot-a");
-        cp.claims.insert("u1".into(), record(ClaimState::PrepareCompleted));
+        cp.claims
+            .insert("u1".into(), record(ClaimState::PrepareCompleted));
         store.store(&cp).unwrap();
         let (back, outcome) = store.load("boot-b").unwrap();
         assert!(back.claims.is_empty());

@@ -56,7 +56,9 @@ pub struct ClaimPlan {
 /// Why a claim cannot be prepared. The `Display` text is what the kubelet reports.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimError {
-    #[error("ResourceClaim {namespace}/{name} has UID {found}, expected {expected}: it was replaced")]
+    #[error(
+        "ResourceClaim {namespace}/{name} has UID {found}, expected {expected}: it was replaced"
+    )]
     UidMismatch {
         namespace: String,
         name: String,
@@ -72,7 +74,9 @@ pub enum ClaimError {
         driver: String,
         pool: String,
     },
-    #[error("device {device} of request {request} is in pool {pool}, which is not this node's pool {ours}")]
+    #[error(
+        "device {device} of request {request} is in pool {pool}, which is not this node's pool {ours}"
+    )]
     DeviceNotOurs {
         request: String,
         device: String,
@@ -138,13 +142,22 @@ pub fn plan_claim(
             device: r.device.clone(),
         };
         let gpu = match parse_device_name(&r.device) {
-            Some(DeviceRef::Gpu { minor }) => gpus.iter().find(|g| g.gpu.minor == minor).ok_or_else(unknown)?,
+            Some(DeviceRef::Gpu { minor }) => gpus
+                .iter()
+                .find(|g| g.gpu.minor == minor)
+                .ok_or_else(unknown)?,
             // Slots and MIG partitions are not published yet (shared-GPU and MIG issues).
             _ => return Err(unknown()),
         };
-        let config = gpuconfig::effective_config(configs, driver, &r.request).map_err(ClaimError::Config)?;
+        let config =
+            gpuconfig::effective_config(configs, driver, &r.request).map_err(ClaimError::Config)?;
         let planned = PlannedDevice {
-            request: r.request.split('/').next().unwrap_or(&r.request).to_string(),
+            request: r
+                .request
+                .split('/')
+                .next()
+                .unwrap_or(&r.request)
+                .to_string(),
             pool: r.pool.clone(),
             device: r.device.clone(),
             share_id: r.share_id.clone(),
@@ -160,8 +173,13 @@ pub fn plan_claim(
                 holder: holder.clone(),
             });
         }
-        if devices.iter().any(|d: &PlannedDevice| d.hold_key() == planned.hold_key()) {
-            return Err(ClaimError::DuplicateDevice { device: planned.device });
+        if devices
+            .iter()
+            .any(|d: &PlannedDevice| d.hold_key() == planned.hold_key())
+        {
+            return Err(ClaimError::DuplicateDevice {
+                device: planned.device,
+            });
         }
         devices.push(planned);
     }

@@ -154,12 +154,11 @@ impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
-        let value: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|e| ConfigError {
-                source_name: source_name.into(),
-                field: ".".into(),
-                message: format!("not valid YAML: {e}"),
-            })?;
+        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| ConfigError {
+            source_name: source_name.into(),
+            field: ".".into(),
+            message: format!("not valid YAML: {e}"),
+        })?;
         Self::from_value(value, source_name)
     }
 
@@ -181,7 +180,12 @@ impl NodeConfig {
                     format!("unsupported version {other:?}, expected {API_VERSION:?}"),
                 ));
             }
-            None => return Err(err("apiVersion", format!("required, must be {API_VERSION:?}"))),
+            None => {
+                return Err(err(
+                    "apiVersion",
+                    format!("required, must be {API_VERSION:?}"),
+                ));
+            }
         }
         match value.get("kind").and_then(|v| v.as_str()) {
             Some(KIND) => {}

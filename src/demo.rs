@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest, DeviceRequestAllocationResult,
-    ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
-    ResourceSlice,
+    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
+    DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
@@ -97,7 +97,10 @@ fn step<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
 
 /// Picks, for each claim in order, the first `count` devices in slice order whose
 /// `productName` contains the wanted text and that no earlier claim got. Pure.
-pub fn allocate_first_fit(slices: &[ResourceSlice], claims: &[DemoClaim]) -> Result<Vec<Vec<String>>, String> {
+pub fn allocate_first_fit(
+    slices: &[ResourceSlice],
+    claims: &[DemoClaim],
+) -> Result<Vec<Vec<String>>, String> {
     let mut taken: Vec<String> = Vec::new();
     let mut out = Vec::new();
     let mut ordered: Vec<&ResourceSlice> = slices.iter().collect();
@@ -120,7 +123,10 @@ pub fn allocate_first_fit(slices: &[ResourceSlice], claims: &[DemoClaim]) -> Res
             }
         }
         if got.len() < c.count {
-            return Err(format!("cannot allocate claim {}: not enough {} devices", c.name, c.product_contains));
+            return Err(format!(
+                "cannot allocate claim {}: not enough {} devices",
+                c.name, c.product_contains
+            ));
         }
         out.push(got);
     }
@@ -165,7 +171,12 @@ fn make_driver_root(root: &Path, driver_version: &str) -> std::io::Result<()> {
     let lib = root.join("usr/lib/x86_64-linux-gnu");
     std::fs::create_dir_all(&lib)?;
     std::fs::create_dir_all(root.join("usr/bin"))?;
-    for base in ["libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"] {
+    for base in [
+        "libcuda.so",
+        "libnvidia-ml.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-nvvm.so",
+    ] {
         std::fs::write(lib.join(format!("{base}.{driver_version}")), b"")?;
     }
     std::fs::write(root.join("usr/bin/nvidia-smi"), b"")?;
@@ -189,7 +200,9 @@ async fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> Result
 pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoError> {
     let setup = |e: std::io::Error| DemoError::Setup(e.to_string());
     let version = KubeVersion::NEWEST;
-    let api = FakeApiServer::start(FakeApiConfig::new(version)).await.map_err(setup)?;
+    let api = FakeApiServer::start(FakeApiConfig::new(version))
+        .await
+        .map_err(setup)?;
     api.add_node(NODE);
     let client = api.client().map_err(|e| DemoError::Setup(e.to_string()))?;
     let paths = PluginPaths {
@@ -231,11 +244,19 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         let _ = stop_rx.await;
     }));
 
-    let _ = writeln!(out, "Tessera demo: fake API server (Kubernetes {version}) + plugin on the mock node, in {}", workdir.display());
-    wait_for("the registration socket", || reg_socket.exists().then_some(())).await?;
-    let (info, dra_version) = kubelet::register(&reg_socket, &["v1.DRAPlugin", "v1beta1.DRAPlugin"])
-        .await
-        .map_err(step("registration"))?;
+    let _ = writeln!(
+        out,
+        "Tessera demo: fake API server (Kubernetes {version}) + plugin on the mock node, in {}",
+        workdir.display()
+    );
+    wait_for("the registration socket", || {
+        reg_socket.exists().then_some(())
+    })
+    .await?;
+    let (info, dra_version) =
+        kubelet::register(&reg_socket, &["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+            .await
+            .map_err(step("registration"))?;
     let _ = writeln!(
         out,
         "kubelet: registered {} ({}), endpoint {}, versions {:?}, using {}",
@@ -243,15 +264,26 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         info.r#type,
         info.endpoint,
         info.supported_versions,
-        if dra_version == DraVersion::V1 { "v1" } else { "v1beta1" }
+        if dra_version == DraVersion::V1 {
+            "v1"
+        } else {
+            "v1beta1"
+        }
     );
-    let dra = DraClient::connect(Path::new(&info.endpoint)).await.map_err(step("connect"))?;
+    let dra = DraClient::connect(Path::new(&info.endpoint))
+        .await
+        .map_err(step("connect"))?;
     let slices = wait_for("the ResourceSlices", || {
         let s = api.resource_slices();
         (!s.is_empty()).then_some(s)
     })
     .await?;
-    let _ = writeln!(out, "\nnode {NODE}: {} ResourceSlice(s), pool generation {}", slices.len(), slices[0].spec.pool.generation);
+    let _ = writeln!(
+        out,
+        "\nnode {NODE}: {} ResourceSlice(s), pool generation {}",
+        slices.len(),
+        slices[0].spec.pool.generation
+    );
     for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
         let attr = |k: &str| {
             d.attributes
@@ -336,8 +368,14 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
                 return Err(DemoError::Step(format!("prepare {}: {}", c.name, r.error)));
             }
             let devices: Vec<String> = r.devices.iter().map(|d| d.device_name.clone()).collect();
-            let ids: Vec<String> = r.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect();
-            let spec = paths.cdi_dir.join(format!("tessera.dev-gpu-{}.json", kc.uid));
+            let ids: Vec<String> = r
+                .devices
+                .iter()
+                .flat_map(|d| d.cdi_device_ids.clone())
+                .collect();
+            let spec = paths
+                .cdi_dir
+                .join(format!("tessera.dev-gpu-{}.json", kc.uid));
             let _ = writeln!(
                 out,
                 "  claim {} ({} x {}): devices {}",
@@ -349,10 +387,20 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             for id in &ids {
                 let _ = writeln!(out, "    CDI {id}");
             }
-            let _ = writeln!(out, "    spec {} ({})", spec.display(), if spec.exists() { "written" } else { "MISSING" });
-            report.prepared.push((c.name.to_string(), devices, ids, spec));
+            let _ = writeln!(
+                out,
+                "    spec {} ({})",
+                spec.display(),
+                if spec.exists() { "written" } else { "MISSING" }
+            );
+            report
+                .prepared
+                .push((c.name.to_string(), devices, ids, spec));
         }
-        let resp = dra.unprepare_v1(&kclaims).await.map_err(step("unprepare"))?;
+        let resp = dra
+            .unprepare_v1(&kclaims)
+            .await
+            .map_err(step("unprepare"))?;
         if let Some((uid, r)) = resp.claims.iter().find(|(_, r)| !r.error.is_empty()) {
             return Err(DemoError::Step(format!("unprepare {uid}: {}", r.error)));
         }
@@ -361,7 +409,12 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        let _ = writeln!(out, "  unprepared {} claim(s); CDI dir now holds {} file(s)", kclaims.len(), left.len());
+        let _ = writeln!(
+            out,
+            "  unprepared {} claim(s); CDI dir now holds {} file(s)",
+            kclaims.len(),
+            left.len()
+        );
         report.leftover_files = left;
     }
     let _ = stop_tx.send(());
@@ -373,7 +426,11 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
     let _ = writeln!(
         out,
         "\nplugin stopped; registration socket {}",
-        if sockets_left { "still present (BUG)" } else { "removed" }
+        if sockets_left {
+            "still present (BUG)"
+        } else {
+            "removed"
+        }
     );
     Ok(report)
 }

@@ -46,18 +46,31 @@ impl Driver {
     async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, String> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
         match tokio::time::timeout(CLAIM_GET_TIMEOUT, api.get_opt(&c.name)).await {
-            Err(_) => Err(format!("getting ResourceClaim {}/{} timed out", c.namespace, c.name)),
-            Ok(Err(e)) => Err(format!("getting ResourceClaim {}/{}: {e}", c.namespace, c.name)),
-            Ok(Ok(None)) => Err(format!("ResourceClaim {}/{} not found", c.namespace, c.name)),
+            Err(_) => Err(format!(
+                "getting ResourceClaim {}/{} timed out",
+                c.namespace, c.name
+            )),
+            Ok(Err(e)) => Err(format!(
+                "getting ResourceClaim {}/{}: {e}",
+                c.namespace, c.name
+            )),
+            Ok(Ok(None)) => Err(format!(
+                "ResourceClaim {}/{} not found",
+                c.namespace, c.name
+            )),
             Ok(Ok(Some(claim))) => Ok(claim),
         }
     }
 
     /// Prepares each claim; the result map has one entry per claim UID.
-    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+    pub async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
         let mut out = HashMap::with_capacity(claims.len());
         for c in claims {
-            let span = info_span!("prepare", claim = %c.uid, namespace = %c.namespace, name = %c.name);
+            let span =
+                info_span!("prepare", claim = %c.uid, namespace = %c.namespace, name = %c.name);
             let result = async {
                 let claim = self.fetch(&c).await?;
                 let state = self.state.clone();
@@ -68,7 +81,8 @@ impl Driver {
                     .map_err(|e| e.chain());
                 match &r {
                     Ok(devs) => {
-                        let names: Vec<&str> = devs.iter().map(|d| d.device_name.as_str()).collect();
+                        let names: Vec<&str> =
+                            devs.iter().map(|d| d.device_name.as_str()).collect();
                         info!(devices = ?names, "prepared");
                     }
                     Err(e) => warn!(error = %e, "prepare failed"),
@@ -153,7 +167,9 @@ impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
                 (uid, resp)
             })
             .collect();
-        Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims }))
+        Ok(Response::new(dra_v1::NodePrepareResourcesResponse {
+            claims,
+        }))
     }
 
     async fn node_unprepare_resources(
@@ -172,7 +188,9 @@ impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
                 )
             })
             .collect();
-        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims }))
+        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
     }
 }
 
@@ -207,7 +225,9 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
                 (uid, resp)
             })
             .collect();
-        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
+        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
     }
 
     async fn node_unprepare_resources(
@@ -226,7 +246,9 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
                 )
             })
             .collect();
-        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
+        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
     }
 }
 
@@ -265,7 +287,10 @@ impl registration::registration_server::Registration for Registrar {
         } else {
             warn!(error = %s.error, "the kubelet refused the registration");
             self.status.send_replace(Some(Err(s.error.clone())));
-            Err(Status::internal(format!("registration failed: {}", s.error)))
+            Err(Status::internal(format!(
+                "registration failed: {}",
+                s.error
+            )))
         }
     }
 }

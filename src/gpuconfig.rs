@@ -67,7 +67,12 @@ pub fn decode(parameters: &serde_json::Value) -> Result<GpuConfigDoc, GpuConfigE
                 format!("unsupported version {other:?}, expected {API_VERSION:?}"),
             ));
         }
-        None => return Err(err("apiVersion", format!("required, must be {API_VERSION:?}"))),
+        None => {
+            return Err(err(
+                "apiVersion",
+                format!("required, must be {API_VERSION:?}"),
+            ));
+        }
     }
     match obj.get("kind").and_then(|v| v.as_str()) {
         Some(KIND) => {}
@@ -85,7 +90,10 @@ pub fn decode(parameters: &serde_json::Value) -> Result<GpuConfigDoc, GpuConfigE
     if let Some(l) = doc.compute_limit
         && !(1..=100).contains(&l)
     {
-        return Err(err("computeLimit", format!("must be between 1 and 100, got {l}")));
+        return Err(err(
+            "computeLimit",
+            format!("must be between 1 and 100, got {l}"),
+        ));
     }
     Ok(doc)
 }
@@ -120,7 +128,8 @@ pub fn effective_config(
     driver: &str,
     request: &str,
 ) -> Result<GpuConfig, String> {
-    let mut ordered: Vec<(usize, &DeviceAllocationConfiguration)> = configs.iter().enumerate().collect();
+    let mut ordered: Vec<(usize, &DeviceAllocationConfiguration)> =
+        configs.iter().enumerate().collect();
     // Stable: class configs before claim configs, list order within each.
     ordered.sort_by_key(|(_, c)| u8::from(c.source != "FromClass"));
     let mut out = GpuConfig::default();
@@ -129,7 +138,8 @@ pub fn effective_config(
         if opaque.driver != driver || !applies_to(c, request) {
             continue;
         }
-        let doc = decode(&opaque.parameters.0).map_err(|e| format!("config[{i}] ({}): {e}", c.source))?;
+        let doc =
+            decode(&opaque.parameters.0).map_err(|e| format!("config[{i}] ({}): {e}", c.source))?;
         out = apply(out, &doc);
     }
     Ok(out)
@@ -155,7 +165,11 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
     use serde_json::json;
 
-    fn cfg(source: &str, requests: &[&str], params: serde_json::Value) -> DeviceAllocationConfiguration {
+    fn cfg(
+        source: &str,
+        requests: &[&str],
+        params: serde_json::Value,
+    ) -> DeviceAllocationConfiguration {
         DeviceAllocationConfiguration {
             source: source.into(),
             requests: Some(requests.iter().map(|s| s.to_string()).collect()),
@@ -170,11 +184,25 @@ mod tests {
     #[test]
     fn later_configs_win_field_by_field() {
         let configs = vec![
-            cfg("FromClaim", &[], json!({"apiVersion": API_VERSION, "kind": KIND, "computeLimit": 30})),
-            cfg("FromClass", &["gpu"], json!({"apiVersion": API_VERSION, "kind": KIND, "scrubOnFree": true, "computeLimit": 80})),
+            cfg(
+                "FromClaim",
+                &[],
+                json!({"apiVersion": API_VERSION, "kind": KIND, "computeLimit": 30}),
+            ),
+            cfg(
+                "FromClass",
+                &["gpu"],
+                json!({"apiVersion": API_VERSION, "kind": KIND, "scrubOnFree": true, "computeLimit": 80}),
+            ),
         ];
         let got = effective_config(&configs, "gpu.tessera.dev", "gpu").unwrap();
-        assert_eq!(got, GpuConfig { scrub_on_free: true, compute_limit: Some(30) });
+        assert_eq!(
+            got,
+            GpuConfig {
+                scrub_on_free: true,
+                compute_limit: Some(30)
+            }
+        );
     }
 
     /// A config for another request or another driver does not apply.
@@ -183,11 +211,22 @@ mod tests {
         let mut other = cfg("FromClaim", &[], json!({"anything": 1}));
         other.opaque.as_mut().unwrap().driver = "other.example.com".into();
         let configs = vec![
-            cfg("FromClaim", &["b"], json!({"apiVersion": API_VERSION, "kind": KIND, "scrubOnFree": true})),
+            cfg(
+                "FromClaim",
+                &["b"],
+                json!({"apiVersion": API_VERSION, "kind": KIND, "scrubOnFree": true}),
+            ),
             other,
         ];
-        assert_eq!(effective_config(&configs, "gpu.tessera.dev", "a/sub").unwrap(), GpuConfig::default());
-        assert!(effective_config(&configs, "gpu.tessera.dev", "b/sub").unwrap().scrub_on_free);
+        assert_eq!(
+            effective_config(&configs, "gpu.tessera.dev", "a/sub").unwrap(),
+            GpuConfig::default()
+        );
+        assert!(
+            effective_config(&configs, "gpu.tessera.dev", "b/sub")
+                .unwrap()
+                .scrub_on_free
+        );
         assert!(validate_all(&configs, "gpu.tessera.dev").is_ok());
     }
 }

@@ -33,7 +33,9 @@ pub async fn connect_unix(path: &Path) -> Result<Channel, KubeletError> {
     Endpoint::from_static("http://[::]:50051")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
+            }
         }))
         .await
         .map_err(|source| KubeletError::Connect {
@@ -61,7 +63,10 @@ pub async fn register(
     let info = c
         .get_info(registration::InfoRequest {})
         .await
-        .map_err(|source| KubeletError::Call { call: "GetInfo", source })?
+        .map_err(|source| KubeletError::Call {
+            call: "GetInfo",
+            source,
+        })?
         .into_inner();
     let chosen = info
         .supported_versions
@@ -118,7 +123,10 @@ impl DraClient {
     }
 
     /// `NodePrepareResources` over v1.
-    pub async fn prepare_v1(&self, claims: &[KubeletClaim]) -> Result<dra_v1::NodePrepareResourcesResponse, KubeletError> {
+    pub async fn prepare_v1(
+        &self,
+        claims: &[KubeletClaim],
+    ) -> Result<dra_v1::NodePrepareResourcesResponse, KubeletError> {
         let req = dra_v1::NodePrepareResourcesRequest {
             claims: claims
                 .iter()
@@ -142,7 +150,10 @@ impl DraClient {
     }
 
     /// `NodeUnprepareResources` over v1.
-    pub async fn unprepare_v1(&self, claims: &[KubeletClaim]) -> Result<dra_v1::NodeUnprepareResourcesResponse, KubeletError> {
+    pub async fn unprepare_v1(
+        &self,
+        claims: &[KubeletClaim],
+    ) -> Result<dra_v1::NodeUnprepareResourcesResponse, KubeletError> {
         let req = dra_v1::NodeUnprepareResourcesRequest {
             claims: claims
                 .iter()

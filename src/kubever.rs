@@ -36,7 +36,9 @@ impl KubeVersion {
     /// treated as the newest known version, older ones are refused.
     pub fn from_server(major: &str, minor: &str) -> Result<Self, VersionError> {
         let digits: String = minor.chars().take_while(|c| c.is_ascii_digit()).collect();
-        let m: u32 = digits.parse().map_err(|_| VersionError::Unparsable(format!("{major}.{minor}")))?;
+        let m: u32 = digits
+            .parse()
+            .map_err(|_| VersionError::Unparsable(format!("{major}.{minor}")))?;
         if major != "1" {
             return Err(VersionError::Unparsable(format!("{major}.{minor}")));
         }
@@ -74,7 +76,9 @@ impl FromStr for KubeVersion {
         if major != "1" {
             return Err(VersionError::Unparsable(s.into()));
         }
-        let m: u32 = minor.parse().map_err(|_| VersionError::Unparsable(s.into()))?;
+        let m: u32 = minor
+            .parse()
+            .map_err(|_| VersionError::Unparsable(s.into()))?;
         Self::new(m).ok_or(VersionError::Unsupported(s.into()))
     }
 }
@@ -94,28 +98,85 @@ pub enum VersionError {
 /// DRA-related feature gates Tessera knows, with their default per release (index 0 =
 /// 1.34 … 3 = 1.37; `None` = the gate does not exist in that release).
 const GATES: &[(&str, [Option<bool>; 4])] = &[
-    ("DynamicResourceAllocation", [Some(true), Some(true), Some(true), Some(true)]),
-    ("DRAPrioritizedList", [Some(true), Some(true), Some(true), Some(true)]),
-    ("DRAAdminAccess", [Some(true), Some(true), Some(true), Some(true)]),
-    ("DRAResourceClaimDeviceStatus", [Some(true), Some(true), Some(true), Some(true)]),
-    ("DRADeviceTaints", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRADeviceTaintRules", [None, Some(false), Some(false), Some(true)]),
-    ("DRAPartitionableDevices", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRAConsumableCapacity", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRADeviceBindingConditions", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRAExtendedResource", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRASchedulerFilterTimeout", [Some(true), Some(true), Some(true), Some(true)]),
-    ("ResourceHealthStatus", [Some(false), Some(false), Some(true), Some(true)]),
-    ("DRAResourceClaimGranularStatusAuthorization", [None, None, Some(true), Some(true)]),
-    ("DRAListTypeAttributes", [None, None, Some(false), Some(false)]),
-    ("DRANodeAllocatableResources", [None, None, Some(false), Some(false)]),
-    ("DRAWorkloadResourceClaims", [None, None, Some(false), Some(false)]),
-    ("DRAResourcePoolStatus", [None, None, Some(false), Some(false)]),
+    (
+        "DynamicResourceAllocation",
+        [Some(true), Some(true), Some(true), Some(true)],
+    ),
+    (
+        "DRAPrioritizedList",
+        [Some(true), Some(true), Some(true), Some(true)],
+    ),
+    (
+        "DRAAdminAccess",
+        [Some(true), Some(true), Some(true), Some(true)],
+    ),
+    (
+        "DRAResourceClaimDeviceStatus",
+        [Some(true), Some(true), Some(true), Some(true)],
+    ),
+    (
+        "DRADeviceTaints",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRADeviceTaintRules",
+        [None, Some(false), Some(false), Some(true)],
+    ),
+    (
+        "DRAPartitionableDevices",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRAConsumableCapacity",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRADeviceBindingConditions",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRAExtendedResource",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRASchedulerFilterTimeout",
+        [Some(true), Some(true), Some(true), Some(true)],
+    ),
+    (
+        "ResourceHealthStatus",
+        [Some(false), Some(false), Some(true), Some(true)],
+    ),
+    (
+        "DRAResourceClaimGranularStatusAuthorization",
+        [None, None, Some(true), Some(true)],
+    ),
+    (
+        "DRAListTypeAttributes",
+        [None, None, Some(false), Some(false)],
+    ),
+    (
+        "DRANodeAllocatableResources",
+        [None, None, Some(false), Some(false)],
+    ),
+    (
+        "DRAWorkloadResourceClaims",
+        [None, None, Some(false), Some(false)],
+    ),
+    (
+        "DRAResourcePoolStatus",
+        [None, None, Some(false), Some(false)],
+    ),
     ("DRAFractionalCapacityRange", [None, None, None, Some(true)]),
     ("DRAOptionalNodeOperations", [None, None, None, Some(false)]),
     ("DRADerivedAttributes", [None, None, None, Some(false)]),
-    ("DRADeviceCompatibilityGroups", [None, None, None, Some(false)]),
-    ("DRAPartitionableDevicesType", [None, None, None, Some(false)]),
+    (
+        "DRADeviceCompatibilityGroups",
+        [None, None, None, Some(false)],
+    ),
+    (
+        "DRAPartitionableDevicesType",
+        [None, None, None, Some(false)],
+    ),
 ];
 
 /// The effective feature gates of one server: the release's defaults plus overrides.
@@ -214,7 +275,11 @@ mod tests {
         let v137 = KubeVersion::new(37).unwrap();
         assert!(!FeatureGates::defaults(v134).consumable_capacity());
         assert!(FeatureGates::defaults(v137).consumable_capacity());
-        let g = FeatureGates::parse(v137, "DRAConsumableCapacity=false,DRAPartitionableDevices=true").unwrap();
+        let g = FeatureGates::parse(
+            v137,
+            "DRAConsumableCapacity=false,DRAPartitionableDevices=true",
+        )
+        .unwrap();
         assert!(!g.consumable_capacity() && g.partitionable_devices());
         assert_eq!(g.overrides(), "DRAConsumableCapacity=false");
         assert!(matches!(
@@ -230,7 +295,10 @@ mod tests {
         assert_eq!("1.35".parse::<KubeVersion>().unwrap().minor(), 35);
         assert!("1.33".parse::<KubeVersion>().is_err());
         assert_eq!(KubeVersion::from_server("1", "36+").unwrap().minor(), 36);
-        assert_eq!(KubeVersion::from_server("1", "40").unwrap(), KubeVersion::NEWEST);
+        assert_eq!(
+            KubeVersion::from_server("1", "40").unwrap(),
+            KubeVersion::NEWEST
+        );
         assert!(KubeVersion::from_server("1", "30").is_err());
     }
 }

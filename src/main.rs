@@ -10,11 +10,15 @@ use tessera::backend::mock::StateAccess;
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin::{PluginOptions, PluginPaths};
-use tessera::state::FailPoints;
 use tessera::slices::{PoolParams, build_pool};
+use tessera::state::FailPoints;
 
 #[derive(Parser)]
-#[command(name = "tessera", version, about = "Kubernetes DRA driver for sharing and partitioning GPUs")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Kubernetes DRA driver for sharing and partitioning GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -131,7 +135,11 @@ struct InventoryArgs {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // The demo prints its own summary; its logs would only interleave with it.
-    let default_level = if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" };
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -167,7 +175,12 @@ fn inventory(a: InventoryArgs) -> Result<()> {
         state_dir: a.state_dir,
         ..Default::default()
     };
-    let model = load_node(&a.backend, a.config.as_deref(), &paths, StateAccess::ReadOnly)?;
+    let model = load_node(
+        &a.backend,
+        a.config.as_deref(),
+        &paths,
+        StateAccess::ReadOnly,
+    )?;
     let slices = build_pool(
         &PoolParams {
             driver: &a.driver_name,
@@ -216,7 +229,12 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         proc_root: a.proc_root.clone(),
         ..Default::default()
     };
-    let model = load_node(&a.backend, a.config.as_deref(), &paths, StateAccess::ReadWrite)?;
+    let model = load_node(
+        &a.backend,
+        a.config.as_deref(),
+        &paths,
+        StateAccess::ReadWrite,
+    )?;
     let client = match &a.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -224,7 +242,9 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
             kube::Client::try_from(cfg)?
         }
-        None => kube::Client::try_default().await.context("in-cluster Kubernetes config")?,
+        None => kube::Client::try_default()
+            .await
+            .context("in-cluster Kubernetes config")?,
     };
     let plugin_dir = a
         .plugin_dir
@@ -240,9 +260,15 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             state_dir: a.state_dir.clone(),
             run_dir: a.run_dir.clone(),
             dev_root: a.dev_root.clone(),
-            host_dev_root: a.host_dev_root.clone().unwrap_or_else(|| a.dev_root.clone()),
+            host_dev_root: a
+                .host_dev_root
+                .clone()
+                .unwrap_or_else(|| a.dev_root.clone()),
             driver_root: a.driver_root.clone(),
-            host_driver_root: a.host_driver_root.clone().unwrap_or_else(|| a.driver_root.clone()),
+            host_driver_root: a
+                .host_driver_root
+                .clone()
+                .unwrap_or_else(|| a.driver_root.clone()),
             proc_root: a.proc_root.clone(),
         },
         rolling_update_pod_uid: a.rolling_update_pod_uid.clone(),
@@ -258,7 +284,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}

@@ -24,12 +24,23 @@ pub fn sanitize_mig_profile(profile: &str) -> String {
     profile
         .chars()
         .filter(|c| *c != '.')
-        .map(|c| if c == '+' { '-' } else { c.to_ascii_lowercase() })
+        .map(|c| {
+            if c == '+' {
+                '-'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
         .collect()
 }
 
 /// `gpu-<minor>-mig-<profile>-<giProfileId>-<placementStart>`.
-pub fn mig_device_name(minor: u32, profile: &str, gi_profile_id: u32, placement_start: u32) -> String {
+pub fn mig_device_name(
+    minor: u32,
+    profile: &str,
+    gi_profile_id: u32,
+    placement_start: u32,
+) -> String {
     format!(
         "gpu-{minor}-mig-{}-{gi_profile_id}-{placement_start}",
         sanitize_mig_profile(profile)
@@ -39,9 +50,19 @@ pub fn mig_device_name(minor: u32, profile: &str, gi_profile_id: u32, placement_
 /// A device name parsed back into what it refers to (used for crash clean-up).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceRef {
-    Gpu { minor: u32 },
-    Slot { minor: u32, slot: u32 },
-    Mig { minor: u32, profile: String, gi_profile_id: u32, placement_start: u32 },
+    Gpu {
+        minor: u32,
+    },
+    Slot {
+        minor: u32,
+        slot: u32,
+    },
+    Mig {
+        minor: u32,
+        profile: String,
+        gi_profile_id: u32,
+        placement_start: u32,
+    },
 }
 
 /// Parses a Tessera device name; `None` for names Tessera does not produce.
@@ -56,7 +77,10 @@ pub fn parse_device_name(name: &str) -> Option<DeviceRef> {
         return Some(DeviceRef::Gpu { minor });
     };
     if let Some(k) = tail.strip_prefix("slot-") {
-        return Some(DeviceRef::Slot { minor, slot: parse_num(k)? });
+        return Some(DeviceRef::Slot {
+            minor,
+            slot: parse_num(k)?,
+        });
     }
     let mig = tail.strip_prefix("mig-")?;
     let (front, start) = mig.rsplit_once('-')?;
@@ -74,7 +98,8 @@ pub fn parse_device_name(name: &str) -> Option<DeviceRef> {
 
 /// Decimal without sign or leading zeros (so that names round-trip exactly).
 fn parse_num(s: &str) -> Option<u32> {
-    if s.is_empty() || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit()) {
+    if s.is_empty() || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     s.parse().ok()
@@ -86,7 +111,8 @@ pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -128,12 +154,22 @@ mod tests {
     /// Whole-GPU and slot names parse back; foreign names do not.
     #[test]
     fn names_parse_back() {
-        assert_eq!(parse_device_name("gpu-3"), Some(DeviceRef::Gpu { minor: 3 }));
+        assert_eq!(
+            parse_device_name("gpu-3"),
+            Some(DeviceRef::Gpu { minor: 3 })
+        );
         assert_eq!(
             parse_device_name(&slot_device_name(1, 2)),
             Some(DeviceRef::Slot { minor: 1, slot: 2 })
         );
-        for bad in ["gpu-", "gpu-01", "gpu-x", "cpu-0", "gpu-0-foo-1", "gpu-0-mig-19-0"] {
+        for bad in [
+            "gpu-",
+            "gpu-01",
+            "gpu-x",
+            "cpu-0",
+            "gpu-0-foo-1",
+            "gpu-0-mig-19-0",
+        ] {
             assert_eq!(parse_device_name(bad), None, "{bad}");
         }
     }

@@ -32,7 +32,9 @@ impl FromStr for BackendSpec {
         match kind {
             "nvml" => Ok(BackendSpec::Nvml(path)),
             "mock" => Ok(BackendSpec::Mock(path)),
-            _ => Err(format!("{s:?}: expected nvml, nvml:LIBPATH, mock or mock:FILE")),
+            _ => Err(format!(
+                "{s:?}: expected nvml, nvml:LIBPATH, mock or mock:FILE"
+            )),
         }
     }
 }
@@ -94,7 +96,10 @@ pub fn open_backend(
                 None => MockNode::embedded_default()?,
             };
             let embedded = node.embedded_config()?;
-            Ok((Box::new(MockBackend::new(node, paths.state_dir.clone(), access)), embedded))
+            Ok((
+                Box::new(MockBackend::new(node, paths.state_dir.clone(), access)),
+                embedded,
+            ))
         }
     }
 }

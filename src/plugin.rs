@@ -105,7 +105,10 @@ pub fn registration_socket_path(dir: &Path, driver: &str, pod_uid: Option<&str>)
         format!("dra-{shortest}-reg.sock"),
     ];
     let fits = |name: &String| dir.join(name).as_os_str().len() <= MAX_SOCKET_PATH;
-    let chosen = candidates.iter().find(|c| fits(c)).unwrap_or(&candidates[2]);
+    let chosen = candidates
+        .iter()
+        .find(|c| fits(c))
+        .unwrap_or(&candidates[2]);
     dir.join(chosen)
 }
 
@@ -133,7 +136,10 @@ pub fn open_state(opts: &PluginOptions, model: &NodeModel) -> Result<DeviceState
         &opts.paths.host_driver_root,
         &model.inventory.driver_version,
     );
-    if !driver_files.iter().any(|f| f.container_path.ends_with("/libcuda.so.1")) {
+    if !driver_files
+        .iter()
+        .any(|f| f.container_path.ends_with("/libcuda.so.1"))
+    {
         warn!(driver_root = %opts.paths.driver_root.display(), "libcuda not found under the driver root; containers will lack the CUDA driver library");
     }
     let cdi = CdiContext {
@@ -170,8 +176,12 @@ pub async fn run(
     let dra_listener = listen(&dra_path)?;
     let (dra_stop_tx, dra_stop_rx) = oneshot::channel::<()>();
     let dra_server = tonic::transport::Server::builder()
-        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(driver.clone())))
-        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1(driver.clone())))
+        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(
+            driver.clone(),
+        )))
+        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+            DraV1beta1(driver.clone()),
+        ))
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), async {
             let _ = dra_stop_rx.await;
         });
@@ -191,7 +201,9 @@ pub async fn run(
     };
     let (reg_stop_tx, reg_stop_rx) = oneshot::channel::<()>();
     let reg_server = tonic::transport::Server::builder()
-        .add_service(registration::registration_server::RegistrationServer::new(registrar))
+        .add_service(registration::registration_server::RegistrationServer::new(
+            registrar,
+        ))
         .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), async {
             let _ = reg_stop_rx.await;
         });

@@ -36,7 +36,10 @@ pub enum PublishError {
     #[error("API server version is not supported")]
     Version(#[source] VersionError),
     #[error("refusing to publish an invalid pool for Kubernetes {version}: {}", reasons.join("; "))]
-    InvalidPool { version: KubeVersion, reasons: Vec<String> },
+    InvalidPool {
+        version: KubeVersion,
+        reasons: Vec<String>,
+    },
 }
 
 fn api(step: &'static str) -> impl FnOnce(kube::Error) -> PublishError {
@@ -76,8 +79,12 @@ impl Publisher {
     /// Learns the server version (`/version`) and the Node's UID for the owner
     /// reference.
     pub async fn new(client: kube::Client, driver: &str, node: &str) -> Result<Self, PublishError> {
-        let info = client.apiserver_version().await.map_err(api("get /version"))?;
-        let version = KubeVersion::from_server(&info.major, &info.minor).map_err(PublishError::Version)?;
+        let info = client
+            .apiserver_version()
+            .await
+            .map_err(api("get /version"))?;
+        let version =
+            KubeVersion::from_server(&info.major, &info.minor).map_err(PublishError::Version)?;
         let nodes: Api<Node> = Api::all(client.clone());
         let n = nodes.get(node).await.map_err(api("get node"))?;
         let owner = OwnerReference {
@@ -134,13 +141,22 @@ impl Publisher {
     /// Creates each desired slice with `dryRun=All` and reports the fields the server
     /// dropped (disabled feature gates), e.g. `spec.devices[0].allowMultipleAllocations`.
     /// Writes nothing.
-    pub async fn detect_dropped_fields(&self, desired: &[ResourceSlice]) -> Result<Vec<String>, PublishError> {
+    pub async fn detect_dropped_fields(
+        &self,
+        desired: &[ResourceSlice],
+    ) -> Result<Vec<String>, PublishError> {
         let mut dropped = Vec::new();
         for s in desired {
             let probe = self.with_metadata(s, 1, None);
             let stored = self
                 .slices
-                .create(&PostParams { dry_run: true, field_manager: None }, &probe)
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        field_manager: None,
+                    },
+                    &probe,
+                )
                 .await
                 .map_err(api("dry-run create resourceslice"))?;
             dropped.extend(validation::dropped_fields(&probe, &stored));
@@ -150,7 +166,12 @@ impl Publisher {
         Ok(dropped)
     }
 
-    fn with_metadata(&self, desired: &ResourceSlice, generation: i64, base: Option<&ResourceSlice>) -> ResourceSlice {
+    fn with_metadata(
+        &self,
+        desired: &ResourceSlice,
+        generation: i64,
+        base: Option<&ResourceSlice>,
+    ) -> ResourceSlice {
         let mut s = desired.clone();
         s.spec.pool.generation = generation;
         s.metadata.owner_references = Some(vec![self.owner.clone()]);
@@ -192,13 +213,21 @@ impl Publisher {
             .into_iter()
             .filter(|s| s.spec.pool.name == self.node)
             .collect();
-        let max_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let max_gen = existing
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0);
         let mut obsolete = Vec::new();
         let mut by_index: BTreeMap<usize, ResourceSlice> = BTreeMap::new();
         for s in existing {
             let name = s.metadata.name.clone().unwrap_or_default();
             match parse_slice_index(&name, &self.driver, &self.node) {
-                Some(i) if s.spec.pool.generation == max_gen && i < desired.len() && !by_index.contains_key(&i) => {
+                Some(i)
+                    if s.spec.pool.generation == max_gen
+                        && i < desired.len()
+                        && !by_index.contains_key(&i) =>
+                {
                     by_index.insert(i, s);
                 }
                 _ => obsolete.push(s),
@@ -209,7 +238,9 @@ impl Publisher {
             .filter(|(i, s)| !self.unchanged(**i, s, &desired[**i]))
             .map(|(i, _)| *i)
             .collect();
-        let missing: Vec<usize> = (0..desired.len()).filter(|i| !by_index.contains_key(i)).collect();
+        let missing: Vec<usize> = (0..desired.len())
+            .filter(|i| !by_index.contains_key(i))
+            .collect();
         let mut report = SyncReport {
             generation: max_gen,
             ..Default::default()
@@ -219,11 +250,12 @@ impl Publisher {
         }
         // Keep the generation for a single in-place change; otherwise bump it and
         // rewrite every slice, so consumers never mix old and new slices.
-        let (generation, to_update): (i64, Vec<usize>) = if missing.is_empty() && changed.len() <= 1 && max_gen > 0 {
-            (max_gen, changed)
-        } else {
-            (max_gen + 1, by_index.keys().copied().collect())
-        };
+        let (generation, to_update): (i64, Vec<usize>) =
+            if missing.is_empty() && changed.len() <= 1 && max_gen > 0 {
+                (max_gen, changed)
+            } else {
+                (max_gen + 1, by_index.keys().copied().collect())
+            };
         report.generation = generation;
         for s in &obsolete {
             let name = s.metadata.name.clone().unwrap_or_default();

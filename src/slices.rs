@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -60,10 +62,18 @@ pub fn slice_generate_name(index: usize, count: usize, driver: &str, node: &str)
 /// server's 5-character suffix); `None` for names of another scheme.
 pub fn parse_slice_index(name: &str, driver: &str, node: &str) -> Option<usize> {
     let (hex, rest) = name.split_once('-')?;
-    if hex.len() < 5 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if hex.len() < 5
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return None;
     }
-    let suffix = rest.strip_prefix(driver)?.strip_prefix('-')?.strip_prefix(node)?.strip_prefix('-')?;
+    let suffix = rest
+        .strip_prefix(driver)?
+        .strip_prefix('-')?
+        .strip_prefix(node)?
+        .strip_prefix('-')?;
     if suffix.len() != 5 {
         return None;
     }
@@ -109,14 +119,22 @@ fn insert_version(attrs: &mut BTreeMap<String, DeviceAttribute>, name: &str, raw
 
 /// The attributes every device of a physical GPU carries (identity, product, driver
 /// facts and PCI topology). Deterministic.
-pub fn gpu_attributes(gpu: &GpuInfo, inv: &NodeInventory, device_type: &str) -> BTreeMap<String, DeviceAttribute> {
+pub fn gpu_attributes(
+    gpu: &GpuInfo,
+    inv: &NodeInventory,
+    device_type: &str,
+) -> BTreeMap<String, DeviceAttribute> {
     let mut a = BTreeMap::new();
     a.insert("type".to_string(), string_attr(device_type));
     a.insert("uuid".to_string(), string_attr(&gpu.uuid));
     a.insert("productName".to_string(), string_attr(&gpu.product_name));
     a.insert("brand".to_string(), string_attr(&gpu.brand));
     a.insert("architecture".to_string(), string_attr(&gpu.architecture));
-    insert_version(&mut a, "cudaComputeCapability", &gpu.cuda_compute_capability);
+    insert_version(
+        &mut a,
+        "cudaComputeCapability",
+        &gpu.cuda_compute_capability,
+    );
     insert_version(&mut a, "driverVersion", &inv.driver_version);
     insert_version(&mut a, "cudaDriverVersion", &inv.cuda_driver_version);
     a.insert("index".to_string(), int_attr(i64::from(gpu.index)));
@@ -165,7 +183,11 @@ pub fn devices_for(gpu: &ManagedGpu, inv: &NodeInventory) -> Vec<Device> {
 /// slices at the version's per-slice device limit. Always at least one slice (an empty
 /// one signals "driver up, no devices"). `pool.generation` is 1 here; the publisher
 /// assigns the real generation. Deterministic.
-pub fn build_pool(params: &PoolParams<'_>, inv: &NodeInventory, gpus: &[ManagedGpu]) -> Vec<ResourceSlice> {
+pub fn build_pool(
+    params: &PoolParams<'_>,
+    inv: &NodeInventory,
+    gpus: &[ManagedGpu],
+) -> Vec<ResourceSlice> {
     let mut ordered: Vec<&ManagedGpu> = gpus.iter().collect();
     ordered.sort_by_key(|g| g.gpu.minor);
     let devices: Vec<Device> = ordered.iter().flat_map(|g| devices_for(g, inv)).collect();
@@ -184,7 +206,12 @@ pub fn build_pool(params: &PoolParams<'_>, inv: &NodeInventory, gpus: &[ManagedG
         .enumerate()
         .map(|(i, devs)| ResourceSlice {
             metadata: ObjectMeta {
-                generate_name: Some(slice_generate_name(i, count, params.driver, params.node_name)),
+                generate_name: Some(slice_generate_name(
+                    i,
+                    count,
+                    params.driver,
+                    params.node_name,
+                )),
                 ..Default::default()
             },
             spec: ResourceSliceSpec {
@@ -228,7 +255,14 @@ mod tests {
     fn default_node_is_one_slice_of_four_gpus() {
         let slices = default_pool(37);
         assert_eq!(slices.len(), 1);
-        let names: Vec<_> = slices[0].spec.devices.as_ref().unwrap().iter().map(|d| d.name.as_str()).collect();
+        let names: Vec<_> = slices[0]
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
         assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
         assert_eq!(
             slices[0].metadata.generate_name.as_deref(),
@@ -245,7 +279,10 @@ mod tests {
         assert_eq!(a["type"].string.as_deref(), Some("gpu"));
         assert_eq!(a["productName"].string.as_deref(), Some("Tesla T4"));
         assert_eq!(a["driverVersion"].version.as_deref(), Some("580.65.6"));
-        assert_eq!(a["driverVersionString"].string.as_deref(), Some("580.65.06"));
+        assert_eq!(
+            a["driverVersionString"].string.as_deref(),
+            Some("580.65.06")
+        );
         assert_eq!(a["cudaDriverVersion"].version.as_deref(), Some("13.0.0"));
         assert_eq!(a["cudaComputeCapability"].version.as_deref(), Some("7.5.0"));
         assert_eq!(a[ATTR_PCIE_ROOT].string.as_deref(), Some("pci0000:80"));
@@ -262,7 +299,10 @@ mod tests {
     fn slice_names_round_trip() {
         assert_eq!(slice_generate_name(0, 1, "d.x", "n"), "00000-d.x-n-");
         assert_eq!(slice_generate_name(10, 11, "d.x", "n"), "0000a-d.x-n-");
-        assert_eq!(slice_generate_name(3, 0x100001, "d.x", "n"), "000003-d.x-n-");
+        assert_eq!(
+            slice_generate_name(3, 0x100001, "d.x", "n"),
+            "000003-d.x-n-"
+        );
         assert_eq!(parse_slice_index("0000a-d.x-n-abcde", "d.x", "n"), Some(10));
         assert_eq!(parse_slice_index("n-d.x-abcde", "d.x", "n"), None);
         assert_eq!(parse_slice_index("0000a-d.x-other-abcde", "d.x", "n"), None);
@@ -299,7 +339,10 @@ mod tests {
             &inv,
             &gpus,
         );
-        let sizes: Vec<_> = slices.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+        let sizes: Vec<_> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
         assert_eq!(sizes, [128, 2]);
         assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
     }

@@ -25,7 +25,8 @@ use tracing::{info, warn};
 
 use crate::cdispec::{self, CdiContext};
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome, PreparedDevice, unix_now,
+    Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome,
+    PreparedDevice, unix_now,
 };
 use crate::claims::{ClaimError, plan_claim};
 use crate::config::ManagedGpu;
@@ -49,7 +50,10 @@ impl FailPoints {
         let mut set = BTreeSet::new();
         for p in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             if !FAIL_POINTS.contains(&p) {
-                return Err(format!("unknown fail point {p:?}; known: {}", FAIL_POINTS.join(", ")));
+                return Err(format!(
+                    "unknown fail point {p:?}; known: {}",
+                    FAIL_POINTS.join(", ")
+                ));
             }
             set.insert(p.to_string());
         }
@@ -139,7 +143,11 @@ struct Locked<'a> {
 impl DeviceState {
     /// Opens the state and recovers from whatever a previous run left: see the module
     /// doc. Creates the directories it needs.
-    pub fn open(cfg: StateConfig, gpus: Vec<ManagedGpu>, cdi: CdiContext) -> Result<(Self, Recovery), PrepareError> {
+    pub fn open(
+        cfg: StateConfig,
+        gpus: Vec<ManagedGpu>,
+        cdi: CdiContext,
+    ) -> Result<(Self, Recovery), PrepareError> {
         for dir in [&cfg.cdi_dir, &cfg.plugin_dir, &cfg.state_dir] {
             std::fs::create_dir_all(dir).map_err(|source| PrepareError::Lock {
                 path: dir.clone(),
@@ -190,7 +198,9 @@ impl DeviceState {
         let _l = self.lock()?;
         let (mut cp, outcome) = self.load()?;
         match &outcome {
-            LoadOutcome::OtherBoot { previous } => info!(previous, "checkpoint is from another boot; starting empty"),
+            LoadOutcome::OtherBoot { previous } => {
+                info!(previous, "checkpoint is from another boot; starting empty")
+            }
             LoadOutcome::Corrupt { moved_to, reason } => {
                 warn!(moved_to = %moved_to.display(), reason, "checkpoint unreadable; moved aside, starting empty")
             }
@@ -211,12 +221,17 @@ impl DeviceState {
             self.roll_back(&mut cp, &uid)?;
             rec.rolled_back.push(uid);
         }
-        let known: BTreeSet<String> = cp.claims.values().filter_map(|r| r.cdi_spec.clone()).collect();
+        let known: BTreeSet<String> = cp
+            .claims
+            .values()
+            .filter_map(|r| r.cdi_spec.clone())
+            .collect();
         if let Ok(entries) = std::fs::read_dir(&self.cfg.cdi_dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let ours_temp = name.starts_with(".tessera-") && name.ends_with(".tmp");
-                let ours_spec = name.starts_with(cdispec::SPEC_FILE_PREFIX) && name.ends_with(".json");
+                let ours_spec =
+                    name.starts_with(cdispec::SPEC_FILE_PREFIX) && name.ends_with(".json");
                 if ours_temp || (ours_spec && !known.contains(&name)) {
                     tessera_cdi::atomic::remove_durable(&self.cfg.cdi_dir, &name).map_err(|e| {
                         PrepareError::CdiRemove(WriteError::Remove {
@@ -254,7 +269,11 @@ impl DeviceState {
     /// Prepares one claim (already fetched from the API server). Idempotent: a claim
     /// prepared before returns its recorded devices without doing any work. On error
     /// nothing of this claim remains on disk.
-    pub fn prepare(&self, claim: &ResourceClaim, uid: &str) -> Result<Vec<PreparedDevice>, PrepareError> {
+    pub fn prepare(
+        &self,
+        claim: &ResourceClaim,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let _l = self.lock()?;
         let (mut cp, _) = self.load()?;
         match cp.claims.get(uid).map(|r| r.state) {
@@ -275,11 +294,19 @@ impl DeviceState {
                 })
             })
             .collect();
-        let plan = plan_claim(claim, uid, &self.cfg.driver, &self.cfg.pool, &self.gpus, &held)?;
+        let plan = plan_claim(
+            claim,
+            uid,
+            &self.cfg.driver,
+            &self.cfg.pool,
+            &self.gpus,
+            &held,
+        )?;
         let spec = cdispec::render_claim_spec(&plan, &self.cdi);
         let names = cdispec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
         // Refuse an invalid spec before recording anything.
-        tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name()).map_err(PrepareError::Cdi)?;
+        tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name())
+            .map_err(PrepareError::Cdi)?;
         let devices: Vec<PreparedDevice> = plan
             .devices
             .iter()
@@ -349,7 +376,10 @@ impl DeviceState {
 
     /// Claims prepared at least `min_age_secs` ago: (uid, namespace, name). The stale
     /// claim clean-up checks each against the API server.
-    pub fn prepared_claims(&self, min_age_secs: u64) -> Result<Vec<(String, String, String)>, PrepareError> {
+    pub fn prepared_claims(
+        &self,
+        min_age_secs: u64,
+    ) -> Result<Vec<(String, String, String)>, PrepareError> {
         let (cp, _) = {
             let _l = self.lock()?;
             self.load()?
@@ -367,7 +397,12 @@ impl DeviceState {
 fn remove_spec_file(cdi_dir: &Path, file_name: &str) -> Result<(), PrepareError> {
     let names = tessera_cdi::SpecFileNames::new(
         file_name.to_string(),
-        format!(".tessera-{}.tmp", file_name.trim_start_matches(cdispec::SPEC_FILE_PREFIX).trim_end_matches(".json")),
+        format!(
+            ".tessera-{}.tmp",
+            file_name
+                .trim_start_matches(cdispec::SPEC_FILE_PREFIX)
+                .trim_end_matches(".json")
+        ),
     )
     .map_err(PrepareError::CdiRemove)?;
     SpecWriter::new(cdi_dir.to_path_buf())

@@ -12,7 +12,9 @@ use k8s_openapi::api::resource::v1::{
     ResourceClaimStatus, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+};
 use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
 use tessera::kubever::KubeVersion;
 
@@ -37,7 +39,9 @@ fn slice(generate_name: &str, node: &str) -> ResourceSlice {
 }
 
 async fn start() -> FakeApiServer {
-    FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST)).await.unwrap()
+    FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST))
+        .await
+        .unwrap()
 }
 
 /// generateName gets a 5-character suffix; a stale resourceVersion on update is a 409.
@@ -45,16 +49,34 @@ async fn start() -> FakeApiServer {
 async fn generate_name_and_stale_update_conflict() {
     let s = start().await;
     let api: Api<ResourceSlice> = Api::all(s.client().unwrap());
-    let created = api.create(&PostParams::default(), &slice("00000-gpu.tessera.dev-n-", "n")).await.unwrap();
+    let created = api
+        .create(
+            &PostParams::default(),
+            &slice("00000-gpu.tessera.dev-n-", "n"),
+        )
+        .await
+        .unwrap();
     let name = created.metadata.name.clone().unwrap();
     assert_eq!(name.len(), "00000-gpu.tessera.dev-n-".len() + 5);
     let mut a = created.clone();
     a.spec.pool.generation = 2;
-    let updated = api.replace(&name, &PostParams::default(), &a).await.unwrap();
-    assert_ne!(updated.metadata.resource_version, created.metadata.resource_version);
+    let updated = api
+        .replace(&name, &PostParams::default(), &a)
+        .await
+        .unwrap();
+    assert_ne!(
+        updated.metadata.resource_version,
+        created.metadata.resource_version
+    );
     // `a` still carries the old resourceVersion.
-    let err = api.replace(&name, &PostParams::default(), &a).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 409 && e.reason == "Conflict"), "{err:?}");
+    let err = api
+        .replace(&name, &PostParams::default(), &a)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 409 && e.reason == "Conflict"),
+        "{err:?}"
+    );
 }
 
 /// Delete preconditions are enforced; a missing object is a 404 Status.
@@ -62,7 +84,10 @@ async fn generate_name_and_stale_update_conflict() {
 async fn delete_preconditions_and_not_found() {
     let s = start().await;
     let api: Api<ResourceSlice> = Api::all(s.client().unwrap());
-    let created = api.create(&PostParams::default(), &slice("x-", "n")).await.unwrap();
+    let created = api
+        .create(&PostParams::default(), &slice("x-", "n"))
+        .await
+        .unwrap();
     let name = created.metadata.name.clone().unwrap();
     let wrong = DeleteParams {
         preconditions: Some(Preconditions {
@@ -72,7 +97,10 @@ async fn delete_preconditions_and_not_found() {
         ..Default::default()
     };
     let err = api.delete(&name, &wrong).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 409), "{err:?}");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 409),
+        "{err:?}"
+    );
     let right = DeleteParams {
         preconditions: Some(Preconditions {
             uid: created.metadata.uid.clone(),
@@ -82,7 +110,10 @@ async fn delete_preconditions_and_not_found() {
     };
     api.delete(&name, &right).await.unwrap();
     let err = api.get(&name).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 404 && e.reason == "NotFound"), "{err:?}");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 404 && e.reason == "NotFound"),
+        "{err:?}"
+    );
 }
 
 /// Dry-run creates return the object but store nothing; selectors filter lists.
@@ -91,20 +122,42 @@ async fn dry_run_and_field_selectors() {
     let s = start().await;
     let api: Api<ResourceSlice> = Api::all(s.client().unwrap());
     let dry = api
-        .create(&PostParams { dry_run: true, field_manager: None }, &slice("d-", "n1"))
+        .create(
+            &PostParams {
+                dry_run: true,
+                field_manager: None,
+            },
+            &slice("d-", "n1"),
+        )
         .await
         .unwrap();
     assert!(dry.metadata.name.is_some());
-    assert!(api.list(&ListParams::default()).await.unwrap().items.is_empty());
-    api.create(&PostParams::default(), &slice("a-", "n1")).await.unwrap();
-    api.create(&PostParams::default(), &slice("b-", "n2")).await.unwrap();
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    api.create(&PostParams::default(), &slice("a-", "n1"))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &slice("b-", "n2"))
+        .await
+        .unwrap();
     let n1 = api
         .list(&ListParams::default().fields("spec.nodeName=n1,spec.driver=gpu.tessera.dev"))
         .await
         .unwrap();
     assert_eq!(n1.items.len(), 1);
-    let err = api.list(&ListParams::default().fields("spec.colour=red")).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 400), "{err:?}");
+    let err = api
+        .list(&ListParams::default().fields("spec.colour=red"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 400),
+        "{err:?}"
+    );
 }
 
 /// Watches stream changes after the given resourceVersion.
@@ -114,13 +167,24 @@ async fn watch_streams_events() {
     let api: Api<ResourceSlice> = Api::all(s.client().unwrap());
     let list = api.list(&ListParams::default()).await.unwrap();
     let rv = list.metadata.resource_version.unwrap();
-    let mut stream = api.watch(&WatchParams::default().timeout(10), &rv).await.unwrap().boxed();
-    let created = api.create(&PostParams::default(), &slice("w-", "n")).await.unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(10), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let created = api
+        .create(&PostParams::default(), &slice("w-", "n"))
+        .await
+        .unwrap();
     let name = created.metadata.name.clone().unwrap();
     api.delete(&name, &DeleteParams::default()).await.unwrap();
     let mut kinds = Vec::new();
     while kinds.len() < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap().unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         kinds.push(match ev {
             WatchEvent::Added(_) => "added",
             WatchEvent::Deleted(_) => "deleted",
@@ -183,19 +247,50 @@ async fn claims_with_status_subresource() {
         ..Default::default()
     });
     // The main resource ignores status changes.
-    let same = api.replace("c1", &PostParams::default(), &with_status).await.unwrap();
+    let same = api
+        .replace("c1", &PostParams::default(), &with_status)
+        .await
+        .unwrap();
     assert!(same.status.is_none());
     with_status.metadata.resource_version = same.metadata.resource_version.clone();
-    let allocated = api.replace_status("c1", &PostParams::default(), &with_status).await.unwrap();
+    let allocated = api
+        .replace_status("c1", &PostParams::default(), &with_status)
+        .await
+        .unwrap();
     assert_eq!(
-        allocated.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap()[0].device,
+        allocated
+            .status
+            .unwrap()
+            .allocation
+            .unwrap()
+            .devices
+            .unwrap()
+            .results
+            .unwrap()[0]
+            .device,
         "gpu-0"
     );
     // Changing the spec is refused.
     let mut changed = api.get("c1").await.unwrap();
-    changed.spec.as_mut().unwrap().devices.as_mut().unwrap().requests.as_mut().unwrap()[0].name = "other".into();
-    let err = api.replace("c1", &PostParams::default(), &changed).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 422), "{err:?}");
+    changed
+        .spec
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()[0]
+        .name = "other".into();
+    let err = api
+        .replace("c1", &PostParams::default(), &changed)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 422),
+        "{err:?}"
+    );
     api.delete("c1", &DeleteParams::default()).await.unwrap();
     assert!(api.get_opt("c1").await.unwrap().is_none());
 }
@@ -210,10 +305,22 @@ async fn nodes_pods_and_the_request_log() {
     let nodes: Api<Node> = Api::all(client.clone());
     assert!(nodes.get("node-a").await.unwrap().metadata.uid.is_some());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
     assert!(pods.get("p").await.is_ok());
-    let err = nodes.delete("node-a", &DeleteParams::default()).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 405), "{err:?}");
+    let err = nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 405),
+        "{err:?}"
+    );
     let verbs: Vec<String> = s.requests().iter().map(|r| r.rbac()).collect();
-    assert_eq!(verbs, ["get nodes", "list pods", "get pods", "delete nodes"]);
+    assert_eq!(
+        verbs,
+        ["get nodes", "list pods", "get pods", "delete nodes"]
+    );
 }

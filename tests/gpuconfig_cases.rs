@@ -17,7 +17,11 @@ struct Case {
 /// Every case decodes to its expected config, or fails naming its expected field.
 #[test]
 fn gpuconfig_cases_decode_as_tabled() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gpuconfig-cases.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/gpuconfig-cases.yaml"
+    ))
+    .unwrap();
     let cases: Vec<Case> = serde_yaml::from_str(&text).unwrap();
     assert!(cases.len() >= 10);
     for c in cases {

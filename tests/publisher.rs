@@ -9,14 +9,14 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
-use tessera::backend::mock::{MockNode, StateAccess};
 use tessera::backend::GpuInfo;
+use tessera::backend::mock::StateAccess;
 use tessera::config::{GpuMode, ManagedGpu, NodeConfig};
 use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
 use tessera::kubever::KubeVersion;
-use tessera::node::{load_node, BackendPaths, BackendSpec, NodeModel};
+use tessera::node::{BackendPaths, BackendSpec, NodeModel, load_node};
 use tessera::publish::Publisher;
-use tessera::slices::{build_pool, PoolParams};
+use tessera::slices::{PoolParams, build_pool};
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";
@@ -27,7 +27,13 @@ fn default_model() -> NodeModel {
         state_dir: dir.path().into(),
         ..Default::default()
     };
-    load_node(&BackendSpec::Mock(None), None, &paths, StateAccess::ReadOnly).unwrap()
+    load_node(
+        &BackendSpec::Mock(None),
+        None,
+        &paths,
+        StateAccess::ReadOnly,
+    )
+    .unwrap()
 }
 
 fn pool(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
@@ -43,7 +49,9 @@ fn pool(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
 }
 
 async fn server(version: KubeVersion) -> FakeApiServer {
-    let s = FakeApiServer::start(FakeApiConfig::new(version)).await.unwrap();
+    let s = FakeApiServer::start(FakeApiConfig::new(version))
+        .await
+        .unwrap();
     s.add_node(NODE);
     s
 }
@@ -55,15 +63,24 @@ async fn publisher_creates_then_resyncs_with_zero_writes_on_every_version() {
         let api = server(version).await;
         let model = default_model();
         let desired = pool(&model, version);
-        let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+            .await
+            .unwrap();
         assert_eq!(p.version(), version);
         let r = p.sync(&desired).await.unwrap();
-        assert_eq!((r.created, r.updated, r.deleted, r.generation), (1, 0, 0, 1), "{version}");
+        assert_eq!(
+            (r.created, r.updated, r.deleted, r.generation),
+            (1, 0, 0, 1),
+            "{version}"
+        );
         let stored = api.resource_slices();
         assert_eq!(stored.len(), 1);
         let s = &stored[0];
         let name = s.metadata.name.as_deref().unwrap();
-        assert!(name.starts_with("00000-gpu.tessera.dev-node-a-") && name.len() == 34, "{name}");
+        assert!(
+            name.starts_with("00000-gpu.tessera.dev-node-a-") && name.len() == 34,
+            "{name}"
+        );
         let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
         assert!(!owner.uid.is_empty());
@@ -83,7 +100,9 @@ async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
     let version = KubeVersion::NEWEST;
     let api = server(version).await;
     let mut model = default_model();
-    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+        .await
+        .unwrap();
     p.sync(&pool(&model, version)).await.unwrap();
 
     // Exclude gpu-3: one slice changes in place.
@@ -94,8 +113,19 @@ async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
     .unwrap();
     model.gpus = cfg.resolve(&model.inventory, "test").unwrap();
     let r = p.sync(&pool(&model, version)).await.unwrap();
-    assert_eq!((r.created, r.updated, r.deleted, r.generation), (0, 1, 0, 1));
-    assert_eq!(api.resource_slices()[0].spec.devices.as_ref().unwrap().len(), 3);
+    assert_eq!(
+        (r.created, r.updated, r.deleted, r.generation),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(
+        api.resource_slices()[0]
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .len(),
+        3
+    );
 
     // 130 GPUs need two slices: generation 2, one updated, one created.
     let template = model.inventory.gpus[2].clone();
@@ -112,15 +142,27 @@ async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
         .collect();
     model.gpus = many;
     let r = p.sync(&pool(&model, version)).await.unwrap();
-    assert_eq!((r.created, r.updated, r.deleted, r.generation), (1, 1, 0, 2));
+    assert_eq!(
+        (r.created, r.updated, r.deleted, r.generation),
+        (1, 1, 0, 2)
+    );
     let stored = api.resource_slices();
     assert_eq!(stored.len(), 2);
-    assert!(stored.iter().all(|s| s.spec.pool.generation == 2 && s.spec.pool.resource_slice_count == 2));
+    assert!(
+        stored
+            .iter()
+            .all(|s| s.spec.pool.generation == 2 && s.spec.pool.resource_slice_count == 2)
+    );
 
-    // Back to one slice: generation 3, the second slice is deleted.
+    // Back to one slice: the surplus slice is deleted and the one remaining slice is
+    // the only change, so the generation stays (the Go helper's rule: no new slices and
+    // at most one changed slice).
     model.gpus.truncate(4);
     let r = p.sync(&pool(&model, version)).await.unwrap();
-    assert_eq!((r.created, r.updated, r.deleted, r.generation), (0, 1, 1, 3));
+    assert_eq!(
+        (r.created, r.updated, r.deleted, r.generation),
+        (0, 1, 1, 2)
+    );
     assert_eq!(api.resource_slices().len(), 1);
 }
 
@@ -131,7 +173,9 @@ async fn publisher_republishes_after_external_deletion() {
     for version in KubeVersion::ALL {
         let api = server(version).await;
         let model = default_model();
-        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+            .await
+            .unwrap();
         let (_tx, rx) = tokio::sync::watch::channel(pool(&model, version));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(p.run(rx, Duration::from_millis(50), async {
@@ -141,10 +185,17 @@ async fn publisher_republishes_after_external_deletion() {
         let name = first[0].metadata.name.clone().unwrap();
         assert!(api.delete_resource_slice(&name));
         let again = wait_for_slices(&api, 1).await;
-        assert_ne!(again[0].metadata.name.as_deref(), Some(name.as_str()), "{version}");
+        assert_ne!(
+            again[0].metadata.name.as_deref(),
+            Some(name.as_str()),
+            "{version}"
+        );
         assert_eq!(again[0].spec.devices.as_ref().unwrap().len(), 4);
         let _ = stop_tx.send(());
-        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
 
@@ -156,7 +207,10 @@ async fn wait_for_slices(api: &FakeApiServer, n: usize) -> Vec<ResourceSlice> {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("timed out waiting for {n} slices; have {:?}", api.resource_slices().len());
+    panic!(
+        "timed out waiting for {n} slices; have {:?}",
+        api.resource_slices().len()
+    );
 }
 
 /// A slice using consumable capacity, to see whether the server keeps the gated fields.
@@ -186,15 +240,23 @@ async fn publisher_detects_dropped_gated_fields() {
     let model = default_model();
     for version in KubeVersion::ALL {
         let api = server(version).await;
-        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+        let p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+            .await
+            .unwrap();
         api.clear_requests();
-        let dropped = p.detect_dropped_fields(&shared_slice(&model, version)).await.unwrap();
+        let dropped = p
+            .detect_dropped_fields(&shared_slice(&model, version))
+            .await
+            .unwrap();
         let gate_on = version.minor() >= 36;
         if gate_on {
             assert!(dropped.is_empty(), "{version}: {dropped:?}");
         } else {
             let text = dropped.join(" ");
-            assert!(text.contains("allowMultipleAllocations"), "{version}: {dropped:?}");
+            assert!(
+                text.contains("allowMultipleAllocations"),
+                "{version}: {dropped:?}"
+            );
             assert!(text.contains("requestPolicy"), "{version}: {dropped:?}");
         }
         assert_eq!(api.write_count(), 0, "dry runs store nothing");
@@ -209,13 +271,25 @@ async fn inventory_output_passes_server_validation_on_every_version() {
     for version in KubeVersion::ALL {
         let state = tempfile::tempdir().unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["inventory", "--backend", "mock", "--node-name", NODE, "-o", "json"])
+            .args([
+                "inventory",
+                "--backend",
+                "mock",
+                "--node-name",
+                NODE,
+                "-o",
+                "json",
+            ])
             .args(["--k8s-version", &version.to_string()])
             .arg("--state-dir")
             .arg(state.path())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(list["kind"], "List");
         let items = list["items"].as_array().unwrap();
@@ -227,7 +301,10 @@ async fn inventory_output_passes_server_validation_on_every_version() {
             let created = slices.create(&PostParams::default(), &s).await;
             assert!(created.is_ok(), "{version}: {created:?}");
         }
-        assert!(std::fs::read_dir(state.path()).unwrap().next().is_none(), "inventory writes no state");
+        assert!(
+            std::fs::read_dir(state.path()).unwrap().next().is_none(),
+            "inventory writes no state"
+        );
     }
 }
 
@@ -247,7 +324,9 @@ async fn publisher_refuses_an_invalid_pool_without_writing() {
         },
     );
     devs[0].attributes = Some(attrs);
-    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE).await.unwrap();
+    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+        .await
+        .unwrap();
     api.clear_requests();
     let err = p.sync(&desired).await.unwrap_err().to_string();
     assert!(err.contains("productName"), "{err}");

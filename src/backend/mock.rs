@@ -174,11 +174,8 @@ impl MockNode {
     pub fn embedded_config(&self) -> Result<Option<NodeConfig>, crate::config::ConfigError> {
         match &self.doc.config {
             None => Ok(None),
-            Some(v) => NodeConfig::from_value(
-                v.clone(),
-                &format!("{} (config)", self.source_name),
-            )
-            .map(Some),
+            Some(v) => NodeConfig::from_value(v.clone(), &format!("{} (config)", self.source_name))
+                .map(Some),
         }
     }
 
@@ -289,8 +286,20 @@ mod tests {
         assert_eq!(
             summary,
             vec![
-                (0, "NVIDIA H100 80GB HBM3", true, Some("pci0000:00"), Some(0)),
-                (1, "NVIDIA H100 80GB HBM3", true, Some("pci0000:00"), Some(0)),
+                (
+                    0,
+                    "NVIDIA H100 80GB HBM3",
+                    true,
+                    Some("pci0000:00"),
+                    Some(0)
+                ),
+                (
+                    1,
+                    "NVIDIA H100 80GB HBM3",
+                    true,
+                    Some("pci0000:00"),
+                    Some(0)
+                ),
                 (2, "Tesla T4", false, Some("pci0000:80"), Some(1)),
                 (3, "Tesla T4", false, Some("pci0000:80"), Some(1)),
             ]
@@ -308,7 +317,10 @@ mod tests {
     /// An unknown field in a description is refused with its path.
     #[test]
     fn unknown_field_in_description_is_named() {
-        let text = DEFAULT_NODE_YAML.replace("numaNode: 0\n  migCapable: true\n  migEnabled: false\n- minor: 1", "numaNode: 0\n  migCapable: true\n  migEnabled: false\n  colour: green\n- minor: 1");
+        let text = DEFAULT_NODE_YAML.replace(
+            "numaNode: 0\n  migCapable: true\n  migEnabled: false\n- minor: 1",
+            "numaNode: 0\n  migCapable: true\n  migEnabled: false\n  colour: green\n- minor: 1",
+        );
         let err = MockNode::parse(&text, "t").unwrap_err().to_string();
         assert!(err.contains("gpus[0]") && err.contains("colour"), "{err}");
     }

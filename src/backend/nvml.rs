@@ -117,14 +117,17 @@ impl NvmlBackend {
             Err(e) if is_unsupported(&e) => (false, false),
             Err(e) => return Err(call("nvmlDeviceGetMigMode")(e)),
         };
-        // NVML first, sysfs when NVML has no answer. Caveat: NVML documents this call
-        // for platforms where the GPU itself is a NUMA node (Grace Hopper/Blackwell
-        // with onlined GPU memory); there it names the GPU memory's node, not the CPU
-        // node sysfs reports for the PCI device.
-        let numa_node = match dev.numa_node_id() {
-            Ok(node) => Some(i64::from(node)),
-            Err(e) if is_unsupported(&e) => sysfs_numa_node(&self.sys_root, &pci_bus_id),
-            Err(e) => return Err(call("nvmlDeviceGetNumaNodeId")(e)),
+        // sysfs first: `resource.kubernetes.io/numaNode` means the CPU-side node of the
+        // PCI device, which is what sysfs reports. NVML's answer is a fallback: it is
+        // documented for GPUs that are NUMA nodes themselves (Grace Hopper/Blackwell),
+        // where it names the GPU memory's node.
+        let numa_node = match sysfs_numa_node(&self.sys_root, &pci_bus_id) {
+            Some(node) => Some(node),
+            None => match dev.numa_node_id() {
+                Ok(node) => Some(i64::from(node)),
+                Err(e) if is_unsupported(&e) => None,
+                Err(e) => return Err(call("nvmlDeviceGetNumaNodeId")(e)),
+            },
         };
         Ok(GpuInfo {
             index,

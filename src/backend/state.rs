@@ -130,7 +130,12 @@ impl NodeState {
         let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end()));
         match lines.next() {
             Some((_, l)) if l == format!("{MAGIC} {FORMAT_VERSION}") => {}
-            Some((n, l)) => return Err(bad(n, format!("expected `{MAGIC} {FORMAT_VERSION}`, found `{l}`"))),
+            Some((n, l)) => {
+                return Err(bad(
+                    n,
+                    format!("expected `{MAGIC} {FORMAT_VERSION}`, found `{l}`"),
+                ));
+            }
             None => return Err(bad(0, "empty file".into())),
         }
         let mut digest = String::new();
@@ -160,12 +165,16 @@ impl NodeState {
                 "source" => digest = value.to_string(),
                 "driver-version" => driver_version = Some(value.to_string()),
                 "cuda-driver-version" => {
-                    let v: u32 = value.parse().map_err(|_| bad(n, format!("bad cuda-driver-version `{value}`")))?;
+                    let v: u32 = value
+                        .parse()
+                        .map_err(|_| bad(n, format!("bad cuda-driver-version `{value}`")))?;
                     cuda = Some(format!("{}.{}", v / 1000, (v % 1000) / 10));
                 }
                 "major" => {
                     let (name, num) = value.split_once(' ').unwrap_or((value, ""));
-                    let num: u32 = num.parse().map_err(|_| bad(n, format!("bad major `{value}`")))?;
+                    let num: u32 = num
+                        .parse()
+                        .map_err(|_| bad(n, format!("bad major `{value}`")))?;
                     match name {
                         "nvidia" => nvidia = Some(num),
                         "nvidia-uvm" => uvm = Some(num),

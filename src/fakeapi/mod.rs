@@ -11,6 +11,10 @@
 //! ([`crate::validation`]) with `Status` bodies and 404/409/422 codes. Every request is
 //! logged ([`RequestRecord`]) so that tests can check the plugin's calls against its RBAC.
 
+// Handlers return a ready HTTP response as their error; its size does not matter in a
+// test double, and boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
 mod selectors;
 mod store;
 
@@ -187,7 +191,10 @@ impl FakeApiServer {
     pub fn add_pod(&self, namespace: &str, pod: Value) -> Value {
         let mut st = self.shared.store();
         let mut pod = pod;
-        let name = pod["metadata"]["name"].as_str().unwrap_or("pod").to_string();
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or("pod")
+            .to_string();
         let uid = st.new_uid();
         if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.entry("uid").or_insert(json!(uid));
@@ -271,8 +278,20 @@ const RESOURCES: &[(&str, &str, &str, bool, &str)] = &[
     ("", "v1", "pods", true, "Pod"),
     ("", "v1", "events", true, "Event"),
     ("events.k8s.io", "v1", "events", true, "Event"),
-    ("resource.k8s.io", "v1", "resourceslices", false, "ResourceSlice"),
-    ("resource.k8s.io", "v1", "resourceclaims", true, "ResourceClaim"),
+    (
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        false,
+        "ResourceSlice",
+    ),
+    (
+        "resource.k8s.io",
+        "v1",
+        "resourceclaims",
+        true,
+        "ResourceClaim",
+    ),
 ];
 
 fn parse_target(path: &str) -> Option<Target> {
@@ -364,7 +383,12 @@ fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
 }
 
 /// A `Status` failure body as the API server sends it.
-fn status(code: StatusCode, reason: &str, message: String, details: Option<Value>) -> Response<Body> {
+fn status(
+    code: StatusCode,
+    reason: &str,
+    message: String,
+    details: Option<Value>,
+) -> Response<Body> {
     let mut v = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()
@@ -472,7 +496,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         query,
         verb: verb.into(),
         group: target.as_ref().map(|t| t.group.clone()).unwrap_or_default(),
-        resource: target.as_ref().map(|t| t.resource.to_string()).unwrap_or(path),
+        resource: target
+            .as_ref()
+            .map(|t| t.resource.to_string())
+            .unwrap_or(path),
         subresource: target.as_ref().and_then(|t| t.subresource.clone()),
         namespace: target.as_ref().and_then(|t| t.namespace.clone()),
         name: target.as_ref().and_then(|t| t.name.clone()),
@@ -498,7 +525,10 @@ async fn route(
 ) -> Response<Body> {
     let writable = matches!(
         (t.resource, t.subresource.as_deref()),
-        ("resourceslices", None) | ("resourceclaims", None) | ("resourceclaims", Some("status")) | ("events", None)
+        ("resourceslices", None)
+            | ("resourceclaims", None)
+            | ("resourceclaims", Some("status"))
+            | ("events", None)
     );
     match verb {
         "get" => get(shared, t),
@@ -510,7 +540,10 @@ async fn route(
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            format!("the server does not allow this method on the requested resource ({verb} {})", t.resource),
+            format!(
+                "the server does not allow this method on the requested resource ({verb} {})",
+                t.resource
+            ),
             None,
         ),
     }
@@ -525,7 +558,9 @@ fn get(shared: &Arc<Shared>, t: &Target) -> Response<Body> {
     }
 }
 
-fn selectors(q: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSelector), Response<Body>> {
+fn selectors(
+    q: &BTreeMap<String, String>,
+) -> Result<(LabelSelector, FieldSelector), Response<Body>> {
     let labels = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
         .map_err(|e| bad_request(format!("unable to parse requirement: {e}")))?;
     let fields = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))
@@ -533,7 +568,11 @@ fn selectors(q: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSelect
     Ok((labels, fields))
 }
 
-fn check_field_selector(t: &Target, fields: &FieldSelector, version: KubeVersion) -> Result<(), Response<Body>> {
+fn check_field_selector(
+    t: &Target,
+    fields: &FieldSelector,
+    version: KubeVersion,
+) -> Result<(), Response<Body>> {
     let mut allowed = vec!["metadata.name", "metadata.namespace"];
     match t.resource {
         "resourceslices" => {
@@ -547,9 +586,7 @@ fn check_field_selector(t: &Target, fields: &FieldSelector, version: KubeVersion
     }
     for f in fields.keys() {
         if !allowed.contains(&f.as_str()) {
-            return Err(bad_request(format!(
-                "field label not supported: {f}"
-            )));
+            return Err(bad_request(format!("field label not supported: {f}")));
         }
     }
     Ok(())
@@ -636,13 +673,16 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Resp
     let (tx, out) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
     let wanted = move |e: &WatchEvent| {
         e.resource == resource
-            && namespace.as_ref().is_none_or(|ns| e.namespace.as_ref() == Some(ns))
+            && namespace
+                .as_ref()
+                .is_none_or(|ns| e.namespace.as_ref() == Some(ns))
             && labels.matches(&e.object)
             && fields.matches(&e.object)
     };
     tokio::spawn(async move {
         let line = |e: &WatchEvent| {
-            let mut v = serde_json::to_vec(&json!({"type": e.kind, "object": e.object})).unwrap_or_default();
+            let mut v = serde_json::to_vec(&json!({"type": e.kind, "object": e.object}))
+                .unwrap_or_default();
             v.push(b'\n');
             Ok(Frame::data(Bytes::from(v)))
         };
@@ -686,13 +726,17 @@ fn admit(
     old: Option<&Value>,
 ) -> Result<Value, Response<Body>> {
     let gates = &shared.gates;
-    let decode_err = |e: serde_json::Error| bad_request(format!("the body of the request could not be decoded: {e}"));
+    let decode_err = |e: serde_json::Error| {
+        bad_request(format!("the body of the request could not be decoded: {e}"))
+    };
     match (t.resource, t.subresource.as_deref()) {
         ("resourceslices", None) => {
             let mut slice: ResourceSlice = serde_json::from_value(obj).map_err(decode_err)?;
             validation::drop_disabled_fields(&mut slice, gates);
             let mut errs = validation::validate_resource_slice(&slice, gates);
-            if let Some(old) = old.and_then(|o| serde_json::from_value::<ResourceSlice>(o.clone()).ok()) {
+            if let Some(old) =
+                old.and_then(|o| serde_json::from_value::<ResourceSlice>(o.clone()).ok())
+            {
                 errs.extend(slice_immutable_fields(&old, &slice));
             }
             if !errs.is_empty() {
@@ -704,7 +748,9 @@ fn admit(
             let mut claim: ResourceClaim = serde_json::from_value(obj).map_err(decode_err)?;
             validation::drop_disabled_claim_fields(&mut claim, gates);
             let mut errs = validation::validate_resource_claim(&claim, gates);
-            if let Some(old) = old.and_then(|o| serde_json::from_value::<ResourceClaim>(o.clone()).ok()) {
+            if let Some(old) =
+                old.and_then(|o| serde_json::from_value::<ResourceClaim>(o.clone()).ok())
+            {
                 // The spec is immutable, and the main resource cannot change status.
                 if old.spec != claim.spec {
                     errs.push(validation::FieldError::invalid_immutable("spec"));
@@ -766,7 +812,10 @@ fn create(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Resp
     let mut st = shared.store();
     let name = match obj["metadata"]["name"].as_str().filter(|s| !s.is_empty()) {
         Some(n) => n.to_string(),
-        None => match obj["metadata"]["generateName"].as_str().filter(|s| !s.is_empty()) {
+        None => match obj["metadata"]["generateName"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+        {
             Some(prefix) => {
                 // Retry on collision like the real server would.
                 let mut name;
@@ -840,8 +889,12 @@ fn update(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Resp
     let Some(old) = st.get(&k).cloned() else {
         return not_found(t, &name);
     };
-    let sent_rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
-    if !sent_rv.is_empty() && Some(sent_rv.as_str()) != old["metadata"]["resourceVersion"].as_str() {
+    let sent_rv = obj["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    if !sent_rv.is_empty() && Some(sent_rv.as_str()) != old["metadata"]["resourceVersion"].as_str()
+    {
         return status(
             StatusCode::CONFLICT,
             "Conflict",
@@ -865,7 +918,11 @@ fn update(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Resp
     }
     let spec_changed = old.get("spec") != obj.get("spec");
     let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
-    obj["metadata"]["generation"] = json!(if spec_changed { generation + 1 } else { generation });
+    obj["metadata"]["generation"] = json!(if spec_changed {
+        generation + 1
+    } else {
+        generation
+    });
     if dry_run {
         return json_response(StatusCode::OK, &obj);
     }

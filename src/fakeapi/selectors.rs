@@ -33,7 +33,10 @@ fn split_top(s: &str) -> Vec<&str> {
         }
     }
     out.push(&s[start..]);
-    out.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    out.into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn set_values(s: &str) -> Result<Vec<String>, String> {
@@ -61,7 +64,10 @@ impl LabelSelector {
                 LabelReq::NotIn(k.trim().into(), set_values(v)?)
             } else if let Some((k, v)) = part.split_once(" in ") {
                 LabelReq::In(k.trim().into(), set_values(v)?)
-            } else if part.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+            } else if part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
                 LabelReq::Exists(part.into())
             } else {
                 return Err(format!("{part:?}"));
@@ -136,9 +142,21 @@ mod tests {
         assert!(LabelSelector::parse("x=1").unwrap().matches(&o));
         assert!(LabelSelector::parse("x in (1,2),!y").unwrap().matches(&o));
         assert!(!LabelSelector::parse("x!=1").unwrap().matches(&o));
-        assert!(FieldSelector::parse("spec.nodeName=n1,spec.driver=d").unwrap().matches(&o));
-        assert!(!FieldSelector::parse("spec.nodeName=n2").unwrap().matches(&o));
-        assert!(FieldSelector::parse("spec.nodeName!=n2").unwrap().matches(&o));
+        assert!(
+            FieldSelector::parse("spec.nodeName=n1,spec.driver=d")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName=n2")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            FieldSelector::parse("spec.nodeName!=n2")
+                .unwrap()
+                .matches(&o)
+        );
         assert!(FieldSelector::parse("bogus").is_err());
     }
 }

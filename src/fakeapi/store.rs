@@ -88,7 +88,8 @@ impl Store {
         self.objects
             .iter()
             .filter(|(k, _)| {
-                k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns))
+                k.resource == resource
+                    && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns))
             })
             .map(|(_, v)| v)
             .collect()

@@ -1,0 +1,410 @@
+//! A test harness for the plugin: a fake API server, the plugin on the mock node in a
+//! temp dir (in-process, or as a child process of the real binary), and helpers that
+//! create and allocate claims the way the scheduler would.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClaim,
+    DeviceRequest, DeviceRequestAllocationResult, DeviceSubRequest, ExactDeviceRequest,
+    OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{Api, PostParams};
+use tempfile::TempDir;
+use tessera::backend::mock::StateAccess;
+use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
+use tessera::kubelet::{self, DraClient, KubeletClaim};
+use tessera::kubever::KubeVersion;
+use tessera::node::{BackendPaths, BackendSpec, NodeModel, load_node};
+use tessera::plugin::{self, PluginOptions, PluginPaths};
+use tessera::state::FailPoints;
+
+pub const DRIVER: &str = "gpu.tessera.dev";
+pub const NODE: &str = "node-a";
+pub const NS: &str = "default";
+
+/// The plugin's directories under one temp dir.
+pub fn paths(root: &Path) -> PluginPaths {
+    PluginPaths {
+        plugin_registry_dir: root.join("plugins_registry"),
+        plugin_dir: root.join("plugins").join(DRIVER),
+        cdi_dir: root.join("cdi"),
+        state_dir: root.join("state"),
+        run_dir: root.join("run"),
+        dev_root: PathBuf::from("/"),
+        host_dev_root: PathBuf::from("/"),
+        driver_root: root.join("driver-root"),
+        host_driver_root: root.join("driver-root"),
+        proc_root: PathBuf::from("/proc"),
+    }
+}
+
+pub fn options(root: &Path) -> PluginOptions {
+    PluginOptions {
+        driver_name: DRIVER.into(),
+        node_name: NODE.into(),
+        paths: paths(root),
+        rolling_update_pod_uid: None,
+        stale_check_interval: Duration::from_secs(3600),
+        stale_min_age: Duration::from_secs(3600),
+        publish_debounce: Duration::from_millis(50),
+        fail_points: FailPoints::default(),
+    }
+}
+
+pub fn model(root: &Path) -> NodeModel {
+    load_node(
+        &BackendSpec::Mock(None),
+        None,
+        &BackendPaths {
+            state_dir: root.join("state"),
+            ..Default::default()
+        },
+        StateAccess::ReadWrite,
+    )
+    .expect("mock node loads")
+}
+
+/// Creates fake driver files under `<root>/driver-root` so specs mount real paths.
+pub fn make_driver_root(root: &Path) {
+    let lib = root.join("driver-root/usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(root.join("driver-root/usr/bin")).unwrap();
+    for base in [
+        "libcuda.so",
+        "libnvidia-ml.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-nvvm.so",
+    ] {
+        std::fs::write(lib.join(format!("{base}.580.65.06")), b"").unwrap();
+    }
+    std::fs::write(root.join("driver-root/usr/bin/nvidia-smi"), b"").unwrap();
+}
+
+pub async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A plugin running in this process.
+pub struct InProcess {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), plugin::PluginError>>>,
+}
+
+impl InProcess {
+    pub async fn start(api: &FakeApiServer, opts: PluginOptions, model: NodeModel) -> Self {
+        let reg = plugin::registration_socket_path(
+            &opts.paths.plugin_registry_dir,
+            DRIVER,
+            opts.rolling_update_pod_uid.as_deref(),
+        );
+        let _ = std::fs::remove_file(&reg);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(plugin::run(opts, model, api.client().unwrap(), async {
+            let _ = rx.await;
+        }));
+        wait_until("registration socket", || reg.exists()).await;
+        InProcess {
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), t)
+                .await
+                .expect("plugin stops")
+                .expect("plugin task")
+                .expect("plugin run");
+        }
+    }
+}
+
+/// Everything a test needs: API server, temp dir, the plugin's options and model.
+pub struct Harness {
+    pub api: FakeApiServer,
+    pub dir: TempDir,
+    pub opts: PluginOptions,
+    pub model: NodeModel,
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        let api = FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST))
+            .await
+            .unwrap();
+        api.add_node(NODE);
+        let dir = tempfile::tempdir().unwrap();
+        make_driver_root(dir.path());
+        let opts = options(dir.path());
+        let model = model(dir.path());
+        Harness {
+            api,
+            dir,
+            opts,
+            model,
+        }
+    }
+
+    pub async fn start_plugin(&self) -> InProcess {
+        InProcess::start(&self.api, self.opts.clone(), self.model.clone()).await
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        plugin::registration_socket_path(&self.opts.paths.plugin_registry_dir, DRIVER, None)
+    }
+
+    /// Registers as the kubelet would and connects to the plugin's endpoint.
+    pub async fn kubelet(&self) -> DraClient {
+        let (info, _) = kubelet::register(
+            &self.registration_socket(),
+            &["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+        )
+        .await
+        .unwrap();
+        DraClient::connect(Path::new(&info.endpoint)).await.unwrap()
+    }
+
+    pub fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.api.client().unwrap(), NS)
+    }
+
+    /// Creates a claim with the given requests and sets its allocation to `results`
+    /// (request, pool, device, shareID) and opaque `configs` (source, requests, params).
+    pub async fn allocated_claim(
+        &self,
+        name: &str,
+        results: &[(&str, &str, &str, Option<&str>)],
+        configs: &[(&str, &[&str], serde_json::Value)],
+    ) -> KubeletClaim {
+        // `req/sub` results need a firstAvailable request with that subrequest.
+        let mut requests: Vec<(String, Option<String>)> = results
+            .iter()
+            .map(|(r, ..)| match r.split_once('/') {
+                Some((req, sub)) => (req.to_string(), Some(sub.to_string())),
+                None => (r.to_string(), None),
+            })
+            .collect();
+        requests.dedup();
+        let claim = ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(NS.into()),
+                ..Default::default()
+            },
+            spec: Some(ResourceClaimSpec {
+                devices: Some(DeviceClaim {
+                    requests: Some(
+                        requests
+                            .iter()
+                            .map(|(r, sub)| match sub {
+                                None => DeviceRequest {
+                                    name: r.clone(),
+                                    exactly: Some(ExactDeviceRequest {
+                                        device_class_name: "gpu.tessera.dev".into(),
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                },
+                                Some(sub) => DeviceRequest {
+                                    name: r.clone(),
+                                    first_available: Some(vec![DeviceSubRequest {
+                                        name: sub.clone(),
+                                        device_class_name: "gpu.tessera.dev".into(),
+                                        ..Default::default()
+                                    }]),
+                                    ..Default::default()
+                                },
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+            }),
+            status: None,
+        };
+        let api = self.claims();
+        let mut created = api.create(&PostParams::default(), &claim).await.unwrap();
+        created.status = Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(
+                        results
+                            .iter()
+                            .map(
+                                |(request, pool, device, share)| DeviceRequestAllocationResult {
+                                    request: request.to_string(),
+                                    driver: DRIVER.into(),
+                                    pool: pool.to_string(),
+                                    device: device.to_string(),
+                                    share_id: share.map(str::to_string),
+                                    ..Default::default()
+                                },
+                            )
+                            .collect(),
+                    ),
+                    config: Some(
+                        configs
+                            .iter()
+                            .map(|(source, reqs, params)| DeviceAllocationConfiguration {
+                                source: source.to_string(),
+                                requests: Some(reqs.iter().map(|s| s.to_string()).collect()),
+                                opaque: Some(OpaqueDeviceConfiguration {
+                                    driver: DRIVER.into(),
+                                    parameters: RawExtension(params.clone()),
+                                }),
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![ResourceClaimConsumerReference {
+                resource: "pods".into(),
+                name: format!("{name}-pod"),
+                uid: format!("{name}-pod-uid"),
+                api_group: None,
+            }]),
+            devices: None,
+        });
+        let stored = api
+            .replace_status(name, &PostParams::default(), &created)
+            .await
+            .unwrap();
+        KubeletClaim {
+            namespace: NS.into(),
+            uid: stored.metadata.uid.unwrap(),
+            name: name.into(),
+        }
+    }
+
+    /// Tessera's CDI spec files (and any temp file) in the CDI dir.
+    pub fn cdi_files(&self) -> Vec<String> {
+        list_files(&self.opts.paths.cdi_dir)
+    }
+
+    /// UIDs recorded in the checkpoint.
+    pub fn checkpoint_claims(&self) -> Vec<String> {
+        checkpoint_claims(&self.opts.paths.state_dir)
+    }
+}
+
+pub fn list_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+pub fn checkpoint_claims(state_dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(state_dir.join("checkpoint.json")) else {
+        return vec![];
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["claims"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// A plugin running as a child process of the real `tessera` binary.
+pub struct ChildPlugin {
+    pub child: Child,
+}
+
+impl ChildPlugin {
+    /// Starts `tessera plugin` on the mock node with `fail_points` armed, talking to
+    /// `api` through a kubeconfig file; waits for its registration socket.
+    pub async fn start(api: &FakeApiServer, root: &Path, fail_points: &str) -> Self {
+        let p = paths(root);
+        let kubeconfig = root.join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let reg = plugin::registration_socket_path(&p.plugin_registry_dir, DRIVER, None);
+        let _ = std::fs::remove_file(&reg);
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .arg("plugin")
+            .args(["--node-name", NODE, "--backend", "mock"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--plugin-registry-dir")
+            .arg(&p.plugin_registry_dir)
+            .arg("--plugin-dir")
+            .arg(&p.plugin_dir)
+            .arg("--cdi-dir")
+            .arg(&p.cdi_dir)
+            .arg("--state-dir")
+            .arg(&p.state_dir)
+            .arg("--run-dir")
+            .arg(&p.run_dir)
+            .arg("--driver-root")
+            .arg(&p.driver_root)
+            .env("TESSERA_FAILPOINTS", fail_points)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn tessera plugin");
+        let mut me = ChildPlugin { child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reg.exists() {
+            if let Ok(Some(status)) = me.child.try_wait() {
+                panic!("plugin exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "plugin did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        me
+    }
+
+    /// Waits for the process to end (after a fail point) and returns whether it was
+    /// killed by a signal (abort).
+    pub async fn wait_aborted(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                use std::os::unix::process::ExitStatusExt;
+                return status.signal().is_some();
+            }
+            assert!(Instant::now() < deadline, "plugin did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the process with SIGTERM and waits.
+    pub async fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().ok().flatten().is_none() {
+            assert!(Instant::now() < deadline, "plugin did not stop on SIGTERM");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ChildPlugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
