@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use harness::{DRIVER, Harness, NODE, NS};
 use kube::api::DeleteParams;
+use serde::Deserialize;
 use serde_json::json;
 use tessera::kubelet::{self, DraClient, KubeletClaim};
 use tessera::plugin::{self, registration_socket_path};
@@ -454,4 +455,84 @@ fn rolling_update_socket_names() {
         name.len(),
         "gpu.tessera.dev-".len() + 11 + "-reg.sock".len()
     );
+}
+
+/// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/rbac.yaml` allows.
+fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        if v["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in v["rules"].as_sequence().unwrap() {
+            let list = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap().to_string())
+                    .collect()
+            };
+            for g in list("apiGroups") {
+                for r in list("resources") {
+                    for verb in list("verbs") {
+                        out.push((g.clone(), r.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every request the plugin makes (publish, prepare, unprepare, clean-up) is allowed by
+/// the ClusterRole we ship.
+#[tokio::test]
+async fn plugin_requests_stay_within_its_cluster_role() {
+    let h = Harness::new().await;
+    let p = h.start_plugin().await;
+    let k = h.kubelet().await;
+    let c = h
+        .allocated_claim("rbac", &[("gpu", NODE, "gpu-0", None)], &[])
+        .await;
+    harness::wait_until("slices", || !h.api.resource_slices().is_empty()).await;
+    let name = h.api.resource_slices()[0].metadata.name.clone().unwrap();
+    // The test's own calls so far are not the plugin's.
+    h.api.clear_requests();
+    h.api.delete_resource_slice(&name);
+    harness::wait_until("republish", || !h.api.resource_slices().is_empty()).await;
+    k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    let state = std::sync::Arc::new(plugin::open_state(&h.opts, &h.model).unwrap());
+    plugin::cleanup_once(&state, &h.api.client().unwrap(), Duration::ZERO)
+        .await
+        .unwrap();
+    p.stop().await;
+    let allowed = allowed_by_cluster_role();
+    let used: std::collections::BTreeSet<(String, String, String)> = h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.path != "/version")
+        .map(|r| (r.group.clone(), r.resource.clone(), r.verb.clone()))
+        .collect();
+    for u in &used {
+        assert!(
+            allowed.contains(u),
+            "request {u:?} is not allowed by deploy/rbac.yaml"
+        );
+    }
+    assert!(used.contains(&(
+        "resource.k8s.io".into(),
+        "resourceclaims".into(),
+        "get".into()
+    )));
+    assert!(used.contains(&(
+        "resource.k8s.io".into(),
+        "resourceslices".into(),
+        "create".into()
+    )));
 }

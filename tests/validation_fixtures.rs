@@ -1,5 +1,7 @@
 //! Fixtures for the Kubernetes API rules in `tessera::validation`: each case states on
 //! which releases an object is accepted or refused, and with which field path and kind.
+//! Slice fixtures are checked twice: by the pure validator and by the fake API server
+//! over HTTP (Status 422 with the cause's field path).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +14,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::validation::{
     FieldError, FieldErrorKind, PoolProblem, drop_disabled_fields, dropped_fields,
@@ -241,12 +245,65 @@ fn check(case: &str, minor: u32, errs: &[FieldError], want: Want) {
 /// A table row: case name, slice, expected outcome per release.
 type Row = (&'static str, ResourceSlice, Vec<(u32, Want)>);
 
-/// Runs table rows with [`FEATURES`] gates on.
+/// Runs table rows with [`FEATURES`] gates on: each row through the pure validator and
+/// again through the fake API server over HTTP, which must answer 201 or a 422 Status
+/// whose single cause names the same field and reason.
 fn run_slices(rows: Vec<Row>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     for (case, s, wants) in rows {
         for (minor, want) in wants {
-            let errs = validate_resource_slice(&s, &gates(minor, FEATURES));
+            let g = gates(minor, FEATURES);
+            let errs = validate_resource_slice(&s, &g);
             check(case, minor, &errs, want);
+            // The server first drops the fields of disabled gates (here: binding
+            // conditions, which FEATURES leaves off), then validates what is left.
+            let mut stored = s.clone();
+            drop_disabled_fields(&mut stored, &g);
+            let http_want = if stored == s {
+                match want {
+                    Want::Accept => None,
+                    Want::Reject(field, kind) => Some((field.to_string(), kind)),
+                }
+            } else {
+                validate_resource_slice(&stored, &g)
+                    .first()
+                    .map(|e| (e.field.clone(), e.kind))
+            };
+            rt.block_on(check_over_http(case, minor, g, &s, http_want));
+        }
+    }
+}
+
+async fn check_over_http(
+    case: &str,
+    minor: u32,
+    g: FeatureGates,
+    s: &ResourceSlice,
+    want: Option<(String, FieldErrorKind)>,
+) {
+    let server = FakeApiServer::start(FakeApiConfig { gates: g })
+        .await
+        .expect("fake API server");
+    let api: Api<ResourceSlice> = Api::all(server.client().expect("client"));
+    let result = api.create(&PostParams::default(), s).await;
+    match (want, result) {
+        (None, Ok(_)) => {}
+        (None, Err(e)) => panic!("{case} on 1.{minor} over HTTP: want 201, got {e}"),
+        (Some((field, kind)), Err(kube::Error::Api(status))) => {
+            assert_eq!(status.code, 422, "{case} on 1.{minor}: {status:?}");
+            assert_eq!(status.reason, "Invalid", "{case} on 1.{minor}");
+            let causes = status.details.map(|d| d.causes).unwrap_or_default();
+            assert!(
+                causes.len() == 1 && causes[0].field == field && causes[0].reason == kind.reason(),
+                "{case} on 1.{minor} over HTTP: want {} at {field}, got {causes:?}",
+                kind.reason()
+            );
+        }
+        (Some((field, _)), other) => {
+            panic!("{case} on 1.{minor} over HTTP: want 422 at {field}, got {other:?}")
         }
     }
 }

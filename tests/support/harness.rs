@@ -408,3 +408,50 @@ impl Drop for ChildPlugin {
         let _ = self.child.wait();
     }
 }
+
+impl Harness {
+    /// Like [`Harness::new`], with the temp dir created under `parent` (benchmarks put
+    /// it on disk rather than on a tmpfs `/tmp`).
+    pub async fn new_in(parent: &Path) -> Self {
+        let api = FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST))
+            .await
+            .unwrap();
+        api.add_node(NODE);
+        std::fs::create_dir_all(parent).unwrap();
+        let dir = tempfile::tempdir_in(parent).unwrap();
+        make_driver_root(dir.path());
+        let opts = options(dir.path());
+        let model = model(dir.path());
+        Harness {
+            api,
+            dir,
+            opts,
+            model,
+        }
+    }
+
+    /// The DRA socket of a plugin started without a rolling-update pod UID.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.opts.paths.plugin_dir.join("dra.sock")
+    }
+
+    /// The path of a claim's CDI spec file.
+    pub fn spec_path(&self, uid: &str) -> PathBuf {
+        self.opts
+            .paths
+            .cdi_dir
+            .join(format!("tessera.dev-gpu-{uid}.json"))
+    }
+
+    /// The lifecycle state the checkpoint records for a claim (`PrepareStarted`, ...).
+    pub fn checkpoint_state(&self, uid: &str) -> Option<String> {
+        checkpoint_state(&self.opts.paths.state_dir, uid)
+    }
+}
+
+/// The lifecycle state recorded for claim `uid` in `<state_dir>/checkpoint.json`.
+pub fn checkpoint_state(state_dir: &Path, uid: &str) -> Option<String> {
+    let text = std::fs::read_to_string(state_dir.join("checkpoint.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["claims"][uid]["state"].as_str().map(str::to_string)
+}
