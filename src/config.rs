@@ -277,3 +277,77 @@ impl NodeConfig {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::mock::MockNode;
+
+    const HEAD: &str = "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\n";
+
+    /// Each malformed config is refused with an error naming its field.
+    #[test]
+    fn config_errors_name_the_field() {
+        let cases = [
+            ("apiVersion: config.tessera.dev/v2\nkind: NodeConfig\n", "apiVersion"),
+            ("kind: NodeConfig\n", "apiVersion"),
+            ("apiVersion: config.tessera.dev/v1alpha1\nkind: Other\n", "kind"),
+            ("colour: blue\n", "colour"),
+            ("gpus:\n- match: {minor: 0}\n  mode: fractional\n", "gpus[0].mode"),
+            ("gpus:\n- match: {minor: 0}\n  mode: mig\n  extra: 1\n", "gpus[0].extra"),
+            ("gpus:\n- match: {minor: 0, uuid: GPU-x}\n  mode: mig\n", "gpus[0].match"),
+            ("gpus:\n- match: {}\n  mode: mig\n", "gpus[0].match"),
+            ("gpus:\n- match: {minor: -1}\n  mode: mig\n", "gpus[0].match.minor"),
+            ("exclude:\n- {}\n", "exclude[0]"),
+            ("sliceLayout: sideways\n", "sliceLayout"),
+            ("sharedSlots: 3\n", "sharedSlots"),
+            ("sharedSlots: 0\n", "sharedSlots"),
+            ("gpus: {minor: 0}\n", "gpus"),
+        ];
+        for (body, field) in cases {
+            let text = if body.starts_with("apiVersion") || body.starts_with("kind") {
+                body.to_string()
+            } else {
+                format!("{HEAD}{body}")
+            };
+            let err = NodeConfig::from_yaml(&text, "test.yaml").unwrap_err();
+            assert_eq!(err.field, field, "{body:?}: {err}");
+            assert!(err.to_string().starts_with("node config test.yaml: "), "{err}");
+        }
+    }
+
+    /// Not valid YAML at all is an error about the document.
+    #[test]
+    fn invalid_yaml_is_an_error_about_the_document() {
+        let err = NodeConfig::from_yaml("gpus: [", "x").unwrap_err();
+        assert_eq!(err.field, ".");
+    }
+
+    /// Modes resolve: first matching rule wins, exclusions drop GPUs, defaults follow
+    /// MIG capability, and `mig` on a GPU without MIG is refused naming the rule.
+    #[test]
+    fn modes_resolve_by_rule_then_default() {
+        let inv = MockNode::embedded_default().unwrap().inventory();
+        let cfg = NodeConfig::from_yaml(
+            &format!(
+                "{HEAD}gpus:\n- match: {{product: Tesla T4}}\n  mode: shared\n- match: {{minor: 2}}\n  mode: exclusive\nexclude:\n- minor: 3\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        let got: Vec<_> = cfg
+            .resolve(&inv, "t")
+            .unwrap()
+            .iter()
+            .map(|m| (m.gpu.minor, m.mode))
+            .collect();
+        assert_eq!(got, [(0, GpuMode::Mig), (1, GpuMode::Mig), (2, GpuMode::Shared)]);
+        let bad = NodeConfig::from_yaml(&format!("{HEAD}gpus:\n- match: {{minor: 0}}\n  mode: exclusive\n- match: {{minor: 3}}\n  mode: mig\n"), "t").unwrap();
+        let err = bad.resolve(&inv, "t").unwrap_err();
+        assert_eq!(err.field, "gpus[1].mode");
+        assert!(err.message.contains("not MIG-capable"), "{err}");
+        let defaults = NodeConfig::default().resolve(&inv, "t").unwrap();
+        let modes: Vec<_> = defaults.iter().map(|m| m.mode).collect();
+        assert_eq!(modes, [GpuMode::Mig, GpuMode::Mig, GpuMode::Exclusive, GpuMode::Exclusive]);
+    }
+}

@@ -12,18 +12,16 @@
 //! | whole GPUs | `w1` | one GPU whose product is an H100 | `gpu-0` |
 //! | whole GPUs | `w2` | two Tesla T4 | `gpu-2`, `gpu-3` |
 //!
-//! Until `tessera plan` exists, claims are allocated by [`allocate_first_fit`]: the
-//! first unallocated devices in slice order whose product matches, which is what the
-//! scheduler's first fit gives for these requests.
+//! Claims are allocated by the `tessera plan` allocator against the slices the plugin
+//! actually published, as the scheduler would.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
-    DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
+    ResourceClaimSpec, ResourceClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
@@ -31,7 +29,8 @@ use kube::api::{Api, PostParams};
 use crate::backend::mock::StateAccess;
 use crate::fakeapi::{FakeApiConfig, FakeApiServer};
 use crate::kubelet::{self, DraClient, DraVersion, KubeletClaim};
-use crate::kubever::KubeVersion;
+use crate::kubever::{FeatureGates, KubeVersion};
+use crate::plan;
 use crate::node::{BackendPaths, BackendSpec, load_node};
 use crate::plugin::{self, PluginOptions, PluginPaths};
 use crate::state::FailPoints;
@@ -95,45 +94,9 @@ fn step<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
     move |e| DemoError::Step(format!("{what}: {e}"))
 }
 
-/// Picks, for each claim in order, the first `count` devices in slice order whose
-/// `productName` contains the wanted text and that no earlier claim got. Pure.
-pub fn allocate_first_fit(
-    slices: &[ResourceSlice],
-    claims: &[DemoClaim],
-) -> Result<Vec<Vec<String>>, String> {
-    let mut taken: Vec<String> = Vec::new();
-    let mut out = Vec::new();
-    let mut ordered: Vec<&ResourceSlice> = slices.iter().collect();
-    ordered.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    for c in claims {
-        let mut got = Vec::new();
-        for d in ordered.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
-            if got.len() == c.count {
-                break;
-            }
-            let product = d
-                .attributes
-                .as_ref()
-                .and_then(|a| a.get("productName"))
-                .and_then(|a| a.string.as_deref())
-                .unwrap_or("");
-            if product.contains(c.product_contains) && !taken.contains(&d.name) {
-                got.push(d.name.clone());
-                taken.push(d.name.clone());
-            }
-        }
-        if got.len() < c.count {
-            return Err(format!(
-                "cannot allocate claim {}: not enough {} devices",
-                c.name, c.product_contains
-            ));
-        }
-        out.push(got);
-    }
-    Ok(out)
-}
-
-fn claim_object(c: &DemoClaim) -> ResourceClaim {
+/// The ResourceClaim a demo claim stands for: one request of the `gpu.tessera.dev`
+/// class with a CEL selector on the product name.
+pub fn claim_object(c: &DemoClaim) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some(c.name.into()),
@@ -313,33 +276,35 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
     let mut report = DemoReport::default();
     for phase in phases() {
         let _ = writeln!(out, "\nphase: {}", phase.title);
-        let allocations = allocate_first_fit(&slices, &phase.claims).map_err(DemoError::Step)?;
+        let steps: Vec<plan::Step> = phase
+            .claims
+            .iter()
+            .map(|c| plan::Step::Allocate(Box::new(claim_object(c))))
+            .collect();
+        let classes = plan::read_classes(None).map_err(step("device classes"))?;
+        let planned = plan::run(&slices, &classes, &steps, &FeatureGates::defaults(version)).map_err(step("plan"))?;
+        let mut allocations = Vec::new();
+        for o in planned.outcomes {
+            match o {
+                plan::Outcome::Allocated(c) => allocations.push(c.status.and_then(|s| s.allocation).unwrap_or_default()),
+                plan::Outcome::Failed { claim, reason } => {
+                    return Err(DemoError::Step(format!(
+                        "claim {} cannot be allocated: {reason}",
+                        claim.metadata.name.unwrap_or_default()
+                    )));
+                }
+                plan::Outcome::Released { .. } => {}
+            }
+        }
         let mut kclaims = Vec::new();
-        for (c, devices) in phase.claims.iter().zip(&allocations) {
+        for (c, allocation) in phase.claims.iter().zip(&allocations) {
             let created = claims_api
                 .create(&PostParams::default(), &claim_object(c))
                 .await
                 .map_err(step("create claim"))?;
             let mut allocated = created.clone();
             allocated.status = Some(ResourceClaimStatus {
-                allocation: Some(AllocationResult {
-                    devices: Some(DeviceAllocationResult {
-                        results: Some(
-                            devices
-                                .iter()
-                                .map(|d| DeviceRequestAllocationResult {
-                                    request: "gpu".into(),
-                                    driver: DRIVER.into(),
-                                    pool: NODE.into(),
-                                    device: d.clone(),
-                                    ..Default::default()
-                                })
-                                .collect(),
-                        ),
-                        config: None,
-                    }),
-                    ..Default::default()
-                }),
+                allocation: Some(allocation.clone()),
                 reserved_for: Some(vec![ResourceClaimConsumerReference {
                     resource: "pods".into(),
                     name: format!("{}-pod", c.name),

@@ -1,7 +1,9 @@
 //! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map.
 
+pub mod allocator;
 pub mod backend;
 pub mod cdispec;
+pub mod cel;
 pub mod checkpoint;
 pub mod claims;
 pub mod config;
@@ -13,6 +15,7 @@ pub mod kubelet;
 pub mod kubever;
 pub mod naming;
 pub mod node;
+pub mod plan;
 pub mod plugin;
 pub mod proto;
 pub mod publish;

@@ -30,8 +30,37 @@ enum Command {
     Plugin(Box<PluginArgs>),
     /// Print the ResourceSlices the plugin would publish, as a v1 List.
     Inventory(InventoryArgs),
+    /// Allocate claims against slices offline, as the kube-scheduler would.
+    Plan(PlanArgs),
     /// Run the whole node path against a fake API server and the mock node, in seconds.
     Demo(DemoArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlanOutput {
+    Yaml,
+    Table,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// ResourceSlices: a file (a v1 List as `tessera inventory` prints, or YAML documents), or - for stdin.
+    #[arg(long)]
+    slices: PathBuf,
+    /// DeviceClasses (a directory or file); default: the classes in deploy/deviceclasses.
+    #[arg(long)]
+    classes: Option<PathBuf>,
+    /// Kubernetes version whose allocator rules apply.
+    #[arg(long, default_value = "1.37")]
+    k8s_version: KubeVersion,
+    /// Feature gate overrides: A=true,B=false.
+    #[arg(long, default_value = "")]
+    gates: String,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    output: PlanOutput,
+    /// Claim files or directories, allocated in order (Release documents free claims).
+    #[arg(required = true)]
+    claims: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -149,6 +178,7 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Inventory(a) => inventory(a),
+        Command::Plan(a) => plan(a),
         Command::Demo(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(demo(a))
@@ -201,6 +231,19 @@ fn inventory(a: InventoryArgs) -> Result<()> {
         OutputFormat::Yaml => serde_yaml::to_string(&list)?,
     };
     print!("{out}");
+    Ok(())
+}
+
+fn plan(a: PlanArgs) -> Result<()> {
+    let gates = FeatureGates::parse(a.k8s_version, &a.gates).context("--gates")?;
+    let slices = tessera::plan::read_slices(&a.slices)?;
+    let classes = tessera::plan::read_classes(a.classes.as_deref())?;
+    let steps = tessera::plan::read_steps(&a.claims)?;
+    let result = tessera::plan::run(&slices, &classes, &steps, &gates)?;
+    match a.output {
+        PlanOutput::Table => print!("{}", tessera::plan::render_table(&result)),
+        PlanOutput::Yaml => print!("{}", tessera::plan::render_yaml(&result)?),
+    }
     Ok(())
 }
 

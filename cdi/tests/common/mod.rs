@@ -8,17 +8,22 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tessera_cdi::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 
-/// `/work/shared`, located from the crate as `../../shared`. Panics (fails the test)
-/// when it is missing: these tests must not silently skip.
+/// The `shared/` directory beside the repository: `../../shared` from `cdi/`, or
+/// `../shared` when the main crate includes this module. Panics (fails the test) when
+/// it is missing: these tests must not silently skip.
 pub fn shared_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    assert!(
-        dir.join("schemas/cdi/schema.json").is_file(),
-        "shared reference dir not found at {} (expected ../../shared from {})",
-        dir.display(),
-        env!("CARGO_MANIFEST_DIR")
-    );
-    dir
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let candidates = [manifest.join("../../shared"), manifest.join("../shared")];
+    candidates
+        .iter()
+        .find(|d| d.join("schemas/cdi/schema.json").is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "shared reference dir not found beside the repository (looked for {:?})",
+                candidates
+            )
+        })
 }
 
 /// `shared/schemas/cdi`.

@@ -1,0 +1,270 @@
+//! Crash tests: the real `tessera plugin` binary aborts at each named fail point
+//! (`TESSERA_FAILPOINTS`), a fresh process recovers on the same directories, and the
+//! kubelet's retries then succeed with nothing orphaned on disk.
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{ChildPlugin, Harness, NODE};
+use tessera::kubelet::{DraClient, KubeletClaim};
+use tessera::proto::dra_v1::NodePrepareResourcesResponse;
+use tessera::state::FAIL_POINTS;
+
+/// The kubelet call that reaches a fail point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Prepare,
+    Unprepare,
+}
+
+/// One fail point and what the process leaves on disk when it dies there.
+struct CrashCase {
+    point: &'static str,
+    call: Call,
+    /// Whether the claim's CDI spec file exists at the moment of the crash.
+    spec_at_crash: bool,
+    /// The claim's checkpoint state at the moment of the crash.
+    state_at_crash: &'static str,
+}
+
+/// Every fail point of `tessera::state::FAIL_POINTS`, with its crash scenario.
+const CASES: &[CrashCase] = &[
+    CrashCase {
+        point: "prepare-after-started",
+        call: Call::Prepare,
+        spec_at_crash: false,
+        state_at_crash: "PrepareStarted",
+    },
+    CrashCase {
+        point: "prepare-after-cdi-write",
+        call: Call::Prepare,
+        spec_at_crash: true,
+        state_at_crash: "PrepareStarted",
+    },
+    CrashCase {
+        point: "prepare-before-completed",
+        call: Call::Prepare,
+        spec_at_crash: true,
+        state_at_crash: "PrepareStarted",
+    },
+    CrashCase {
+        point: "unprepare-after-cdi-remove",
+        call: Call::Unprepare,
+        spec_at_crash: false,
+        state_at_crash: "PrepareCompleted",
+    },
+];
+
+fn case(point: &str) -> &'static CrashCase {
+    CASES
+        .iter()
+        .find(|c| c.point == point)
+        .unwrap_or_else(|| panic!("fail point {point:?} has no crash case in tests/crash.rs"))
+}
+
+/// Tessera's spec files and temp files in the CDI dir (anything a crash could orphan).
+fn tessera_cdi_files(h: &Harness) -> Vec<String> {
+    h.cdi_files()
+        .into_iter()
+        .filter(|n| {
+            (n.starts_with("tessera.dev-gpu-") && n.ends_with(".json"))
+                || (n.starts_with(".tessera-") && n.ends_with(".tmp"))
+        })
+        .collect()
+}
+
+fn assert_no_checkpoint_temp(h: &Harness, when: &str) {
+    let state_files = harness::list_files(&h.opts.paths.state_dir);
+    assert!(
+        !state_files.iter().any(|f| f == ".checkpoint.json.tmp"),
+        "{when}: stray checkpoint temp file in {state_files:?}"
+    );
+}
+
+async fn prepare_ok(k: &DraClient, c: &KubeletClaim, when: &str) -> NodePrepareResourcesResponse {
+    let resp = k
+        .prepare_v1(std::slice::from_ref(c))
+        .await
+        .unwrap_or_else(|e| panic!("{when}: prepare call failed: {e}"));
+    assert_eq!(resp.claims[&c.uid].error, "", "{when}: prepare error");
+    assert!(!resp.claims[&c.uid].devices.is_empty(), "{when}: no devices");
+    resp
+}
+
+async fn unprepare_ok(k: &DraClient, c: &KubeletClaim, when: &str) {
+    let resp = k
+        .unprepare_v1(std::slice::from_ref(c))
+        .await
+        .unwrap_or_else(|e| panic!("{when}: unprepare call failed: {e}"));
+    assert_eq!(resp.claims[&c.uid].error, "", "{when}: unprepare error");
+}
+
+/// Makes the child reach `cc.point` on claim `c` and checks that it aborted there,
+/// leaving the state the case describes.
+async fn crash_at(h: &Harness, child: &mut ChildPlugin, cc: &CrashCase, c: &KubeletClaim) {
+    let p = cc.point;
+    let k = h.kubelet().await;
+    let call = match cc.call {
+        Call::Prepare => k.prepare_v1(std::slice::from_ref(c)).await.map(drop),
+        Call::Unprepare => {
+            prepare_ok(&k, c, p).await;
+            assert!(h.spec_path(&c.uid).exists(), "{p}: spec written by prepare");
+            k.unprepare_v1(std::slice::from_ref(c)).await.map(drop)
+        }
+    };
+    assert!(call.is_err(), "{p}: the call must fail when the plugin dies");
+    assert!(child.wait_aborted().await, "{p}: the plugin aborted");
+    assert_eq!(
+        h.spec_path(&c.uid).exists(),
+        cc.spec_at_crash,
+        "{p}: spec file at the crash"
+    );
+    assert_eq!(
+        h.checkpoint_state(&c.uid).as_deref(),
+        Some(cc.state_at_crash),
+        "{p}: checkpoint state at the crash"
+    );
+}
+
+/// Stops the child with SIGTERM and checks that it removed both of its sockets.
+async fn terminate(h: &Harness, child: ChildPlugin, when: &str) {
+    child.terminate().await;
+    assert!(
+        !h.registration_socket().exists(),
+        "{when}: registration socket removed"
+    );
+    assert!(!h.dra_socket().exists(), "{when}: DRA socket removed");
+}
+
+/// Crashes the plugin at `point`, restarts it, and checks recovery and the retries.
+async fn crash_and_recover(point: &str) {
+    let cc = case(point);
+    let h = Harness::new().await;
+    let mut child = ChildPlugin::start(&h.api, h.dir.path(), point).await;
+    let c = h
+        .allocated_claim("crashing", &[("gpu", NODE, "gpu-1", None)], &[])
+        .await;
+    crash_at(&h, &mut child, cc, &c).await;
+    drop(child);
+
+    // Start-up recovery runs in the fresh process.
+    let child = ChildPlugin::start(&h.api, h.dir.path(), "").await;
+    let k = h.kubelet().await;
+    assert!(!h.spec_path(&c.uid).exists(), "{point}: no orphan spec");
+    assert_no_checkpoint_temp(&h, point);
+    match cc.call {
+        Call::Prepare => {
+            assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
+            assert!(
+                !h.checkpoint_claims().contains(&c.uid),
+                "{point}: recovery rolled the claim back"
+            );
+        }
+        Call::Unprepare => {
+            unprepare_ok(&k, &c, point).await;
+            assert!(
+                !h.checkpoint_claims().contains(&c.uid),
+                "{point}: the retried unprepare forgot the claim"
+            );
+            assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
+        }
+    }
+
+    let first = prepare_ok(&k, &c, point).await;
+    let spec = std::fs::read(h.spec_path(&c.uid)).expect("spec written by the retry");
+    assert_eq!(
+        h.checkpoint_state(&c.uid).as_deref(),
+        Some("PrepareCompleted")
+    );
+    let again = prepare_ok(&k, &c, point).await;
+    assert_eq!(again, first, "{point}: prepare is idempotent");
+    assert_eq!(std::fs::read(h.spec_path(&c.uid)).unwrap(), spec, "{point}");
+
+    unprepare_ok(&k, &c, point).await;
+    assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}: CDI dir empty");
+    assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
+    assert_no_checkpoint_temp(&h, point);
+    terminate(&h, child, point).await;
+}
+
+/// Every fail point has a crash case, and no case names an unknown fail point.
+#[test]
+fn every_fail_point_has_a_crash_case() {
+    let cases: Vec<&str> = CASES.iter().map(|c| c.point).collect();
+    assert_eq!(cases, FAIL_POINTS);
+}
+
+/// A crash at any fail point is recovered at restart: nothing orphaned, the kubelet's
+/// retries succeed, prepare stays idempotent, and unprepare leaves nothing behind.
+#[tokio::test]
+async fn a_crash_at_every_fail_point_is_recovered_at_restart() {
+    let mut exercised = 0;
+    for point in FAIL_POINTS {
+        crash_and_recover(point).await;
+        exercised += 1;
+    }
+    eprintln!("crash points exercised: {exercised}");
+    assert_eq!(exercised, FAIL_POINTS.len());
+}
+
+/// A claim completed before the crash survives the crash and the restart untouched:
+/// same spec bytes, still completed in the checkpoint, same prepare answer.
+#[tokio::test]
+async fn a_completed_claim_survives_a_crash_of_another_claim() {
+    let mut exercised = 0;
+    for point in FAIL_POINTS {
+        let cc = case(point);
+        let h = Harness::new().await;
+        let done = h
+            .allocated_claim("done", &[("gpu", NODE, "gpu-0", None)], &[])
+            .await;
+        let crashing = h
+            .allocated_claim("crashing", &[("gpu", NODE, "gpu-1", None)], &[])
+            .await;
+
+        // Prepared by an earlier, cleanly stopped plugin.
+        let child = ChildPlugin::start(&h.api, h.dir.path(), "").await;
+        let before = prepare_ok(&h.kubelet().await, &done, point).await;
+        terminate(&h, child, point).await;
+        let spec = std::fs::read(h.spec_path(&done.uid)).unwrap();
+
+        let mut child = ChildPlugin::start(&h.api, h.dir.path(), point).await;
+        crash_at(&h, &mut child, cc, &crashing).await;
+        drop(child);
+
+        let child = ChildPlugin::start(&h.api, h.dir.path(), "").await;
+        let k = h.kubelet().await;
+        assert_eq!(
+            std::fs::read(h.spec_path(&done.uid)).ok().as_ref(),
+            Some(&spec),
+            "{point}: the completed claim's spec is untouched"
+        );
+        assert_eq!(
+            h.checkpoint_state(&done.uid).as_deref(),
+            Some("PrepareCompleted"),
+            "{point}"
+        );
+        assert_eq!(prepare_ok(&k, &done, point).await, before, "{point}");
+        assert_eq!(std::fs::read(h.spec_path(&done.uid)).unwrap(), spec);
+        if cc.call == Call::Unprepare {
+            unprepare_ok(&k, &crashing, point).await;
+        }
+        assert_eq!(
+            tessera_cdi_files(&h),
+            [format!("tessera.dev-gpu-{}.json", done.uid)],
+            "{point}: only the completed claim's spec is left"
+        );
+        assert_eq!(h.checkpoint_claims(), [done.uid.clone()], "{point}");
+
+        prepare_ok(&k, &crashing, point).await;
+        unprepare_ok(&k, &crashing, point).await;
+        unprepare_ok(&k, &done, point).await;
+        assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}");
+        assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
+        assert_no_checkpoint_temp(&h, point);
+        terminate(&h, child, point).await;
+        exercised += 1;
+    }
+    eprintln!("crash points exercised with a surviving claim: {exercised}");
+    assert_eq!(exercised, FAIL_POINTS.len());
+}
