@@ -13,6 +13,7 @@ pub mod fakeapi;
 pub mod gpuconfig;
 pub mod kubelet;
 pub mod kubever;
+pub mod mig;
 pub mod naming;
 pub mod node;
 pub mod plan;

@@ -125,7 +125,7 @@ impl Publisher {
             }
         }
         let refs: Vec<&ResourceSlice> = desired.iter().collect();
-        for p in validation::validate_pool(&refs) {
+        for p in validation::validate_pool_for(&refs, self.version) {
             reasons.push(p.to_string());
         }
         if reasons.is_empty() {

@@ -166,8 +166,7 @@ fn kubernetes_semver_examples_hold() {
 /// A DeviceClass selector matches Tessera's GPUs and no other driver's devices.
 #[test]
 fn device_class_selector_matches_by_driver_and_type() {
-    let expression =
-        r#"device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "gpu""#;
+    let expression = r#"device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "gpu""#;
     let selector = DeviceSelector::compile(expression).unwrap();
     assert_eq!(selector.expression(), expression);
     let device = h100();
@@ -257,8 +256,14 @@ fn unknown_domain_is_an_empty_map() {
         Ok(true)
     );
     let message = eval_err(r#"device.attributes["other.com"].x == 1"#, &device);
-    assert!(message.to_lowercase().contains("no such key: x"), "{message}");
-    let message = eval_err(r#"device.capacity["other.com"].memory == quantity("1")"#, &device);
+    assert!(
+        message.to_lowercase().contains("no such key: x"),
+        "{message}"
+    );
+    let message = eval_err(
+        r#"device.capacity["other.com"].memory == quantity("1")"#,
+        &device,
+    );
     assert!(message.to_lowercase().contains("no such key"), "{message}");
 }
 
@@ -266,10 +271,22 @@ fn unknown_domain_is_an_empty_map() {
 #[test]
 fn unknown_key_in_known_domain_is_an_error() {
     let device = h100();
-    let message = eval_err(r#"device.attributes["gpu.tessera.dev"].missing == "x""#, &device);
-    assert!(message.to_lowercase().contains("no such key: missing"), "{message}");
-    let message = eval_err(r#"device.capacity["gpu.tessera.dev"].cores.sign() == 1"#, &device);
-    assert!(message.to_lowercase().contains("no such key: cores"), "{message}");
+    let message = eval_err(
+        r#"device.attributes["gpu.tessera.dev"].missing == "x""#,
+        &device,
+    );
+    assert!(
+        message.to_lowercase().contains("no such key: missing"),
+        "{message}"
+    );
+    let message = eval_err(
+        r#"device.capacity["gpu.tessera.dev"].cores.sign() == 1"#,
+        &device,
+    );
+    assert!(
+        message.to_lowercase().contains("no such key: cores"),
+        "{message}"
+    );
 }
 
 /// Optional field selection falls back to the default for missing keys and domains.
@@ -399,7 +416,10 @@ fn non_bool_result_is_not_bool() {
     let device = h100();
     let err = eval(r#"device.attributes["gpu.tessera.dev"].index"#, &device).unwrap_err();
     assert_eq!(err, CelError::NotBool("int".to_owned()));
-    assert!(err.to_string().contains("expression must return bool"), "{err}");
+    assert!(
+        err.to_string().contains("expression must return bool"),
+        "{err}"
+    );
     assert_eq!(
         eval(r#"device.capacity["gpu.tessera.dev"].memory"#, &device),
         Err(CelError::NotBool("kubernetes.Quantity".to_owned()))
@@ -420,7 +440,10 @@ fn compile_refuses_oversized_and_malformed_expressions() {
         panic!("expected a compile error, got {err:?}");
     };
     assert!(message.starts_with("ERROR: <input>:1:"), "{message}");
-    assert!(err.to_string().starts_with("CEL compile error: compilation failed: "));
+    assert!(
+        err.to_string()
+            .starts_with("CEL compile error: compilation failed: ")
+    );
 }
 
 /// One compiled selector evaluates many devices without re-parsing, each on its own.

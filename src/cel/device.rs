@@ -16,15 +16,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use cel::ExecutionError;
 use cel::common::traits::{Container, Indexer, Iterable, Sizer};
-use cel::common::types::{
-    CelBool, CelInt, CelList, CelMap, CelMapKey, CelString, MAP_TYPE, Type,
-};
+use cel::common::types::{CelBool, CelInt, CelList, CelMap, CelMapKey, CelString, MAP_TYPE, Type};
 use cel::common::value::{CowVal, Val};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::CelError;
 use super::quantity::QuantityVal;
-use super::semver::{SemverVal, parse_strict};
+use super::semver::parse_strict;
 use crate::validation::quantity::Quantity;
 
 /// One device of a ResourceSlice, as a selector sees it.
@@ -55,9 +53,8 @@ pub(crate) fn device_value<'a>(input: &DeviceInput<'a>) -> Result<CelMap<'a>, Ce
     }
     let mut capacity: BTreeMap<&'a str, Entries<'a>> = BTreeMap::new();
     for (name, cap) in input.device.capacity.iter().flatten() {
-        let value = Quantity::parse(&cap.value.0).map_err(|e| {
-            CelError::Eval(format!("capacity {name}: {}", e.go_message()))
-        })?;
+        let value = Quantity::parse(&cap.value.0)
+            .map_err(|e| CelError::Eval(format!("capacity {name}: {}", e.go_message())))?;
         let (domain, id) = qualified(name, input.driver);
         capacity
             .entry(domain)
@@ -106,9 +103,16 @@ fn attribute_value(attribute: &DeviceAttribute) -> Result<Box<dyn Val + '_>, Str
     }
     let a = attribute;
     Ok(if let Some(ints) = &a.ints {
-        list(ints.iter().map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>))
+        list(
+            ints.iter()
+                .map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>),
+        )
     } else if let Some(bools) = &a.bools {
-        list(bools.iter().map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>))
+        list(
+            bools
+                .iter()
+                .map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>),
+        )
     } else if let Some(strings) = &a.strings {
         list(
             strings
@@ -229,7 +233,10 @@ mod tests {
     fn names_split_into_domain_and_id() {
         let cases = [
             ("memory", ("gpu.tessera.dev", "memory")),
-            ("resource.kubernetes.io/pciBusID", ("resource.kubernetes.io", "pciBusID")),
+            (
+                "resource.kubernetes.io/pciBusID",
+                ("resource.kubernetes.io", "pciBusID"),
+            ),
             ("other.com/x", ("other.com", "x")),
         ];
         for (name, want) in cases {

@@ -137,11 +137,21 @@ mod tests {
     fn bind_binds_a_simple_identifier() {
         let cases: &[(&str, Value)] = &[
             ("cel.bind(x, 2, x * x) == 4", Value::Bool(true)),
-            ("cel.bind(x, 1, cel.bind(x, x + 1, x)) == 2", Value::Bool(true)),
-            (r#"cel.bind(s, "ab", s + s)"#, Value::String("abab".to_owned().into())),
+            (
+                "cel.bind(x, 1, cel.bind(x, x + 1, x)) == 2",
+                Value::Bool(true),
+            ),
+            (
+                r#"cel.bind(s, "ab", s + s)"#,
+                Value::String("abab".to_owned().into()),
+            ),
         ];
         for (expression, want) in cases {
-            assert_eq!(eval_standalone(expression).as_ref(), Ok(want), "{expression}");
+            assert_eq!(
+                eval_standalone(expression).as_ref(),
+                Ok(want),
+                "{expression}"
+            );
         }
         let err = eval_standalone("cel.bind(a.b, 1, true)").unwrap_err();
         assert!(err.contains("simple identifiers"), "{err}");
@@ -156,11 +166,18 @@ mod tests {
             ("[1, 2, 3].includes(4)", Value::Bool(false)),
             (r#""a".includes("a")"#, Value::Bool(true)),
             (r#""ab".includes("a")"#, Value::Bool(false)),
-            ("[semver(\"1.0.0\")].includes(semver(\"1.0.0+b\"))", Value::Bool(true)),
+            (
+                "[semver(\"1.0.0\")].includes(semver(\"1.0.0+b\"))",
+                Value::Bool(true),
+            ),
             ("lists.range(48).includes(47)", Value::Bool(true)),
         ];
         for (expression, want) in cases {
-            assert_eq!(eval_standalone(expression).as_ref(), Ok(want), "{expression}");
+            assert_eq!(
+                eval_standalone(expression).as_ref(),
+                Ok(want),
+                "{expression}"
+            );
         }
         let err = eval_standalone("lists.range(49).includes(48)").unwrap_err();
         assert!(err.contains("longer than 48 values"), "{err}");

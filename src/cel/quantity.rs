@@ -139,9 +139,9 @@ fn exact_i64(q: &ParsedQuantity) -> Option<i64> {
 }
 
 fn as_integer(this: &QuantityVal) -> Result<CelInt, ExecutionError> {
-    exact_i64(&this.0)
-        .map(CelInt::from)
-        .ok_or_else(|| ExecutionError::function_error("asInteger", "cannot convert value to integer"))
+    exact_i64(&this.0).map(CelInt::from).ok_or_else(|| {
+        ExecutionError::function_error("asInteger", "cannot convert value to integer")
+    })
 }
 
 fn is_integer(this: &QuantityVal) -> CelBool {
@@ -185,17 +185,50 @@ mod tests {
     #[test]
     fn kubernetes_library_examples_hold() {
         let cases: &[(&str, Value)] = &[
-            (r#"quantity("200M").compareTo(quantity("0.2G"))"#, Value::Int(0)),
-            (r#"quantity("50M").compareTo(quantity("50Mi"))"#, Value::Int(-1)),
-            (r#"quantity("50Mi").compareTo(quantity("50M"))"#, Value::Int(1)),
-            (r#"quantity("150Mi").isGreaterThan(quantity("100Mi"))"#, Value::Bool(true)),
-            (r#"quantity("50Mi").isGreaterThan(quantity("100Mi"))"#, Value::Bool(false)),
-            (r#"quantity("50M").isLessThan(quantity("100M"))"#, Value::Bool(true)),
-            (r#"quantity("100M").isLessThan(quantity("50M"))"#, Value::Bool(false)),
-            (r#"quantity("50k").add(quantity("20")) == quantity("50.02k")"#, Value::Bool(true)),
-            (r#"quantity("50k").add(20) == quantity("50020")"#, Value::Bool(true)),
-            (r#"quantity("50k").sub(quantity("20")) == quantity("49.98k")"#, Value::Bool(true)),
-            (r#"quantity("50k").sub(20000) == quantity("30k")"#, Value::Bool(true)),
+            (
+                r#"quantity("200M").compareTo(quantity("0.2G"))"#,
+                Value::Int(0),
+            ),
+            (
+                r#"quantity("50M").compareTo(quantity("50Mi"))"#,
+                Value::Int(-1),
+            ),
+            (
+                r#"quantity("50Mi").compareTo(quantity("50M"))"#,
+                Value::Int(1),
+            ),
+            (
+                r#"quantity("150Mi").isGreaterThan(quantity("100Mi"))"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"quantity("50Mi").isGreaterThan(quantity("100Mi"))"#,
+                Value::Bool(false),
+            ),
+            (
+                r#"quantity("50M").isLessThan(quantity("100M"))"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"quantity("100M").isLessThan(quantity("50M"))"#,
+                Value::Bool(false),
+            ),
+            (
+                r#"quantity("50k").add(quantity("20")) == quantity("50.02k")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"quantity("50k").add(20) == quantity("50020")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"quantity("50k").sub(quantity("20")) == quantity("49.98k")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"quantity("50k").sub(20000) == quantity("30k")"#,
+                Value::Bool(true),
+            ),
             (
                 r#"quantity("50k").add(20).sub(quantity("100k")).sub(-50000) == quantity("20")"#,
                 Value::Bool(true),
@@ -211,8 +244,14 @@ mod tests {
                 Value::Bool(false),
             ),
             (r#"quantity("1500m").isInteger()"#, Value::Bool(false)),
-            (r#"quantity("50.703k").asApproximateFloat()"#, Value::Float(50703.0)),
-            (r#"quantity("50k").sub(20000).asApproximateFloat() == 30000.0"#, Value::Bool(true)),
+            (
+                r#"quantity("50.703k").asApproximateFloat()"#,
+                Value::Float(50703.0),
+            ),
+            (
+                r#"quantity("50k").sub(20000).asApproximateFloat() == 30000.0"#,
+                Value::Bool(true),
+            ),
             (r#"sign(quantity("-1m"))"#, Value::Int(-1)),
             (r#"quantity("0").sign()"#, Value::Int(0)),
             (r#"quantity("3Ki").sign()"#, Value::Int(1)),
@@ -223,11 +262,18 @@ mod tests {
             (r#"isQuantity("Three")"#, Value::Bool(false)),
             (r#"isQuantity("Mi")"#, Value::Bool(false)),
             (r#"quantity("2M") == quantity("0.002G")"#, Value::Bool(true)),
-            (r#"quantity("200M") == quantity("0.3G")"#, Value::Bool(false)),
+            (
+                r#"quantity("200M") == quantity("0.3G")"#,
+                Value::Bool(false),
+            ),
             (r#"quantity("200M") != quantity("0.3G")"#, Value::Bool(true)),
         ];
         for (expression, want) in cases {
-            assert_eq!(eval_standalone(expression).as_ref(), Ok(want), "{expression}");
+            assert_eq!(
+                eval_standalone(expression).as_ref(),
+                Ok(want),
+                "{expression}"
+            );
         }
     }
 
@@ -235,15 +281,24 @@ mod tests {
     #[test]
     fn invalid_input_is_an_error_with_gos_message() {
         let cases = [
-            (r#"quantity("10Mo")"#, "quantities must match the regular expression"),
+            (
+                r#"quantity("10Mo")"#,
+                "quantities must match the regular expression",
+            ),
             (r#"quantity("10Mm")"#, "unable to parse quantity's suffix"),
             (r#"quantity("200K")"#, "unable to parse quantity's suffix"),
             (
                 r#"quantity("9999999999999999999999999999999999999G").asInteger()"#,
                 "cannot convert value to integer",
             ),
-            (r#"quantity("1.5").asInteger()"#, "cannot convert value to integer"),
-            (r#"quantity("1") < quantity("2")"#, "no matching overload for '_<_'"),
+            (
+                r#"quantity("1.5").asInteger()"#,
+                "cannot convert value to integer",
+            ),
+            (
+                r#"quantity("1") < quantity("2")"#,
+                "no matching overload for '_<_'",
+            ),
             (r#"quantity("1").isLessThan(2)"#, "no matching overload"),
         ];
         for (expression, want) in cases {

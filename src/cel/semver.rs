@@ -10,10 +10,10 @@
 use std::any::Any;
 use std::cmp::Ordering;
 
+use ::semver::Version;
 use cel::common::types::{CelBool, CelInt, CelString, Kind, Type};
 use cel::common::value::{StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
-use ::semver::Version;
 
 use super::quantity::ordering_to_int;
 
@@ -114,10 +114,7 @@ fn parse(s: &str, normalize: bool) -> Result<SemverVal, SemverError> {
         })
         .collect();
     if parts.len() < 3 {
-        if parts
-            .last()
-            .is_some_and(|last| last.contains(['+', '-']))
-        {
+        if parts.last().is_some_and(|last| last.contains(['+', '-'])) {
             return Err(SemverError::ShortWithMetadata);
         }
         parts.resize(3, "0".to_owned());
@@ -206,19 +203,49 @@ mod tests {
     #[test]
     fn kubernetes_library_examples_hold() {
         let cases: &[(&str, Value)] = &[
-            (r#"semver("1.2.3").compareTo(semver("1.2.3"))"#, Value::Int(0)),
-            (r#"semver("1.2.3").compareTo(semver("2.0.0"))"#, Value::Int(-1)),
-            (r#"semver("1.2.3").compareTo(semver("0.1.2"))"#, Value::Int(1)),
+            (
+                r#"semver("1.2.3").compareTo(semver("1.2.3"))"#,
+                Value::Int(0),
+            ),
+            (
+                r#"semver("1.2.3").compareTo(semver("2.0.0"))"#,
+                Value::Int(-1),
+            ),
+            (
+                r#"semver("1.2.3").compareTo(semver("0.1.2"))"#,
+                Value::Int(1),
+            ),
             (r#"semver("1.2.3").major()"#, Value::Int(1)),
             (r#"semver("1.2.3").minor()"#, Value::Int(2)),
             (r#"semver("1.2.3").patch()"#, Value::Int(3)),
-            (r#"semver("1.2.3").isLessThan(semver("1.10.0"))"#, Value::Bool(true)),
-            (r#"semver("1.10.0").isGreaterThan(semver("1.2.3"))"#, Value::Bool(true)),
-            (r#"semver("1.0.0-alpha").isLessThan(semver("1.0.0"))"#, Value::Bool(true)),
-            (r#"semver("1.0.0+a") == semver("1.0.0+b")"#, Value::Bool(true)),
-            (r#"semver("v1.0.0", true) == semver("1.0.0")"#, Value::Bool(true)),
-            (r#"semver("1.0", true) == semver("1.0.0")"#, Value::Bool(true)),
-            (r#"semver("01.01.01", true) == semver("1.1.1")"#, Value::Bool(true)),
+            (
+                r#"semver("1.2.3").isLessThan(semver("1.10.0"))"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("1.10.0").isGreaterThan(semver("1.2.3"))"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("1.0.0-alpha").isLessThan(semver("1.0.0"))"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("1.0.0+a") == semver("1.0.0+b")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("v1.0.0", true) == semver("1.0.0")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("1.0", true) == semver("1.0.0")"#,
+                Value::Bool(true),
+            ),
+            (
+                r#"semver("01.01.01", true) == semver("1.1.1")"#,
+                Value::Bool(true),
+            ),
             (r#"isSemver("1.0.0")"#, Value::Bool(true)),
             (r#"isSemver("hello")"#, Value::Bool(false)),
             (r#"isSemver("v1.0")"#, Value::Bool(false)),
@@ -226,7 +253,11 @@ mod tests {
             (r#"isSemver("01.01.01", false)"#, Value::Bool(false)),
         ];
         for (expression, want) in cases {
-            assert_eq!(eval_standalone(expression).as_ref(), Ok(want), "{expression}");
+            assert_eq!(
+                eval_standalone(expression).as_ref(),
+                Ok(want),
+                "{expression}"
+            );
         }
     }
 
