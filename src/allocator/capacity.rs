@@ -49,7 +49,7 @@ pub fn consumed_by_policy(
 ) -> Result<Option<Q>, String> {
     let value = parse(&cap.value.0)?;
     let Some(policy) = &cap.request_policy else {
-        return Ok(Some(request.cloned().unwrap_or(value)));
+        return Ok(Some(request.copied().unwrap_or(value)));
     };
     round_by_policy(policy, &value, request).map(Some)
 }
@@ -57,7 +57,7 @@ pub fn consumed_by_policy(
 fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q>) -> Result<Q, String> {
     let default = match &policy.default {
         Some(d) => parse(&d.0)?,
-        None => value.clone(),
+        None => *value,
     };
     let Some(req) = request else {
         return Ok(default);
@@ -72,7 +72,7 @@ fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q
     }
     if let Some(range) = &policy.valid_range {
         let min = parse(&range.min.0)?;
-        let mut amount = if *req < min { min.clone() } else { req.clone() };
+        let mut amount = if *req < min { min } else { *req };
         if let Some(step) = &range.step {
             let step = parse(&step.0)?;
             let (s, m, a) = (milli(&step)?, milli(&min)?, milli(&amount)?);
@@ -89,7 +89,7 @@ fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q
         }
         return Ok(amount);
     }
-    Ok(req.clone())
+    Ok(*req)
 }
 
 /// The capacities one allocation of a multi-allocatable device consumes: every

@@ -88,7 +88,9 @@ pub enum AllocError {
 }
 
 struct Class {
-    selectors: Vec<DeviceSelector>,
+    /// Indices into [`Allocator::selectors`], so class and request selectors share the
+    /// per-device result cache.
+    selectors: Vec<usize>,
     config: Vec<DeviceClassConfiguration>,
 }
 
@@ -214,15 +216,8 @@ impl Allocator {
         for c in classes {
             let name = c.metadata.name.clone().unwrap_or_default();
             let spec = c.spec.clone().unwrap_or_default();
-            let mut selectors = Vec::new();
-            for (i, s) in spec.selectors.iter().flatten().enumerate() {
-                if let Some(cel) = &s.cel {
-                    selectors.push(
-                        DeviceSelector::compile(&cel.expression)
-                            .map_err(|e| AllocError::Invalid(format!("DeviceClass {name}: selector #{i}: {e}")))?,
-                    );
-                }
-            }
+            let selectors =
+                a.compile_selectors(spec.selectors.as_deref().unwrap_or_default(), &format!("DeviceClass {name}"))?;
             a.classes.insert(
                 name,
                 Class {
@@ -443,18 +438,8 @@ impl Allocator {
     }
 
     fn matches(&self, cache: &mut HashMap<(usize, usize), bool>, spec: &Spec, cand: usize) -> Result<bool, AllocError> {
-        for i in 0..self.classes[&spec.class].selectors.len() {
-            // Class selectors are evaluated uncached: they are few and shared.
-            let c = &self.candidates[cand];
-            let input = DeviceInput {
-                driver: &c.id.driver,
-                device: &c.device,
-                consumable_capacity: self.gates.consumable_capacity(),
-            };
-            let ok = self.classes[&spec.class].selectors[i]
-                .matches(&input)
-                .map_err(|e| AllocError::Invalid(format!("device {}: class {} selector #{i}: {e}", c.id, spec.class)))?;
-            if !ok {
+        for &s in &self.classes[&spec.class].selectors {
+            if !self.selector_ok(cache, s, cand)? {
                 return Ok(false);
             }
         }
@@ -473,7 +458,7 @@ impl Allocator {
         let requests: BTreeMap<String, Q> = spec
             .capacity
             .iter()
-            .filter_map(|(k, v)| capacity::local_name(k, &c.id.driver).map(|n| (n.to_string(), v.clone())))
+            .filter_map(|(k, v)| capacity::local_name(k, &c.id.driver).map(|n| (n.to_string(), *v)))
             .collect();
         if requests.len() != spec.capacity.len() || requests.keys().any(|k| !caps.contains_key(k)) {
             return None;
