@@ -176,8 +176,7 @@ fn file_system_of(dir: &Path) -> (String, PathBuf) {
     let mut best: Option<(usize, String, PathBuf)> = None;
     for line in mounts.lines() {
         let mut fields = line.split_whitespace();
-        let (Some(_dev), Some(mp), Some(fs)) = (fields.next(), fields.next(), fields.next())
-        else {
+        let (Some(_dev), Some(mp), Some(fs)) = (fields.next(), fields.next(), fields.next()) else {
             continue;
         };
         let mp = PathBuf::from(unescape_mount(mp));
@@ -198,7 +197,9 @@ fn unescape_mount(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| d.iter().all(u8::is_ascii_digit));
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(u8::is_ascii_digit));
         match (b[i], octal) {
             (b'\\', Some(d)) => {
                 out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));

@@ -169,28 +169,13 @@ impl NodeConfig {
             field: field.into(),
             message,
         };
-        // Check the version first, so that a future format gets "unsupported version"
-        // rather than a confusing unknown-field error.
-        let api_version = value.get("apiVersion").and_then(|v| v.as_str());
-        match api_version {
-            Some(API_VERSION) => {}
-            Some(other) => {
-                return Err(err(
-                    "apiVersion",
-                    format!("unsupported version {other:?}, expected {API_VERSION:?}"),
-                ));
-            }
-            None => {
-                return Err(err(
-                    "apiVersion",
-                    format!("required, must be {API_VERSION:?}"),
-                ));
-            }
-        }
-        match value.get("kind").and_then(|v| v.as_str()) {
-            Some(KIND) => {}
-            other => return Err(err("kind", format!("must be {KIND:?}, found {other:?}"))),
-        }
+        crate::typemeta::check(
+            value.get("apiVersion").and_then(|v| v.as_str()),
+            value.get("kind").and_then(|v| v.as_str()),
+            API_VERSION,
+            KIND,
+        )
+        .map_err(|(field, message)| err(field, message))?;
         let cfg: NodeConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             err(&path, e.into_inner().to_string())
@@ -289,15 +274,33 @@ mod tests {
     #[test]
     fn config_errors_name_the_field() {
         let cases = [
-            ("apiVersion: config.tessera.dev/v2\nkind: NodeConfig\n", "apiVersion"),
+            (
+                "apiVersion: config.tessera.dev/v2\nkind: NodeConfig\n",
+                "apiVersion",
+            ),
             ("kind: NodeConfig\n", "apiVersion"),
-            ("apiVersion: config.tessera.dev/v1alpha1\nkind: Other\n", "kind"),
+            (
+                "apiVersion: config.tessera.dev/v1alpha1\nkind: Other\n",
+                "kind",
+            ),
             ("colour: blue\n", "colour"),
-            ("gpus:\n- match: {minor: 0}\n  mode: fractional\n", "gpus[0].mode"),
-            ("gpus:\n- match: {minor: 0}\n  mode: mig\n  extra: 1\n", "gpus[0].extra"),
-            ("gpus:\n- match: {minor: 0, uuid: GPU-x}\n  mode: mig\n", "gpus[0].match"),
+            (
+                "gpus:\n- match: {minor: 0}\n  mode: fractional\n",
+                "gpus[0].mode",
+            ),
+            (
+                "gpus:\n- match: {minor: 0}\n  mode: mig\n  extra: 1\n",
+                "gpus[0].extra",
+            ),
+            (
+                "gpus:\n- match: {minor: 0, uuid: GPU-x}\n  mode: mig\n",
+                "gpus[0].match",
+            ),
             ("gpus:\n- match: {}\n  mode: mig\n", "gpus[0].match"),
-            ("gpus:\n- match: {minor: -1}\n  mode: mig\n", "gpus[0].match.minor"),
+            (
+                "gpus:\n- match: {minor: -1}\n  mode: mig\n",
+                "gpus[0].match.minor",
+            ),
             ("exclude:\n- {}\n", "exclude[0]"),
             ("sliceLayout: sideways\n", "sliceLayout"),
             ("sharedSlots: 3\n", "sharedSlots"),
@@ -312,7 +315,10 @@ mod tests {
             };
             let err = NodeConfig::from_yaml(&text, "test.yaml").unwrap_err();
             assert_eq!(err.field, field, "{body:?}: {err}");
-            assert!(err.to_string().starts_with("node config test.yaml: "), "{err}");
+            assert!(
+                err.to_string().starts_with("node config test.yaml: "),
+                "{err}"
+            );
         }
     }
 
@@ -341,13 +347,24 @@ mod tests {
             .iter()
             .map(|m| (m.gpu.minor, m.mode))
             .collect();
-        assert_eq!(got, [(0, GpuMode::Mig), (1, GpuMode::Mig), (2, GpuMode::Shared)]);
+        assert_eq!(
+            got,
+            [(0, GpuMode::Mig), (1, GpuMode::Mig), (2, GpuMode::Shared)]
+        );
         let bad = NodeConfig::from_yaml(&format!("{HEAD}gpus:\n- match: {{minor: 0}}\n  mode: exclusive\n- match: {{minor: 3}}\n  mode: mig\n"), "t").unwrap();
         let err = bad.resolve(&inv, "t").unwrap_err();
         assert_eq!(err.field, "gpus[1].mode");
         assert!(err.message.contains("not MIG-capable"), "{err}");
         let defaults = NodeConfig::default().resolve(&inv, "t").unwrap();
         let modes: Vec<_> = defaults.iter().map(|m| m.mode).collect();
-        assert_eq!(modes, [GpuMode::Mig, GpuMode::Mig, GpuMode::Exclusive, GpuMode::Exclusive]);
+        assert_eq!(
+            modes,
+            [
+                GpuMode::Mig,
+                GpuMode::Mig,
+                GpuMode::Exclusive,
+                GpuMode::Exclusive
+            ]
+        );
     }
 }

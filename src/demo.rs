@@ -30,8 +30,8 @@ use crate::backend::mock::StateAccess;
 use crate::fakeapi::{FakeApiConfig, FakeApiServer};
 use crate::kubelet::{self, DraClient, DraVersion, KubeletClaim};
 use crate::kubever::{FeatureGates, KubeVersion};
-use crate::plan;
 use crate::node::{BackendPaths, BackendSpec, load_node};
+use crate::plan;
 use crate::plugin::{self, PluginOptions, PluginPaths};
 use crate::state::FailPoints;
 
@@ -282,11 +282,14 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             .map(|c| plan::Step::Allocate(Box::new(claim_object(c))))
             .collect();
         let classes = plan::read_classes(None).map_err(step("device classes"))?;
-        let planned = plan::run(&slices, &classes, &steps, &FeatureGates::defaults(version)).map_err(step("plan"))?;
+        let planned = plan::run(&slices, &classes, &steps, &FeatureGates::defaults(version))
+            .map_err(step("plan"))?;
         let mut allocations = Vec::new();
         for o in planned.outcomes {
             match o {
-                plan::Outcome::Allocated(c) => allocations.push(c.status.and_then(|s| s.allocation).unwrap_or_default()),
+                plan::Outcome::Allocated(c) => {
+                    allocations.push(c.status.and_then(|s| s.allocation).unwrap_or_default())
+                }
                 plan::Outcome::Failed { claim, reason } => {
                     return Err(DemoError::Step(format!(
                         "claim {} cannot be allocated: {reason}",

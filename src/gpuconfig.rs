@@ -59,25 +59,13 @@ pub fn decode(parameters: &serde_json::Value) -> Result<GpuConfigDoc, GpuConfigE
     let obj = parameters
         .as_object()
         .ok_or_else(|| err("parameters", "must be a JSON object"))?;
-    match obj.get("apiVersion").and_then(|v| v.as_str()) {
-        Some(API_VERSION) => {}
-        Some(other) => {
-            return Err(err(
-                "apiVersion",
-                format!("unsupported version {other:?}, expected {API_VERSION:?}"),
-            ));
-        }
-        None => {
-            return Err(err(
-                "apiVersion",
-                format!("required, must be {API_VERSION:?}"),
-            ));
-        }
-    }
-    match obj.get("kind").and_then(|v| v.as_str()) {
-        Some(KIND) => {}
-        other => return Err(err("kind", format!("must be {KIND:?}, found {other:?}"))),
-    }
+    crate::typemeta::check(
+        obj.get("apiVersion").and_then(|v| v.as_str()),
+        obj.get("kind").and_then(|v| v.as_str()),
+        API_VERSION,
+        KIND,
+    )
+    .map_err(|(field, message)| err(field, message))?;
     let doc: GpuConfigDoc = serde_path_to_error::deserialize(parameters).map_err(|e| {
         let inner = e.inner().to_string();
         // For an unknown field the path is the parent; name the field itself.

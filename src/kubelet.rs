@@ -98,6 +98,33 @@ pub async fn register(
     Ok((info, version))
 }
 
+/// One DRA call wrapper: the request and response shapes are identical in both
+/// versions apart from their package.
+macro_rules! dra_call {
+    ($(#[$doc:meta])* $fn_name:ident, $client:ident, $pkg:ident, $rpc:ident, $req:ident, $resp:ident, $label:literal) => {
+        $(#[$doc])*
+        pub async fn $fn_name(&self, claims: &[KubeletClaim]) -> Result<$pkg::$resp, KubeletError> {
+            let req = $pkg::$req {
+                claims: claims
+                    .iter()
+                    .map(|c| $pkg::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect(),
+            };
+            Ok(self
+                .$client
+                .clone()
+                .$rpc(req)
+                .await
+                .map_err(|source| KubeletError::Call { call: $label, source })?
+                .into_inner())
+        }
+    };
+}
+
 /// A DRA client on the plugin's endpoint.
 #[derive(Clone)]
 pub struct DraClient {
@@ -122,111 +149,24 @@ impl DraClient {
         })
     }
 
-    /// `NodePrepareResources` over v1.
-    pub async fn prepare_v1(
-        &self,
-        claims: &[KubeletClaim],
-    ) -> Result<dra_v1::NodePrepareResourcesResponse, KubeletError> {
-        let req = dra_v1::NodePrepareResourcesRequest {
-            claims: claims
-                .iter()
-                .map(|c| dra_v1::Claim {
-                    namespace: c.namespace.clone(),
-                    uid: c.uid.clone(),
-                    name: c.name.clone(),
-                })
-                .collect(),
-        };
-        Ok(self
-            .v1
-            .clone()
-            .node_prepare_resources(req)
-            .await
-            .map_err(|source| KubeletError::Call {
-                call: "v1.NodePrepareResources",
-                source,
-            })?
-            .into_inner())
-    }
-
-    /// `NodeUnprepareResources` over v1.
-    pub async fn unprepare_v1(
-        &self,
-        claims: &[KubeletClaim],
-    ) -> Result<dra_v1::NodeUnprepareResourcesResponse, KubeletError> {
-        let req = dra_v1::NodeUnprepareResourcesRequest {
-            claims: claims
-                .iter()
-                .map(|c| dra_v1::Claim {
-                    namespace: c.namespace.clone(),
-                    uid: c.uid.clone(),
-                    name: c.name.clone(),
-                })
-                .collect(),
-        };
-        Ok(self
-            .v1
-            .clone()
-            .node_unprepare_resources(req)
-            .await
-            .map_err(|source| KubeletError::Call {
-                call: "v1.NodeUnprepareResources",
-                source,
-            })?
-            .into_inner())
-    }
-
-    /// `NodePrepareResources` over v1beta1.
-    pub async fn prepare_v1beta1(
-        &self,
-        claims: &[KubeletClaim],
-    ) -> Result<dra_v1beta1::NodePrepareResourcesResponse, KubeletError> {
-        let req = dra_v1beta1::NodePrepareResourcesRequest {
-            claims: claims
-                .iter()
-                .map(|c| dra_v1beta1::Claim {
-                    namespace: c.namespace.clone(),
-                    uid: c.uid.clone(),
-                    name: c.name.clone(),
-                })
-                .collect(),
-        };
-        Ok(self
-            .v1beta1
-            .clone()
-            .node_prepare_resources(req)
-            .await
-            .map_err(|source| KubeletError::Call {
-                call: "v1beta1.NodePrepareResources",
-                source,
-            })?
-            .into_inner())
-    }
-
-    /// `NodeUnprepareResources` over v1beta1.
-    pub async fn unprepare_v1beta1(
-        &self,
-        claims: &[KubeletClaim],
-    ) -> Result<dra_v1beta1::NodeUnprepareResourcesResponse, KubeletError> {
-        let req = dra_v1beta1::NodeUnprepareResourcesRequest {
-            claims: claims
-                .iter()
-                .map(|c| dra_v1beta1::Claim {
-                    namespace: c.namespace.clone(),
-                    uid: c.uid.clone(),
-                    name: c.name.clone(),
-                })
-                .collect(),
-        };
-        Ok(self
-            .v1beta1
-            .clone()
-            .node_unprepare_resources(req)
-            .await
-            .map_err(|source| KubeletError::Call {
-                call: "v1beta1.NodeUnprepareResources",
-                source,
-            })?
-            .into_inner())
-    }
+    dra_call!(
+        /// `NodePrepareResources` over v1.
+        prepare_v1, v1, dra_v1, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+        "v1.NodePrepareResources"
+    );
+    dra_call!(
+        /// `NodeUnprepareResources` over v1.
+        unprepare_v1, v1, dra_v1, node_unprepare_resources, NodeUnprepareResourcesRequest,
+        NodeUnprepareResourcesResponse, "v1.NodeUnprepareResources"
+    );
+    dra_call!(
+        /// `NodePrepareResources` over v1beta1.
+        prepare_v1beta1, v1beta1, dra_v1beta1, node_prepare_resources, NodePrepareResourcesRequest,
+        NodePrepareResourcesResponse, "v1beta1.NodePrepareResources"
+    );
+    dra_call!(
+        /// `NodeUnprepareResources` over v1beta1.
+        unprepare_v1beta1, v1beta1, dra_v1beta1, node_unprepare_resources, NodeUnprepareResourcesRequest,
+        NodeUnprepareResourcesResponse, "v1beta1.NodeUnprepareResources"
+    );
 }

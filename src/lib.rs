@@ -22,5 +22,6 @@ pub mod proto;
 pub mod publish;
 pub mod slices;
 pub mod state;
+pub mod typemeta;
 pub mod validation;
 pub mod versions;

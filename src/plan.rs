@@ -13,7 +13,9 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
+};
 use serde::Deserialize;
 
 use crate::allocator::{AllocError, Allocator, SkippedPool};
@@ -73,7 +75,11 @@ pub fn documents(text: &str, source_name: &str) -> Result<Vec<serde_json::Value>
     Ok(out)
 }
 
-fn decode<T: serde::de::DeserializeOwned>(v: serde_json::Value, source_name: &str, index: usize) -> Result<T, PlanError> {
+fn decode<T: serde::de::DeserializeOwned>(
+    v: serde_json::Value,
+    source_name: &str,
+    index: usize,
+) -> Result<T, PlanError> {
     serde_path_to_error::deserialize(v).map_err(|e| PlanError::Decode {
         source_name: source_name.into(),
         index,
@@ -84,9 +90,11 @@ fn decode<T: serde::de::DeserializeOwned>(v: serde_json::Value, source_name: &st
 fn read(path: &Path) -> Result<String, PlanError> {
     if path == Path::new("-") {
         let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|source| PlanError::Read {
-            path: path.into(),
-            source,
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|source| {
+            PlanError::Read {
+                path: path.into(),
+                source,
+            }
         })?;
         return Ok(s);
     }
@@ -108,7 +116,10 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, PlanError> {
         })?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "json"))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        })
         .collect();
     v.sort();
     Ok(v)
@@ -185,8 +196,13 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Allocated(Box<ResourceClaim>),
-    Failed { claim: Box<ResourceClaim>, reason: String },
-    Released { claims: Vec<String> },
+    Failed {
+        claim: Box<ResourceClaim>,
+        reason: String,
+    },
+    Released {
+        claims: Vec<String>,
+    },
 }
 
 /// The result of a whole plan.
@@ -198,7 +214,12 @@ pub struct PlanResult {
 
 /// Runs the steps in order. Claims that cannot be allocated are reported and do not
 /// stop the plan; malformed classes are an error. Deterministic.
-pub fn run(slices: &[ResourceSlice], classes: &[DeviceClass], steps: &[Step], gates: &FeatureGates) -> Result<PlanResult, PlanError> {
+pub fn run(
+    slices: &[ResourceSlice],
+    classes: &[DeviceClass],
+    steps: &[Step],
+    gates: &FeatureGates,
+) -> Result<PlanResult, PlanError> {
     let mut alloc = Allocator::new(slices, classes, gates)?;
     let mut outcomes = Vec::new();
     for step in steps {
@@ -211,10 +232,11 @@ pub fn run(slices: &[ResourceSlice], classes: &[DeviceClass], steps: &[Step], ga
                     c.status = Some(status);
                     outcomes.push(Outcome::Allocated(Box::new(c)));
                 }
-                Err(e @ (AllocError::Unsatisfiable(_) | AllocError::SearchLimit(_))) => outcomes.push(Outcome::Failed {
-                    claim: claim.clone(),
-                    reason: e.to_string(),
-                }),
+                Err(e @ (AllocError::Unsatisfiable(_) | AllocError::SearchLimit(_))) => outcomes
+                    .push(Outcome::Failed {
+                        claim: claim.clone(),
+                        reason: e.to_string(),
+                    }),
                 Err(e @ AllocError::Invalid(_)) => outcomes.push(Outcome::Failed {
                     claim: claim.clone(),
                     reason: e.to_string(),
@@ -244,7 +266,11 @@ pub fn render_table(r: &PlanResult) -> String {
     for p in &r.skipped_pools {
         let _ = writeln!(s, "skipped pool {}/{}: {}", p.driver, p.pool, p.reason);
     }
-    let _ = writeln!(s, "{:<24} {:<16} {:<26} {:<14} DETAILS", "CLAIM", "REQUEST", "DEVICE", "POOL");
+    let _ = writeln!(
+        s,
+        "{:<24} {:<16} {:<26} {:<14} DETAILS",
+        "CLAIM", "REQUEST", "DEVICE", "POOL"
+    );
     for o in &r.outcomes {
         match o {
             Outcome::Allocated(c) => {
@@ -259,17 +285,34 @@ pub fn render_table(r: &PlanResult) -> String {
                 for res in results {
                     let mut details = Vec::new();
                     if let Some(cc) = &res.consumed_capacity {
-                        details.push(cc.iter().map(|(k, v)| format!("{k}={}", v.0)).collect::<Vec<_>>().join(","));
+                        details.push(
+                            cc.iter()
+                                .map(|(k, v)| format!("{k}={}", v.0))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        );
                     }
                     if let Some(sid) = &res.share_id {
                         details.push(format!("share={}", &sid[..8.min(sid.len())]));
                     }
-                    let _ = writeln!(s, "{:<24} {:<16} {:<26} {:<14} {}", name, res.request, res.device, res.pool, details.join(" "));
+                    let _ = writeln!(
+                        s,
+                        "{:<24} {:<16} {:<26} {:<14} {}",
+                        name,
+                        res.request,
+                        res.device,
+                        res.pool,
+                        details.join(" ")
+                    );
                 }
             }
             Outcome::Failed { claim, reason } => {
                 let name = claim.metadata.name.clone().unwrap_or_default();
-                let _ = writeln!(s, "{name:<24} {:<16} {:<26} {:<14} {reason}", "-", "UNSCHEDULABLE", "-");
+                let _ = writeln!(
+                    s,
+                    "{name:<24} {:<16} {:<26} {:<14} {reason}",
+                    "-", "UNSCHEDULABLE", "-"
+                );
             }
             Outcome::Released { claims } => {
                 let _ = writeln!(s, "{:<24} released {}", "-", claims.join(", "));

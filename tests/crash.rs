@@ -87,7 +87,10 @@ async fn prepare_ok(k: &DraClient, c: &KubeletClaim, when: &str) -> NodePrepareR
         .await
         .unwrap_or_else(|e| panic!("{when}: prepare call failed: {e}"));
     assert_eq!(resp.claims[&c.uid].error, "", "{when}: prepare error");
-    assert!(!resp.claims[&c.uid].devices.is_empty(), "{when}: no devices");
+    assert!(
+        !resp.claims[&c.uid].devices.is_empty(),
+        "{when}: no devices"
+    );
     resp
 }
 
@@ -112,7 +115,10 @@ async fn crash_at(h: &Harness, child: &mut ChildPlugin, cc: &CrashCase, c: &Kube
             k.unprepare_v1(std::slice::from_ref(c)).await.map(drop)
         }
     };
-    assert!(call.is_err(), "{p}: the call must fail when the plugin dies");
+    assert!(
+        call.is_err(),
+        "{p}: the call must fail when the plugin dies"
+    );
     assert!(child.wait_aborted().await, "{p}: the plugin aborted");
     assert_eq!(
         h.spec_path(&c.uid).exists(),
@@ -181,7 +187,11 @@ async fn crash_and_recover(point: &str) {
     assert_eq!(std::fs::read(h.spec_path(&c.uid)).unwrap(), spec, "{point}");
 
     unprepare_ok(&k, &c, point).await;
-    assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}: CDI dir empty");
+    assert_eq!(
+        h.cdi_files(),
+        Vec::<String>::new(),
+        "{point}: CDI dir empty"
+    );
     assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
     assert_no_checkpoint_temp(&h, point);
     terminate(&h, child, point).await;

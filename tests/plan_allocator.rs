@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, CapacityRequirements, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceConstraint, DeviceCounterConsumption, DeviceRequest,
-    DeviceSubRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, CapacityRequirements, Counter, CounterSet,
+    Device, DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceConstraint,
+    DeviceCounterConsumption, DeviceRequest, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -91,13 +91,19 @@ fn sel(exprs: &[&str]) -> Option<Vec<k8s_openapi::api::resource::v1::DeviceSelec
         exprs
             .iter()
             .map(|e| k8s_openapi::api::resource::v1::DeviceSelector {
-                cel: Some(k8s_openapi::api::resource::v1::CELDeviceSelector { expression: e.to_string() }),
+                cel: Some(k8s_openapi::api::resource::v1::CELDeviceSelector {
+                    expression: e.to_string(),
+                }),
             })
             .collect()
     })
 }
 
-fn claim(name: &str, requests: Vec<DeviceRequest>, constraints: Vec<DeviceConstraint>) -> ResourceClaim {
+fn claim(
+    name: &str,
+    requests: Vec<DeviceRequest>,
+    constraints: Vec<DeviceConstraint>,
+) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -148,16 +154,49 @@ fn three_gpus() -> Vec<ResourceSlice> {
 #[test]
 fn first_fit_in_order_and_release() {
     let mut a = Allocator::new(&three_gpus(), &classes(), &gates(37)).unwrap();
-    let r = a.allocate(&claim("a", vec![request("gpu", "gpu.tessera.dev", 1, &[])], vec![])).unwrap();
+    let r = a
+        .allocate(&claim(
+            "a",
+            vec![request("gpu", "gpu.tessera.dev", 1, &[])],
+            vec![],
+        ))
+        .unwrap();
     assert_eq!(names(&r), ["gpu-0"]);
-    let r = a.allocate(&claim("b", vec![request("gpu", "gpu.tessera.dev", 2, &[])], vec![])).unwrap();
+    let r = a
+        .allocate(&claim(
+            "b",
+            vec![request("gpu", "gpu.tessera.dev", 2, &[])],
+            vec![],
+        ))
+        .unwrap();
     assert_eq!(names(&r), ["gpu-1", "gpu-2"]);
-    let err = a.allocate(&claim("c", vec![request("gpu", "gpu.tessera.dev", 1, &[])], vec![])).unwrap_err();
+    let err = a
+        .allocate(&claim(
+            "c",
+            vec![request("gpu", "gpu.tessera.dev", 1, &[])],
+            vec![],
+        ))
+        .unwrap_err();
     assert!(matches!(err, AllocError::Unsatisfiable(_)), "{err}");
     assert!(a.release("default", "a"));
-    let r = a.allocate(&claim("c", vec![request("gpu", "gpu.tessera.dev", 1, &[])], vec![])).unwrap();
+    let r = a
+        .allocate(&claim(
+            "c",
+            vec![request("gpu", "gpu.tessera.dev", 1, &[])],
+            vec![],
+        ))
+        .unwrap();
     assert_eq!(names(&r), ["gpu-0"]);
-    assert_eq!(r.node_selector.unwrap().node_selector_terms[0].match_fields.as_ref().unwrap()[0].values.as_ref().unwrap()[0], "node-a");
+    assert_eq!(
+        r.node_selector.unwrap().node_selector_terms[0]
+            .match_fields
+            .as_ref()
+            .unwrap()[0]
+            .values
+            .as_ref()
+            .unwrap()[0],
+        "node-a"
+    );
 }
 
 /// Request selectors narrow the candidates; the class selector applies too.
@@ -167,13 +206,24 @@ fn selectors_pick_matching_devices() {
     let r = a
         .allocate(&claim(
             "t4",
-            vec![request("gpu", "gpu.tessera.dev", 1, &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#])],
+            vec![request(
+                "gpu",
+                "gpu.tessera.dev",
+                1,
+                &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#],
+            )],
             vec![],
         ))
         .unwrap();
     assert_eq!(names(&r), ["gpu-1"]);
     // The MIG class matches nothing here (no device has type mig).
-    let err = a.allocate(&claim("mig", vec![request("p", "mig.tessera.dev", 1, &[])], vec![])).unwrap_err();
+    let err = a
+        .allocate(&claim(
+            "mig",
+            vec![request("p", "mig.tessera.dev", 1, &[])],
+            vec![],
+        ))
+        .unwrap_err();
     assert!(err.to_string().contains("0 device(s) match"), "{err}");
 }
 
@@ -200,7 +250,15 @@ fn distinct_attribute_spreads_devices() {
     let mut a = Allocator::new(&three_gpus(), &classes(), &gates(37)).unwrap();
     let c = claim(
         "spread",
-        vec![request("a", "gpu.tessera.dev", 1, &[]), request("b", "gpu.tessera.dev", 1, &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#])],
+        vec![
+            request("a", "gpu.tessera.dev", 1, &[]),
+            request(
+                "b",
+                "gpu.tessera.dev",
+                1,
+                &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#],
+            ),
+        ],
         vec![DeviceConstraint {
             distinct_attribute: Some("gpu.tessera.dev/productName".into()),
             requests: Some(vec!["a".into(), "b".into()]),
@@ -209,7 +267,10 @@ fn distinct_attribute_spreads_devices() {
     );
     assert_eq!(
         devices_of(&a.allocate(&c).unwrap()),
-        [("a".to_string(), "gpu-0".to_string()), ("b".to_string(), "gpu-1".to_string())]
+        [
+            ("a".to_string(), "gpu-0".to_string()),
+            ("b".to_string(), "gpu-1".to_string())
+        ]
     );
 }
 
@@ -223,13 +284,17 @@ fn first_available_falls_back_in_order() {
             DeviceSubRequest {
                 name: "h100".into(),
                 device_class_name: "gpu.tessera.dev".into(),
-                selectors: sel(&[r#"device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA H100")"#]),
+                selectors: sel(&[
+                    r#"device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA H100")"#,
+                ]),
                 ..Default::default()
             },
             DeviceSubRequest {
                 name: "t4".into(),
                 device_class_name: "gpu.tessera.dev".into(),
-                selectors: sel(&[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#]),
+                selectors: sel(&[
+                    r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#,
+                ]),
                 count: Some(2),
                 ..Default::default()
             },
@@ -237,11 +302,17 @@ fn first_available_falls_back_in_order() {
         ..Default::default()
     };
     let r = a.allocate(&claim("x", vec![fa("gpu")], vec![])).unwrap();
-    assert_eq!(devices_of(&r), [("gpu/h100".to_string(), "gpu-0".to_string())]);
+    assert_eq!(
+        devices_of(&r),
+        [("gpu/h100".to_string(), "gpu-0".to_string())]
+    );
     let r = a.allocate(&claim("y", vec![fa("gpu")], vec![])).unwrap();
     assert_eq!(
         devices_of(&r),
-        [("gpu/t4".to_string(), "gpu-1".to_string()), ("gpu/t4".to_string(), "gpu-2".to_string())]
+        [
+            ("gpu/t4".to_string(), "gpu-1".to_string()),
+            ("gpu/t4".to_string(), "gpu-2".to_string())
+        ]
     );
 }
 
@@ -250,13 +321,21 @@ fn first_available_falls_back_in_order() {
 fn allocation_mode_all() {
     let mut a = Allocator::new(&three_gpus(), &classes(), &gates(37)).unwrap();
     let all_t4 = |n: &str| {
-        let mut r = request("t4s", "gpu.tessera.dev", 1, &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#]);
+        let mut r = request(
+            "t4s",
+            "gpu.tessera.dev",
+            1,
+            &[r#"device.attributes["gpu.tessera.dev"].productName == "Tesla T4""#],
+        );
         let e = r.exactly.as_mut().unwrap();
         e.allocation_mode = Some("All".into());
         e.count = None;
         claim(n, vec![r], vec![])
     };
-    assert_eq!(names(&a.allocate(&all_t4("one")).unwrap()), ["gpu-1", "gpu-2"]);
+    assert_eq!(
+        names(&a.allocate(&all_t4("one")).unwrap()),
+        ["gpu-1", "gpu-2"]
+    );
     assert!(a.allocate(&all_t4("two")).is_err());
 }
 
@@ -264,7 +343,14 @@ fn counter_set(name: &str, slices: u32) -> CounterSet {
     CounterSet {
         name: name.into(),
         counters: (0..slices)
-            .map(|i| (format!("memory-slice-{i}"), Counter { value: Quantity("1".into()) }))
+            .map(|i| {
+                (
+                    format!("memory-slice-{i}"),
+                    Counter {
+                        value: Quantity("1".into()),
+                    },
+                )
+            })
             .collect(),
     }
 }
@@ -275,7 +361,16 @@ fn partition(name: &str, set: &str, slices: std::ops::Range<u32>) -> Device {
         attributes: Some(BTreeMap::from([("type".to_string(), s("mig"))])),
         consumes_counters: Some(vec![DeviceCounterConsumption {
             counter_set: set.into(),
-            counters: slices.map(|i| (format!("memory-slice-{i}"), Counter { value: Quantity("1".into()) })).collect(),
+            counters: slices
+                .map(|i| {
+                    (
+                        format!("memory-slice-{i}"),
+                        Counter {
+                            value: Quantity("1".into()),
+                        },
+                    )
+                })
+                .collect(),
             compatibility_groups: None,
         }]),
         ..Default::default()
@@ -309,9 +404,18 @@ fn counters_exclude_overlapping_partitions() {
         let one = |n: &str| claim(n, vec![request("p", "mig.tessera.dev", 1, &[])], vec![]);
         assert_eq!(names(&a.allocate(&one("a")).unwrap()), ["big"], "1.{v}");
         let err = a.allocate(&one("b")).unwrap_err();
-        assert!(err.to_string().contains("3 device(s) match, 0 available"), "{err}");
+        assert!(
+            err.to_string().contains("3 device(s) match, 0 available"),
+            "{err}"
+        );
         a.release("default", "a");
-        let r = a.allocate(&claim("c", vec![request("p", "mig.tessera.dev", 2, &[])], vec![])).unwrap();
+        let r = a
+            .allocate(&claim(
+                "c",
+                vec![request("p", "mig.tessera.dev", 2, &[])],
+                vec![],
+            ))
+            .unwrap();
         assert_eq!(names(&r), ["left", "right"], "1.{v}");
     }
 }
@@ -354,7 +458,11 @@ fn shared_claim(name: &str, caps: &[(&str, &str)]) -> ResourceClaim {
     let mut r = request("gpu", "shared.tessera.dev", 1, &[]);
     if !caps.is_empty() {
         r.exactly.as_mut().unwrap().capacity = Some(CapacityRequirements {
-            requests: Some(caps.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect()),
+            requests: Some(
+                caps.iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            ),
         });
     }
     claim(name, vec![r], vec![])
@@ -366,34 +474,56 @@ fn shared_claim(name: &str, caps: &[(&str, &str)]) -> ResourceClaim {
 fn consumable_capacity_shares_and_rounds() {
     let slices = vec![slice("s0", vec![shared_gpu()], None)];
     let mut a = Allocator::new(&slices, &classes(), &gates(37)).unwrap();
-    let r = a.allocate(&shared_claim("a", &[("memory", "20Gi"), ("compute", "25")])).unwrap();
+    let r = a
+        .allocate(&shared_claim("a", &[("memory", "20Gi"), ("compute", "25")]))
+        .unwrap();
     let res = &r.devices.as_ref().unwrap().results.as_ref().unwrap()[0];
     let cc = res.consumed_capacity.as_ref().unwrap();
-    assert_eq!((cc["memory"].0.as_str(), cc["compute"].0.as_str()), ("20Gi", "25"));
+    assert_eq!(
+        (cc["memory"].0.as_str(), cc["compute"].0.as_str()),
+        ("20Gi", "25")
+    );
     let sid = res.share_id.clone().unwrap();
     assert_eq!(sid.len(), 36);
-    let r = a.allocate(&shared_claim("b", &[("memory", "1500Ki")])).unwrap();
+    let r = a
+        .allocate(&shared_claim("b", &[("memory", "1500Ki")]))
+        .unwrap();
     let res = &r.devices.as_ref().unwrap().results.as_ref().unwrap()[0];
     let cc = res.consumed_capacity.as_ref().unwrap();
-    assert_eq!((cc["memory"].0.as_str(), cc["compute"].0.as_str()), ("2Mi", "0"));
+    assert_eq!(
+        (cc["memory"].0.as_str(), cc["compute"].0.as_str()),
+        ("2Mi", "0")
+    );
     assert_ne!(res.share_id.as_ref().unwrap(), &sid);
     // 80Gi - 20Gi - 2Mi left: 60Gi does not fit, 59Gi does.
-    assert!(a.allocate(&shared_claim("c", &[("memory", "60Gi")])).is_err());
-    assert!(a.allocate(&shared_claim("d", &[("memory", "59Gi")])).is_ok());
+    assert!(
+        a.allocate(&shared_claim("c", &[("memory", "60Gi")]))
+            .is_err()
+    );
+    assert!(
+        a.allocate(&shared_claim("d", &[("memory", "59Gi")]))
+            .is_ok()
+    );
     // A claim asking for nothing takes the whole GPU: impossible while others share it.
     assert!(a.allocate(&shared_claim("e", &[])).is_err());
     for n in ["a", "b", "d"] {
         a.release("default", n);
     }
     let r = a.allocate(&shared_claim("e", &[])).unwrap();
-    let cc = r.devices.unwrap().results.unwrap()[0].consumed_capacity.clone().unwrap();
+    let cc = r.devices.unwrap().results.unwrap()[0]
+        .consumed_capacity
+        .clone()
+        .unwrap();
     assert_eq!(cc["memory"].0, "80Gi");
 }
 
 /// Pools with cross-slice problems are skipped with the reason.
 #[test]
 fn invalid_pools_are_skipped_with_the_reason() {
-    let mut dup = vec![slice("s0", vec![gpu("gpu-0", "x", "r")], None), slice("s1", vec![gpu("gpu-0", "x", "r")], None)];
+    let mut dup = vec![
+        slice("s0", vec![gpu("gpu-0", "x", "r")], None),
+        slice("s1", vec![gpu("gpu-0", "x", "r")], None),
+    ];
     for s in &mut dup {
         s.spec.pool.resource_slice_count = 2;
     }
@@ -403,12 +533,23 @@ fn invalid_pools_are_skipped_with_the_reason() {
         s[0].spec.pool.resource_slice_count = 2;
         s
     };
-    for (slices, want) in [(dup, "gpu-0"), (unknown_set, "nope"), (incomplete, "incomplete pool")] {
+    for (slices, want) in [
+        (dup, "gpu-0"),
+        (unknown_set, "nope"),
+        (incomplete, "incomplete pool"),
+    ] {
         let mut a = Allocator::new(&slices, &classes(), &gates(37)).unwrap();
         let skipped = a.skipped_pools();
         assert_eq!(skipped.len(), 1);
         assert!(skipped[0].reason.contains(want), "{}", skipped[0].reason);
-        assert!(a.allocate(&claim("a", vec![request("gpu", "gpu.tessera.dev", 1, &[])], vec![])).is_err());
+        assert!(
+            a.allocate(&claim(
+                "a",
+                vec![request("gpu", "gpu.tessera.dev", 1, &[])],
+                vec![]
+            ))
+            .is_err()
+        );
     }
 }
 
@@ -417,11 +558,41 @@ fn invalid_pools_are_skipped_with_the_reason() {
 fn failures_explain_themselves() {
     let mut a = Allocator::new(&three_gpus(), &classes(), &gates(37)).unwrap();
     let cases: Vec<(ResourceClaim, &str)> = vec![
-        (claim("noclass", vec![request("gpu", "nope.example.com", 1, &[])], vec![]), "device class nope.example.com does not exist"),
-        (claim("badcel", vec![request("gpu", "gpu.tessera.dev", 1, &["device.driver =="])], vec![]), "selector #0"),
-        (claim("toomany", vec![request("gpu", "gpu.tessera.dev", 4, &[])], vec![]), "3 device(s) match, 3 available, 4 needed"),
         (
-            claim("nomatch", vec![request("gpu", "gpu.tessera.dev", 1, &[r#"device.attributes["gpu.tessera.dev"].productName == "A100""#])], vec![]),
+            claim(
+                "noclass",
+                vec![request("gpu", "nope.example.com", 1, &[])],
+                vec![],
+            ),
+            "device class nope.example.com does not exist",
+        ),
+        (
+            claim(
+                "badcel",
+                vec![request("gpu", "gpu.tessera.dev", 1, &["device.driver =="])],
+                vec![],
+            ),
+            "selector #0",
+        ),
+        (
+            claim(
+                "toomany",
+                vec![request("gpu", "gpu.tessera.dev", 4, &[])],
+                vec![],
+            ),
+            "3 device(s) match, 3 available, 4 needed",
+        ),
+        (
+            claim(
+                "nomatch",
+                vec![request(
+                    "gpu",
+                    "gpu.tessera.dev",
+                    1,
+                    &[r#"device.attributes["gpu.tessera.dev"].productName == "A100""#],
+                )],
+                vec![],
+            ),
             "0 device(s) match",
         ),
         (
@@ -448,15 +619,30 @@ fn failures_explain_themselves() {
 #[test]
 fn default_inventory_allocates_the_demo_table() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["inventory", "--backend", "mock", "--node-name", "demo-node", "-o", "json", "--state-dir", "/nonexistent"])
+        .args([
+            "inventory",
+            "--backend",
+            "mock",
+            "--node-name",
+            "demo-node",
+            "-o",
+            "json",
+            "--state-dir",
+            "/nonexistent",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let slices: Vec<ResourceSlice> = plan::documents(&String::from_utf8_lossy(&out.stdout), "inventory")
-        .unwrap()
-        .into_iter()
-        .map(|v| serde_json::from_value(v).unwrap())
-        .collect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let slices: Vec<ResourceSlice> =
+        plan::documents(&String::from_utf8_lossy(&out.stdout), "inventory")
+            .unwrap()
+            .into_iter()
+            .map(|v| serde_json::from_value(v).unwrap())
+            .collect();
     let steps: Vec<plan::Step> = tessera::demo::phases()[0]
         .claims
         .iter()
@@ -467,9 +653,17 @@ fn default_inventory_allocates_the_demo_table() {
         .outcomes
         .iter()
         .map(|o| match o {
-            plan::Outcome::Allocated(c) => names(c.status.as_ref().unwrap().allocation.as_ref().unwrap()),
+            plan::Outcome::Allocated(c) => {
+                names(c.status.as_ref().unwrap().allocation.as_ref().unwrap())
+            }
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(got, [vec!["gpu-0".to_string()], vec!["gpu-2".to_string(), "gpu-3".to_string()]]);
+    assert_eq!(
+        got,
+        [
+            vec!["gpu-0".to_string()],
+            vec!["gpu-2".to_string(), "gpu-3".to_string()]
+        ]
+    );
 }

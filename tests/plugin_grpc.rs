@@ -96,7 +96,10 @@ async fn v1_prepare_and_unprepare_a_whole_gpu() {
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(spec_path(&h, &c.uid)).unwrap()).unwrap();
     let schema_errors = cdi_common::schema_errors(&cdi_common::schema_validator(), &spec);
-    assert!(schema_errors.is_empty(), "spec fails the CDI JSON schema: {schema_errors:?}");
+    assert!(
+        schema_errors.is_empty(),
+        "spec fails the CDI JSON schema: {schema_errors:?}"
+    );
     let parsed = tessera_cdi::validate_json(&spec).unwrap();
     assert_eq!(parsed.cdi_version, "0.5.0");
     assert_eq!(parsed.kind, "tessera.dev/gpu");

@@ -26,7 +26,14 @@ fn from_milli(m: i128, like: &Q) -> Result<Q, String> {
     }
     let v = m / 1000;
     if like.format() == QuantityFormat::BinarySI && v != 0 {
-        for (suffix, pow) in [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
+        for (suffix, pow) in [
+            ("Ei", 60),
+            ("Pi", 50),
+            ("Ti", 40),
+            ("Gi", 30),
+            ("Mi", 20),
+            ("Ki", 10),
+        ] {
             let unit = 1i128 << pow;
             if v % unit == 0 {
                 return parse(&format!("{}{suffix}", v / unit));
@@ -43,10 +50,7 @@ fn from_milli(m: i128, like: &Q) -> Result<Q, String> {
 /// the full value without a policy); below `min` → `min`; with `step` → rounded up to
 /// `min + n·step`; above `max` → ineligible; with `validValues` → the smallest valid
 /// value not below the request. Without a policy the request is consumed as asked.
-pub fn consumed_by_policy(
-    cap: &DeviceCapacity,
-    request: Option<&Q>,
-) -> Result<Option<Q>, String> {
+pub fn consumed_by_policy(cap: &DeviceCapacity, request: Option<&Q>) -> Result<Option<Q>, String> {
     let value = parse(&cap.value.0)?;
     let Some(policy) = &cap.request_policy else {
         return Ok(Some(request.copied().unwrap_or(value)));
@@ -54,7 +58,11 @@ pub fn consumed_by_policy(
     round_by_policy(policy, &value, request).map(Some)
 }
 
-fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q>) -> Result<Q, String> {
+fn round_by_policy(
+    policy: &CapacityRequestPolicy,
+    value: &Q,
+    request: Option<&Q>,
+) -> Result<Q, String> {
     let default = match &policy.default {
         Some(d) => parse(&d.0)?,
         None => *value,
@@ -63,7 +71,10 @@ fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q
         return Ok(default);
     };
     if let Some(valid) = &policy.valid_values {
-        let mut values: Vec<Q> = valid.iter().map(|v| parse(&v.0)).collect::<Result<_, _>>()?;
+        let mut values: Vec<Q> = valid
+            .iter()
+            .map(|v| parse(&v.0))
+            .collect::<Result<_, _>>()?;
         values.sort();
         return values
             .into_iter()
@@ -84,7 +95,9 @@ fn round_by_policy(policy: &CapacityRequestPolicy, value: &Q, request: Option<&Q
         if let Some(max) = &range.max {
             let max = parse(&max.0)?;
             if amount > max {
-                return Err(format!("request {req} rounds to {amount}, above the maximum {max}"));
+                return Err(format!(
+                    "request {req} rounds to {amount}, above the maximum {max}"
+                ));
             }
         }
         return Ok(amount);
@@ -133,7 +146,13 @@ mod tests {
         Q::parse(s).unwrap()
     }
 
-    fn ranged(value: &str, default: &str, min: &str, step: Option<&str>, max: Option<&str>) -> DeviceCapacity {
+    fn ranged(
+        value: &str,
+        default: &str,
+        min: &str,
+        step: Option<&str>,
+        max: Option<&str>,
+    ) -> DeviceCapacity {
         DeviceCapacity {
             value: Quantity(value.into()),
             request_policy: Some(CapacityRequestPolicy {
@@ -181,10 +200,17 @@ mod tests {
             request_policy: Some(CapacityRequestPolicy {
                 default: Some(Quantity("10".into())),
                 valid_range: None,
-                valid_values: Some(vec![Quantity("10".into()), Quantity("50".into()), Quantity("100".into())]),
+                valid_values: Some(vec![
+                    Quantity("10".into()),
+                    Quantity("50".into()),
+                    Quantity("100".into()),
+                ]),
             }),
         };
-        assert_eq!(consumed_by_policy(&cap, Some(&q("20"))).unwrap().unwrap(), q("50"));
+        assert_eq!(
+            consumed_by_policy(&cap, Some(&q("20"))).unwrap().unwrap(),
+            q("50")
+        );
         assert!(consumed_by_policy(&cap, Some(&q("101"))).is_err());
     }
 }

@@ -33,9 +33,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceAttribute, DeviceClass,
-    DeviceClassConfiguration, DeviceRequestAllocationResult, DeviceSelector as K8sSelector, ResourceClaim,
-    ResourceSlice,
+    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceAttribute, DeviceClass, DeviceClassConfiguration, DeviceRequestAllocationResult,
+    DeviceSelector as K8sSelector, ResourceClaim, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
@@ -125,7 +125,11 @@ struct Constraint {
 
 impl Constraint {
     fn applies(&self, spec: &Spec) -> bool {
-        self.requests.is_empty() || self.requests.iter().any(|r| *r == spec.name || *r == spec.parent)
+        self.requests.is_empty()
+            || self
+                .requests
+                .iter()
+                .any(|r| *r == spec.name || *r == spec.parent)
     }
 }
 
@@ -172,7 +176,11 @@ fn attr_value(device: &Device, driver: &str, name: &str) -> Option<DeviceAttribu
         return Some(a.clone());
     }
     let (domain, id) = name.split_once('/')?;
-    if domain == driver { attrs.get(id).cloned() } else { None }
+    if domain == driver {
+        attrs.get(id).cloned()
+    } else {
+        None
+    }
 }
 
 fn claim_key(claim: &ResourceClaim) -> String {
@@ -196,7 +204,11 @@ impl Allocator {
     /// Builds the allocator from slices (in list order) and DeviceClasses. Invalid or
     /// incomplete pools are skipped and reported by [`Allocator::skipped_pools`]; class
     /// selectors that do not compile are an error.
-    pub fn new(slices: &[ResourceSlice], classes: &[DeviceClass], gates: &FeatureGates) -> Result<Self, AllocError> {
+    pub fn new(
+        slices: &[ResourceSlice],
+        classes: &[DeviceClass],
+        gates: &FeatureGates,
+    ) -> Result<Self, AllocError> {
         let mut a = Allocator {
             candidates: Vec::new(),
             nodes: Vec::new(),
@@ -216,8 +228,10 @@ impl Allocator {
         for c in classes {
             let name = c.metadata.name.clone().unwrap_or_default();
             let spec = c.spec.clone().unwrap_or_default();
-            let selectors =
-                a.compile_selectors(spec.selectors.as_deref().unwrap_or_default(), &format!("DeviceClass {name}"))?;
+            let selectors = a.compile_selectors(
+                spec.selectors.as_deref().unwrap_or_default(),
+                &format!("DeviceClass {name}"),
+            )?;
             a.classes.insert(
                 name,
                 Class {
@@ -230,7 +244,11 @@ impl Allocator {
         Ok(a)
     }
 
-    fn compile_selectors(&mut self, sels: &[K8sSelector], what: &str) -> Result<Vec<usize>, AllocError> {
+    fn compile_selectors(
+        &mut self,
+        sels: &[K8sSelector],
+        what: &str,
+    ) -> Result<Vec<usize>, AllocError> {
         let mut out = Vec::new();
         for (i, s) in sels.iter().enumerate() {
             let Some(cel) = &s.cel else { continue };
@@ -256,9 +274,20 @@ impl Allocator {
         let mut valid: HashSet<(String, String)> = HashSet::new();
         for k in &order {
             let all = &groups[k];
-            let max_gen = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-            let current: Vec<&ResourceSlice> = all.iter().copied().filter(|s| s.spec.pool.generation == max_gen).collect();
-            let want = current.first().map(|s| s.spec.pool.resource_slice_count).unwrap_or(0);
+            let max_gen = all
+                .iter()
+                .map(|s| s.spec.pool.generation)
+                .max()
+                .unwrap_or(0);
+            let current: Vec<&ResourceSlice> = all
+                .iter()
+                .copied()
+                .filter(|s| s.spec.pool.generation == max_gen)
+                .collect();
+            let want = current
+                .first()
+                .map(|s| s.spec.pool.resource_slice_count)
+                .unwrap_or(0);
             let skip = |reason: String| SkippedPool {
                 driver: k.0.clone(),
                 pool: k.1.clone(),
@@ -275,7 +304,8 @@ impl Allocator {
             let problems = crate::validation::validate_pool_for(&current, self.gates.version());
             if !problems.is_empty() {
                 let reasons: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-                self.skipped.push(skip(format!("invalid pool: {}", reasons.join("; "))));
+                self.skipped
+                    .push(skip(format!("invalid pool: {}", reasons.join("; "))));
                 continue;
             }
             for s in &current {
@@ -285,7 +315,8 @@ impl Allocator {
                         .iter()
                         .filter_map(|(n, c)| parse_q(&c.value.0).ok().map(|q| (n.clone(), q)))
                         .collect();
-                    self.counter_sets.insert((k.0.clone(), k.1.clone(), cs.name.clone()), counters);
+                    self.counter_sets
+                        .insert((k.0.clone(), k.1.clone(), cs.name.clone()), counters);
                 }
             }
             valid.insert(k.clone());
@@ -296,7 +327,11 @@ impl Allocator {
             if !valid.contains(&k) {
                 continue;
             }
-            let max_gen = groups[&k].iter().map(|x| x.spec.pool.generation).max().unwrap_or(0);
+            let max_gen = groups[&k]
+                .iter()
+                .map(|x| x.spec.pool.generation)
+                .max()
+                .unwrap_or(0);
             if s.spec.pool.generation != max_gen {
                 continue;
             }
@@ -333,7 +368,10 @@ impl Allocator {
         &self.skipped
     }
 
-    fn expand(&mut self, claim: &ResourceClaim) -> Result<(Vec<Vec<Spec>>, Vec<Constraint>), AllocError> {
+    fn expand(
+        &mut self,
+        claim: &ResourceClaim,
+    ) -> Result<(Vec<Vec<Spec>>, Vec<Constraint>), AllocError> {
         let devices = claim
             .spec
             .as_ref()
@@ -362,7 +400,11 @@ impl Allocator {
                 };
                 let mut capacity = BTreeMap::new();
                 for (k, v) in cap.into_iter().flatten() {
-                    capacity.insert(k.clone(), parse_q(&v.0).map_err(|e| AllocError::Invalid(format!("request {name}: {e}")))?);
+                    capacity.insert(
+                        k.clone(),
+                        parse_q(&v.0)
+                            .map_err(|e| AllocError::Invalid(format!("request {name}: {e}")))?,
+                    );
                 }
                 alts.push(Spec {
                     parent: name.split('/').next().unwrap_or(&name).to_string(),
@@ -397,7 +439,10 @@ impl Allocator {
                 )?;
             }
             if alts.is_empty() {
-                return Err(AllocError::Invalid(format!("request {}: neither exactly nor firstAvailable", r.name)));
+                return Err(AllocError::Invalid(format!(
+                    "request {}: neither exactly nor firstAvailable",
+                    r.name
+                )));
             }
             reqs.push(alts);
         }
@@ -406,7 +451,12 @@ impl Allocator {
             let kind = match (c.match_attribute, c.distinct_attribute) {
                 (Some(m), None) => ConstraintKind::Match(m),
                 (None, Some(d)) => ConstraintKind::Distinct(d),
-                _ => return Err(AllocError::Invalid("a constraint needs exactly one of matchAttribute, distinctAttribute".into())),
+                _ => {
+                    return Err(AllocError::Invalid(
+                        "a constraint needs exactly one of matchAttribute, distinctAttribute"
+                            .into(),
+                    ));
+                }
             };
             constraints.push(Constraint {
                 requests: c.requests.unwrap_or_default(),
@@ -416,7 +466,12 @@ impl Allocator {
         Ok((reqs, constraints))
     }
 
-    fn selector_ok(&self, cache: &mut HashMap<(usize, usize), bool>, sel: usize, cand: usize) -> Result<bool, AllocError> {
+    fn selector_ok(
+        &self,
+        cache: &mut HashMap<(usize, usize), bool>,
+        sel: usize,
+        cand: usize,
+    ) -> Result<bool, AllocError> {
         if let Some(v) = cache.get(&(sel, cand)) {
             return Ok(*v);
         }
@@ -437,7 +492,12 @@ impl Allocator {
         Ok(ok)
     }
 
-    fn matches(&self, cache: &mut HashMap<(usize, usize), bool>, spec: &Spec, cand: usize) -> Result<bool, AllocError> {
+    fn matches(
+        &self,
+        cache: &mut HashMap<(usize, usize), bool>,
+        spec: &Spec,
+        cand: usize,
+    ) -> Result<bool, AllocError> {
         for &s in &self.classes[&spec.class].selectors {
             if !self.selector_ok(cache, s, cand)? {
                 return Ok(false);
@@ -452,7 +512,12 @@ impl Allocator {
     }
 
     /// Capacity this pick would consume, or `None` when the device cannot serve it.
-    fn capacity_fit(&self, spec: &Spec, cand: usize, picks: &[Pick]) -> Option<BTreeMap<String, Q>> {
+    fn capacity_fit(
+        &self,
+        spec: &Spec,
+        cand: usize,
+        picks: &[Pick],
+    ) -> Option<BTreeMap<String, Q>> {
         let c = &self.candidates[cand];
         let caps = c.device.capacity.clone().unwrap_or_default();
         let requests: BTreeMap<String, Q> = spec
@@ -498,7 +563,10 @@ impl Allocator {
         };
 
         // A multi-allocatable device holds its counters once.
-        if c.multi && (self.shared_count.get(&cand).copied().unwrap_or(0) > 0 || picks.iter().any(|p| p.cand == cand)) {
+        if c.multi
+            && (self.shared_count.get(&cand).copied().unwrap_or(0) > 0
+                || picks.iter().any(|p| p.cand == cand))
+        {
             return true;
         }
         let mut extra: HashMap<(String, String, String), BTreeMap<String, Q>> = HashMap::new();
@@ -512,7 +580,11 @@ impl Allocator {
                 continue;
             }
             for cc in pc.device.consumes_counters.iter().flatten() {
-                let key = (pc.id.driver.clone(), pc.id.pool.clone(), cc.counter_set.clone());
+                let key = (
+                    pc.id.driver.clone(),
+                    pc.id.pool.clone(),
+                    cc.counter_set.clone(),
+                );
                 let e = extra.entry(key).or_default();
                 for (n, v) in &cc.counters {
                     if let Ok(q) = parse_q(&v.value.0) {
@@ -525,7 +597,11 @@ impl Allocator {
             }
         }
         for cc in cons {
-            let key = (c.id.driver.clone(), c.id.pool.clone(), cc.counter_set.clone());
+            let key = (
+                c.id.driver.clone(),
+                c.id.pool.clone(),
+                cc.counter_set.clone(),
+            );
             let Some(set) = self.counter_sets.get(&key) else {
                 return false;
             };
@@ -534,7 +610,11 @@ impl Allocator {
                     return false;
                 };
                 let zero = Q::from_i64(0);
-                let used = self.counters_used.get(&key).and_then(|m| m.get(n)).unwrap_or(&zero);
+                let used = self
+                    .counters_used
+                    .get(&key)
+                    .and_then(|m| m.get(n))
+                    .unwrap_or(&zero);
                 let pending = extra.get(&key).and_then(|m| m.get(n)).unwrap_or(&zero);
                 match used.checked_add(pending).and_then(|u| u.checked_add(&need)) {
                     Some(sum) if sum <= *total => {}
@@ -545,7 +625,14 @@ impl Allocator {
         true
     }
 
-    fn constraints_ok(&self, constraints: &[Constraint], spec: &Spec, cand: usize, picks: &[Pick], specs_of: &HashMap<String, Spec>) -> bool {
+    fn constraints_ok(
+        &self,
+        constraints: &[Constraint],
+        spec: &Spec,
+        cand: usize,
+        picks: &[Pick],
+        specs_of: &HashMap<String, Spec>,
+    ) -> bool {
         let c = &self.candidates[cand];
         for k in constraints.iter().filter(|k| k.applies(spec)) {
             let name = match &k.kind {
@@ -555,7 +642,9 @@ impl Allocator {
                 return false;
             };
             for p in picks {
-                let Some(pspec) = specs_of.get(&p.spec_name) else { continue };
+                let Some(pspec) = specs_of.get(&p.spec_name) else {
+                    continue;
+                };
                 if !k.applies(pspec) {
                     continue;
                 }
@@ -576,7 +665,10 @@ impl Allocator {
     fn available(&self, spec: &Spec, cand: usize, picks: &[Pick]) -> Option<BTreeMap<String, Q>> {
         let c = &self.candidates[cand];
         if c.multi {
-            if picks.iter().any(|p| p.cand == cand && p.spec_name == spec.name) {
+            if picks
+                .iter()
+                .any(|p| p.cand == cand && p.spec_name == spec.name)
+            {
                 return None;
             }
         } else if self.exclusive.contains(&cand) || picks.iter().any(|p| p.cand == cand) {
@@ -630,13 +722,21 @@ impl Search<'_> {
                     let mut any = false;
                     for cand in 0..self.alloc.candidates.len() {
                         self.tick()?;
-                        if !self.on_node(cand) || !self.alloc.matches(&mut self.cache, &spec, cand)? {
+                        if !self.on_node(cand)
+                            || !self.alloc.matches(&mut self.cache, &spec, cand)?
+                        {
                             continue;
                         }
                         any = true;
                         match self.alloc.available(&spec, cand, picks) {
                             Some(consumed)
-                                if self.alloc.constraints_ok(self.constraints, &spec, cand, picks, &self.specs_of) =>
+                                if self.alloc.constraints_ok(
+                                    self.constraints,
+                                    &spec,
+                                    cand,
+                                    picks,
+                                    &self.specs_of,
+                                ) =>
                             {
                                 picks.push(Pick {
                                     cand,
@@ -661,7 +761,14 @@ impl Search<'_> {
         Ok(false)
     }
 
-    fn fill(&mut self, r: usize, spec: &Spec, remaining: usize, start: usize, picks: &mut Vec<Pick>) -> Result<bool, AllocError> {
+    fn fill(
+        &mut self,
+        r: usize,
+        spec: &Spec,
+        remaining: usize,
+        start: usize,
+        picks: &mut Vec<Pick>,
+    ) -> Result<bool, AllocError> {
         if remaining == 0 {
             return self.solve(r + 1, picks);
         }
@@ -673,7 +780,10 @@ impl Search<'_> {
             let Some(consumed) = self.alloc.available(spec, cand, picks) else {
                 continue;
             };
-            if !self.alloc.constraints_ok(self.constraints, spec, cand, picks, &self.specs_of) {
+            if !self
+                .alloc
+                .constraints_ok(self.constraints, spec, cand, picks, &self.specs_of)
+            {
                 continue;
             }
             picks.push(Pick {
@@ -698,7 +808,11 @@ impl Allocator {
     pub fn allocate(&mut self, claim: &ResourceClaim) -> Result<AllocationResult, AllocError> {
         let key = claim_key(claim);
         let (reqs, constraints) = self.expand(claim)?;
-        let specs_of: HashMap<String, Spec> = reqs.iter().flatten().map(|s| (s.name.clone(), s.clone())).collect();
+        let specs_of: HashMap<String, Spec> = reqs
+            .iter()
+            .flatten()
+            .map(|s| (s.name.clone(), s.clone()))
+            .collect();
         let mut found: Option<(Option<String>, Vec<Pick>)> = None;
         for node in self.nodes.clone() {
             let mut search = Search {
@@ -745,7 +859,11 @@ impl Allocator {
             let first_share = c.multi && self.shared_count.get(&p.cand).copied().unwrap_or(0) == 0;
             if !c.multi || first_share {
                 for cc in c.device.consumes_counters.iter().flatten() {
-                    let key = (c.id.driver.clone(), c.id.pool.clone(), cc.counter_set.clone());
+                    let key = (
+                        c.id.driver.clone(),
+                        c.id.pool.clone(),
+                        cc.counter_set.clone(),
+                    );
                     let e = self.counters_used.entry(key).or_default();
                     for (n, v) in &cc.counters {
                         if let Ok(q) = parse_q(&v.value.0) {
@@ -796,7 +914,11 @@ impl Allocator {
             };
             if last_share {
                 for cc in c.device.consumes_counters.iter().flatten() {
-                    let key = (c.id.driver.clone(), c.id.pool.clone(), cc.counter_set.clone());
+                    let key = (
+                        c.id.driver.clone(),
+                        c.id.pool.clone(),
+                        cc.counter_set.clone(),
+                    );
                     if let Some(e) = self.counters_used.get_mut(&key) {
                         for (n, v) in &cc.counters {
                             if let (Some(cur), Ok(q)) = (e.get(n).cloned(), parse_q(&v.value.0))
@@ -812,7 +934,13 @@ impl Allocator {
         true
     }
 
-    fn render(&self, claim: &ResourceClaim, reqs: &[Vec<Spec>], picks: &[Pick], node: Option<&str>) -> AllocationResult {
+    fn render(
+        &self,
+        claim: &ResourceClaim,
+        reqs: &[Vec<Spec>],
+        picks: &[Pick],
+        node: Option<&str>,
+    ) -> AllocationResult {
         let results = picks
             .iter()
             .map(|p| {
@@ -837,7 +965,10 @@ impl Allocator {
         let mut config = Vec::new();
         let mut used: Vec<&Spec> = Vec::new();
         for alts in reqs {
-            if let Some(s) = alts.iter().find(|s| picks.iter().any(|p| p.spec_name == s.name)) {
+            if let Some(s) = alts
+                .iter()
+                .find(|s| picks.iter().any(|p| p.spec_name == s.name))
+            {
                 used.push(s);
             }
         }
