@@ -363,14 +363,14 @@ mod tests {
             for p in m.profiles {
                 let size = p.placement_size();
                 assert!(
-                    size > 0 && m.memory_slices % size == 0,
+                    size > 0 && m.memory_slices.is_multiple_of(size),
                     "{} {}",
                     m.key,
                     p.name
                 );
                 assert!(p.placements.windows(2).all(|w| w[0] < w[1]), "{}", p.name);
                 for &start in p.placements {
-                    assert_eq!(start % size, 0, "{} {} @{start}", m.key, p.name);
+                    assert!(start.is_multiple_of(size), "{} {} @{start}", m.key, p.name);
                     assert!(start + size <= m.memory_slices, "{} {}", m.key, p.name);
                 }
                 assert!(

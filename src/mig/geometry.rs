@@ -95,7 +95,11 @@ pub fn profile_info(model: &GpuModel, index: u32) -> Result<&'static MigProfile,
 /// `None` when `size` is zero or does not divide `memory_slices`, or `start` is not a
 /// multiple of `size` (no catalog placement is like that).
 pub fn gi_id_for_placement(memory_slices: u32, start: u32, size: u32) -> Option<u32> {
-    if size == 0 || memory_slices % size != 0 || start % size != 0 || start >= memory_slices {
+    if size == 0
+        || !memory_slices.is_multiple_of(size)
+        || !start.is_multiple_of(size)
+        || start >= memory_slices
+    {
         return None;
     }
     Some(memory_slices / size - 1 + start / size)
