@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::state::{NodeState, StateError};
-use super::{BackendError, CharMajors, GpuBackend, GpuInfo, NodeInventory};
+use super::state::{self, GpuMig, NodeState, StateError};
+use super::{BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus, NodeInventory};
+use crate::mig::geometry::{self, GpuInstance};
+use crate::mig::{GpuModel, MigError};
 use crate::config::NodeConfig;
 
 /// The embedded default node description.
@@ -233,11 +235,44 @@ impl MockBackend {
         let fresh = NodeState {
             source_digest: self.node.digest().to_string(),
             inventory: self.node.inventory(),
+            mig: Default::default(),
         };
         if self.access == StateAccess::ReadWrite {
             fresh.store(&self.state_dir)?;
         }
         Ok(fresh)
+    }
+}
+
+impl MockBackend {
+    /// Applies a MIG change to one GPU under the state lock, NVML-style: the GPU must
+    /// be MIG-capable and of a catalogued model.
+    fn with_gpu<T>(
+        &self,
+        op: &'static str,
+        minor: u32,
+        change: impl FnOnce(&mut GpuInfo, &mut GpuMig, &'static GpuModel) -> Result<T, MigError>,
+    ) -> Result<T, BackendError> {
+        // Make sure the state exists before locking it for an update.
+        self.state()?;
+        let res = state::update(&self.state_dir, |st| {
+            let gpu = st
+                .inventory
+                .gpus
+                .iter_mut()
+                .find(|g| g.minor == minor)
+                .ok_or(BackendError::NoSuchGpu(minor))?;
+            let mig_err = |source| BackendError::Mig { op, minor, source };
+            if !gpu.mig_capable {
+                return Err(mig_err(MigError::NotSupported(format!("{} is not MIG-capable", gpu.product_name))));
+            }
+            let model = crate::mig::model_for_product(&gpu.product_name).ok_or_else(|| {
+                mig_err(MigError::NotSupported(format!("no MIG catalog for {}", gpu.product_name)))
+            })?;
+            let m = st.mig.entry(minor).or_default();
+            change(gpu, m, model).map_err(mig_err)
+        })?;
+        res
     }
 }
 
@@ -248,6 +283,87 @@ impl GpuBackend for MockBackend {
 
     fn discover(&self) -> Result<NodeInventory, BackendError> {
         Ok(self.state()?.inventory)
+    }
+
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        let st = self.state()?;
+        let gpu = st
+            .inventory
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .ok_or(BackendError::NoSuchGpu(minor))?;
+        Ok(MigStatus {
+            enabled: gpu.mig_enabled,
+            instances: st.mig.get(&minor).map(|m| m.instances.clone()).unwrap_or_default(),
+        })
+    }
+
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.with_gpu("set-mode", minor, |gpu, m, model| {
+            if gpu.mig_enabled == enabled {
+                return Ok(());
+            }
+            if !model.reset_free_mig_toggle {
+                return Err(MigError::NotSupported(format!(
+                    "{} needs a GPU reset to change MIG mode",
+                    gpu.product_name
+                )));
+            }
+            if !enabled && !m.instances.is_empty() {
+                return Err(MigError::InUse(format!("{} MIG instance(s) still exist", m.instances.len())));
+            }
+            gpu.mig_enabled = enabled;
+            Ok(())
+        })
+    }
+
+    fn create_mig(&self, minor: u32, profile_id: u32, start: u32) -> Result<MigInstance, BackendError> {
+        self.with_gpu("create", minor, |gpu, m, model| {
+            if !gpu.mig_enabled {
+                return Err(MigError::NotSupported("MIG mode is disabled".into()));
+            }
+            let existing: Vec<GpuInstance> = m
+                .instances
+                .iter()
+                .map(|i| GpuInstance {
+                    gi_id: i.gi_id,
+                    profile_id: i.profile_id,
+                    start: i.start,
+                    size: i.size,
+                })
+                .collect();
+            let gi = geometry::check_create(model, &existing, profile_id, start)?;
+            // The compute instance spans the whole GPU instance: CI ID 0.
+            let inst = MigInstance {
+                gi_id: gi.gi_id,
+                profile_id: gi.profile_id,
+                start: gi.start,
+                size: gi.size,
+                ci: Some(ComputeInstance {
+                    ci_id: 0,
+                    uuid: geometry::mig_uuid(&gpu.uuid, gi.gi_id, 0),
+                }),
+            };
+            m.instances.push(inst.clone());
+            m.instances.sort_by_key(|i| i.gi_id);
+            Ok(inst)
+        })
+    }
+
+    fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError> {
+        self.with_gpu("destroy", minor, |_gpu, m, _model| {
+            let pos = m
+                .instances
+                .iter()
+                .position(|i| i.gi_id == gi_id)
+                .ok_or_else(|| MigError::NotFound(format!("no GPU instance with ID {gi_id}")))?;
+            if m.busy.contains(&gi_id) {
+                return Err(MigError::InUse(format!("processes are running on GPU instance {gi_id}")));
+            }
+            m.instances.remove(pos);
+            Ok(())
+        })
     }
 }
 

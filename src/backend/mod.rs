@@ -107,6 +107,48 @@ pub enum BackendError {
     /// The simulated node's state file is unreadable, malformed or cannot be written.
     #[error(transparent)]
     State(#[from] state::StateError),
+    /// A MIG operation was refused, with the NVML return code it stands for.
+    #[error("MIG {op} on gpu-{minor} failed")]
+    Mig {
+        op: &'static str,
+        minor: u32,
+        #[source]
+        source: crate::mig::MigError,
+    },
+    /// No GPU with this minor.
+    #[error("no GPU with minor {0}")]
+    NoSuchGpu(u32),
+}
+
+/// A live MIG device: one GPU instance with the compute instance spanning it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    pub gi_id: u32,
+    /// The profile ID `nvidia-smi mig -lgip` shows (19, 9, 0 ...), not the NVML index.
+    pub profile_id: u32,
+    /// First memory slice and number of memory slices.
+    pub start: u32,
+    pub size: u32,
+    /// The compute instance; `None` for a GPU instance left without one (a crash
+    /// between the two creations), which clean-up destroys.
+    pub ci: Option<ComputeInstance>,
+}
+
+/// The compute instance of a MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputeInstance {
+    pub ci_id: u32,
+    /// `MIG-...` UUID of the MIG device (one CI per GI).
+    pub uuid: String,
+}
+
+/// A GPU's MIG mode and live instances.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigStatus {
+    pub enabled: bool,
+    pub instances: Vec<MigInstance>,
 }
 
 /// The narrow interface Tessera needs from a GPU driver. Later issues add MIG
@@ -117,4 +159,20 @@ pub trait GpuBackend: Send + Sync {
     /// Enumerates the node's GPUs. Deterministic for an unchanged node; GPUs are
     /// ordered by minor number.
     fn discover(&self) -> Result<NodeInventory, BackendError>;
+
+    /// MIG mode and live MIG devices of one GPU (empty when MIG is off).
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError>;
+
+    /// Switches MIG mode. Only reset-free GPUs (Hopper and later) may be switched by
+    /// Tessera; callers check the architecture.
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError>;
+
+    /// Creates a GPU instance of `profile_id` at exactly `start`, then the compute
+    /// instance spanning it. On a failed compute-instance creation the GPU instance is
+    /// destroyed again, so nothing half-made remains.
+    fn create_mig(&self, minor: u32, profile_id: u32, start: u32) -> Result<MigInstance, BackendError>;
+
+    /// Destroys the compute instance(s) of GPU instance `gi_id`, then the GPU instance.
+    /// `IN_USE` (processes still running) fails the call and changes nothing.
+    fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError>;
 }

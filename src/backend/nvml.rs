@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
-use super::{BackendError, CharMajors, GpuBackend, GpuInfo, NodeInventory};
+use super::{MigInstance, MigStatus, BackendError, CharMajors, GpuBackend, GpuInfo, NodeInventory};
 
 /// What `Nvml::init()` dlopens when no library path is given.
 const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
@@ -151,6 +151,21 @@ impl NvmlBackend {
 impl GpuBackend for NvmlBackend {
     fn kind(&self) -> &'static str {
         "nvml"
+    }
+
+    // TEMPORARY (being replaced by the NVML MIG implementation in this change): the
+    // MIG operations refuse with NOT_SUPPORTED instead of touching the driver.
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        Err(BackendError::Mig { op: "status", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+    }
+    fn set_mig_mode(&self, minor: u32, _enabled: bool) -> Result<(), BackendError> {
+        Err(BackendError::Mig { op: "set-mode", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+    }
+    fn create_mig(&self, minor: u32, _profile_id: u32, _start: u32) -> Result<MigInstance, BackendError> {
+        Err(BackendError::Mig { op: "create", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+    }
+    fn destroy_mig(&self, minor: u32, _gi_id: u32) -> Result<(), BackendError> {
+        Err(BackendError::Mig { op: "destroy", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
     }
 
     /// Enumerates every GPU NVML reports, ordered by minor. Reads NVML,

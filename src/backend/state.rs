@@ -34,12 +34,29 @@
 //!
 //! `cuda-driver-version` uses NVML's integer form (`major*1000 + minor*10`). `pcie-root`
 //! and `numa-node` may be absent. Unknown keys are ignored so that a newer writer's file
-//! stays readable. Writers replace the file atomically.
+//! stays readable. Writers hold an exclusive `flock` on `mock-node.state.lock` for their
+//! read-modify-write and replace the file atomically.
+//!
+//! MIG lines inside a GPU block (MIG-capable GPUs of a catalogued model):
+//!
+//! ```text
+//! mig-profile <nvml-index> <profile-id> <instances> <memory-MiB> <SMs> <CEs> <DECs> <ENCs> <JPEGs> <OFAs> <slices> <starts,comma-separated> <ci-profile-index> <name>
+//! mig-gi <gi-id> <profile-id> <start> <size>
+//! mig-ci <gi-id> <ci-id> <ci-profile-index> <MIG-uuid>
+//! mig-busy <gi-id>
+//! ```
+//!
+//! `mig-profile` rows are the catalog (`crate::mig::catalog`) written out for the fake
+//! `libnvidia-ml.so.1`, so that both sides apply the same profiles; readers in Rust
+//! take the catalog itself. `mig-busy` is a test knob: processes are running on that
+//! MIG device, so destroying it answers `IN_USE`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::{CharMajors, GpuInfo, NodeInventory};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{CharMajors, ComputeInstance, GpuInfo, MigInstance, NodeInventory};
 
 /// File name of the state file inside `--state-dir`.
 pub const STATE_FILE: &str = "mock-node.state";
@@ -52,6 +69,16 @@ const FORMAT_VERSION: u32 = 1;
 pub struct NodeState {
     pub source_digest: String,
     pub inventory: NodeInventory,
+    /// Live MIG instances per GPU minor (MIG mode itself is `GpuInfo::mig_enabled`).
+    pub mig: BTreeMap<u32, GpuMig>,
+}
+
+/// The MIG instances of one simulated GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuMig {
+    pub instances: Vec<MigInstance>,
+    /// GI IDs with processes running on them (destroy answers `IN_USE`).
+    pub busy: BTreeSet<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +142,46 @@ impl NodeState {
             }
             let _ = writeln!(s, "mig-capable {}", u8::from(g.mig_capable));
             let _ = writeln!(s, "mig-enabled {}", u8::from(g.mig_enabled));
+            if g.mig_capable
+                && let Some(model) = crate::mig::model_for_product(&g.product_name)
+            {
+                for p in model.profiles {
+                    let starts: Vec<String> = p.placements.iter().map(u32::to_string).collect();
+                    let _ = writeln!(
+                        s,
+                        "mig-profile {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+                        p.nvml_index,
+                        p.profile_id,
+                        p.instance_count,
+                        p.memory_mib,
+                        p.multiprocessors,
+                        p.copy_engines,
+                        p.decoders,
+                        p.encoders,
+                        p.jpeg_engines,
+                        p.ofa_engines,
+                        p.memory_slices,
+                        starts.join(","),
+                        p.ci_profile_index,
+                        p.name
+                    );
+                }
+            }
+            if let Some(m) = self.mig.get(&g.minor) {
+                for i in &m.instances {
+                    let _ = writeln!(s, "mig-gi {} {} {} {}", i.gi_id, i.profile_id, i.start, i.size);
+                    if let Some(ci) = &i.ci {
+                        let ci_profile = crate::mig::model_for_product(&g.product_name)
+                            .and_then(|m| m.profile_by_id(i.profile_id))
+                            .map(|p| p.ci_profile_index)
+                            .unwrap_or(0);
+                        let _ = writeln!(s, "mig-ci {} {} {} {}", i.gi_id, ci.ci_id, ci_profile, ci.uuid);
+                    }
+                }
+                for b in &m.busy {
+                    let _ = writeln!(s, "mig-busy {b}");
+                }
+            }
             let _ = writeln!(s, "end");
         }
         s
@@ -143,6 +210,7 @@ impl NodeState {
         let mut cuda = None;
         let (mut nvidia, mut uvm, mut caps) = (None, None, None);
         let mut gpus = Vec::new();
+        let mut mig = BTreeMap::new();
         let mut cur: Option<(usize, PartialGpu)> = None;
         for (n, line) in lines {
             if line.is_empty() || line.starts_with('#') {
@@ -152,7 +220,10 @@ impl NodeState {
             if let Some((start, g)) = cur.as_mut() {
                 match key {
                     "end" => {
-                        let g = std::mem::take(g).finish().map_err(|r| bad(*start, r))?;
+                        let (g, m) = std::mem::take(g).finish().map_err(|r| bad(*start, r))?;
+                        if !m.instances.is_empty() || !m.busy.is_empty() {
+                            mig.insert(g.minor, m);
+                        }
                         gpus.push(g);
                         cur = None;
                     }
@@ -193,6 +264,7 @@ impl NodeState {
         gpus.sort_by_key(|g: &GpuInfo| g.minor);
         Ok(NodeState {
             source_digest: digest,
+            mig,
             inventory: NodeInventory {
                 driver_version: driver_version.ok_or_else(|| missing("driver-version"))?,
                 cuda_driver_version: cuda.ok_or_else(|| missing("cuda-driver-version"))?,
@@ -234,6 +306,44 @@ impl NodeState {
     }
 }
 
+/// Name of the lock file writers hold while they read-modify-write the state.
+pub const LOCK_FILE: &str = "mock-node.state.lock";
+
+/// Runs `change` on the state under the writers' lock and stores the result when
+/// `change` succeeds (nothing is written when it fails). `Ok(Err(e))` is `change`'s own
+/// refusal; the outer error is I/O on the state file.
+pub fn update<T, E>(
+    state_dir: &Path,
+    change: impl FnOnce(&mut NodeState) -> Result<T, E>,
+) -> Result<Result<T, E>, StateError> {
+    let lock_path = state_dir.join(LOCK_FILE);
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| StateError::Write {
+            path: lock_path.clone(),
+            source,
+        })?;
+    lock.lock().map_err(|source| StateError::Write {
+        path: lock_path.clone(),
+        source,
+    })?;
+    let path = state_dir.join(STATE_FILE);
+    let mut state = NodeState::load(state_dir)?.ok_or_else(|| StateError::Read {
+        path: path.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no node state yet"),
+    })?;
+    match change(&mut state) {
+        Ok(v) => {
+            state.store(state_dir)?;
+            Ok(Ok(v))
+        }
+        Err(e) => Ok(Err(e)),
+    }
+}
+
 /// `13.0` → 13000, NVML's `cudaDriverVersion` encoding. Unparsable parts count as 0.
 pub fn cuda_version_to_int(v: &str) -> u32 {
     let mut parts = v.split('.');
@@ -258,6 +368,9 @@ struct PartialGpu {
     numa: Option<i64>,
     mig_capable: bool,
     mig_enabled: bool,
+    gis: Vec<(u32, u32, u32, u32)>,
+    cis: Vec<(u32, u32, String)>,
+    busy: BTreeSet<u32>,
 }
 
 impl PartialGpu {
@@ -280,16 +393,58 @@ impl PartialGpu {
             "numa-node" => self.numa = Some(num(key, value)?),
             "mig-capable" => self.mig_capable = value == "1",
             "mig-enabled" => self.mig_enabled = value == "1",
+            "mig-gi" => {
+                let f: Vec<&str> = value.split(' ').collect();
+                if f.len() != 4 {
+                    return Err(format!("bad mig-gi `{value}`"));
+                }
+                self.gis.push((num(key, f[0])?, num(key, f[1])?, num(key, f[2])?, num(key, f[3])?));
+            }
+            "mig-ci" => {
+                let f: Vec<&str> = value.split(' ').collect();
+                if f.len() != 4 {
+                    return Err(format!("bad mig-ci `{value}`"));
+                }
+                self.cis.push((num(key, f[0])?, num(key, f[1])?, f[3].to_string()));
+            }
+            "mig-busy" => {
+                self.busy.insert(num(key, value)?);
+            }
             _ => {}
         }
         Ok(())
     }
 
-    fn finish(self) -> Result<GpuInfo, String> {
+    fn finish(self) -> Result<(GpuInfo, GpuMig), String> {
         fn req<T>(v: Option<T>, key: &str) -> Result<T, String> {
             v.ok_or_else(|| format!("gpu block lacks `{key}`"))
         }
-        Ok(GpuInfo {
+        let mut instances = Vec::new();
+        for (gi_id, profile_id, start, size) in &self.gis {
+            let ci = self
+                .cis
+                .iter()
+                .find(|(g, _, _)| g == gi_id)
+                .map(|(_, ci_id, uuid)| ComputeInstance {
+                    ci_id: *ci_id,
+                    uuid: uuid.clone(),
+                });
+            instances.push(MigInstance {
+                gi_id: *gi_id,
+                profile_id: *profile_id,
+                start: *start,
+                size: *size,
+                ci,
+            });
+        }
+        if let Some((g, ..)) = self.cis.iter().find(|(g, ..)| !self.gis.iter().any(|gi| gi.0 == *g)) {
+            return Err(format!("mig-ci names GPU instance {g}, which has no mig-gi line"));
+        }
+        let mig = GpuMig {
+            instances,
+            busy: self.busy.clone(),
+        };
+        let info = GpuInfo {
             index: req(self.index, "index")?,
             minor: req(self.minor, "minor")?,
             uuid: req(self.uuid, "uuid")?,
@@ -304,7 +459,8 @@ impl PartialGpu {
             numa_node: self.numa,
             mig_capable: self.mig_capable,
             mig_enabled: self.mig_enabled,
-        })
+        };
+        Ok((info, mig))
     }
 }
 
@@ -315,8 +471,26 @@ mod tests {
     /// Rendering then parsing gives back the same state (the format is lossless).
     #[test]
     fn state_round_trips() {
+        let mut mig = BTreeMap::new();
+        mig.insert(
+            0,
+            GpuMig {
+                instances: vec![MigInstance {
+                    gi_id: 13,
+                    profile_id: 19,
+                    start: 6,
+                    size: 1,
+                    ci: Some(ComputeInstance {
+                        ci_id: 0,
+                        uuid: "MIG-c7384736-a75d-5afc-978f-d2f1294409fd".into(),
+                    }),
+                }],
+                busy: BTreeSet::from([13]),
+            },
+        );
         let state = NodeState {
             source_digest: "abc".into(),
+            mig,
             inventory: super::super::mock::MockNode::embedded_default()
                 .expect("embedded default parses")
                 .inventory(),
