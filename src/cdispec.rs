@@ -65,25 +65,50 @@ pub fn join_host(root: &Path, path: &str) -> String {
         .to_string()
 }
 
-/// The claim's spec. Deterministic: devices in plan order, spec-level edits fixed.
-pub fn render_claim_spec(plan: &ClaimPlan, ctx: &CdiContext) -> Spec {
-    let devices = plan
-        .devices
-        .iter()
-        .map(|d| {
-            let path = format!("/dev/nvidia{}", d.gpu_minor);
-            let node = DeviceNode::char(
-                path.clone(),
-                host_dev(ctx, &path),
-                i64::from(ctx.majors.nvidia),
-                i64::from(d.gpu_minor),
-            );
-            Device::new(
-                d.cdi_name(&plan.uid),
-                ContainerEdits::default().with_device_node(node),
-            )
-        })
-        .collect();
+/// The MIG capability nodes of a device: (GI ID, CI ID).
+pub type MigCaps = (u32, u32);
+
+/// The claim's spec. Deterministic: devices in plan order, spec-level edits fixed. A
+/// MIG device gets its parent's `/dev/nvidia<minor>` plus its GI and CI capability
+/// nodes (`mig-and-cuda-facts.md` A2.1); `mig_caps` gives each MIG device's (GI ID,
+/// CI ID) in plan order. Fails when a MIG device is present but the `nvidia-caps` major
+/// is unknown.
+pub fn render_claim_spec(
+    plan: &ClaimPlan,
+    ctx: &CdiContext,
+    mig_caps: &[Option<MigCaps>],
+) -> Result<Spec, String> {
+    let mut devices = Vec::with_capacity(plan.devices.len());
+    for (i, d) in plan.devices.iter().enumerate() {
+        let path = format!("/dev/nvidia{}", d.gpu_minor);
+        let mut edits = ContainerEdits::default().with_device_node(DeviceNode::char(
+            path.clone(),
+            host_dev(ctx, &path),
+            i64::from(ctx.majors.nvidia),
+            i64::from(d.gpu_minor),
+        ));
+        if let Some((gi, ci)) = mig_caps.get(i).copied().flatten() {
+            let major = ctx.majors.nvidia_caps.ok_or(
+                "the nvidia-caps character-device major is unknown (not in /proc/devices)",
+            )?;
+            for minor in [
+                crate::mig::geometry::gi_cap_minor(d.gpu_minor, gi),
+                crate::mig::geometry::ci_cap_minor(d.gpu_minor, gi, ci),
+            ] {
+                let cap = format!("/dev/nvidia-caps/nvidia-cap{minor}");
+                edits = edits.with_device_node(
+                    DeviceNode::char(
+                        cap.clone(),
+                        host_dev(ctx, &cap),
+                        i64::from(major),
+                        i64::from(minor),
+                    )
+                    .with_permissions("r"),
+                );
+            }
+        }
+        devices.push(Device::new(d.cdi_name(&plan.uid), edits));
+    }
     let mut common = ContainerEdits::default();
     for (path, major, minor) in [
         ("/dev/nvidiactl", ctx.majors.nvidia, 255),
@@ -103,7 +128,7 @@ pub fn render_claim_spec(plan: &ClaimPlan, ctx: &CdiContext) -> Spec {
             f.container_path.clone(),
         ));
     }
-    Spec::new("auto", CDI_KIND, devices).with_container_edits(common)
+    Ok(Spec::new("auto", CDI_KIND, devices).with_container_edits(common))
 }
 
 /// Driver libraries a CUDA container needs, with their sonames. `libcuda` is
@@ -205,6 +230,7 @@ mod tests {
                     gpu_minor: *minor,
                     gpu_uuid: format!("GPU-{minor}"),
                     config: GpuConfig::default(),
+                    mig: None,
                 })
                 .collect(),
         }
@@ -214,7 +240,7 @@ mod tests {
     /// files once, at cdiVersion 0.5.0, valid for the CDI library.
     #[test]
     fn whole_gpu_claim_renders_device_nodes_and_driver_mounts() {
-        let spec = render_claim_spec(&plan(&[(2, None), (3, None)]), &ctx());
+        let spec = render_claim_spec(&plan(&[(2, None), (3, None)]), &ctx(), &[]).unwrap();
         let rendered = tessera_cdi::render_spec(&spec, VERSION_POLICY, "f.json").unwrap();
         assert_eq!(rendered.spec.cdi_version, "0.5.0");
         let names: Vec<_> = spec.devices.iter().map(|d| d.name.as_str()).collect();
@@ -253,7 +279,9 @@ mod tests {
         let spec = render_claim_spec(
             &plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]),
             &ctx(),
-        );
+            &[],
+        )
+        .unwrap();
         assert_eq!(
             spec.devices[0].name,
             "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e"
@@ -265,13 +293,46 @@ mod tests {
     fn host_dev_root_prefixes_host_paths() {
         let mut c = ctx();
         c.host_dev_root = PathBuf::from("/run/fake-dev-root");
-        let spec = render_claim_spec(&plan(&[(0, None)]), &c);
+        let spec = render_claim_spec(&plan(&[(0, None)]), &c, &[]).unwrap();
         let node = &spec.devices[0].container_edits.device_nodes[0];
         assert_eq!(
             node.host_path.as_deref(),
             Some("/run/fake-dev-root/dev/nvidia0")
         );
         assert_eq!(node.path, "/dev/nvidia0");
+    }
+
+    /// A MIG device gets its parent's node and the GI and CI capability nodes, read-only.
+    #[test]
+    fn mig_devices_get_capability_nodes() {
+        let spec = render_claim_spec(&plan(&[(0, None)]), &ctx(), &[Some((13, 0))]).unwrap();
+        let nodes: Vec<_> = spec.devices[0]
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| (n.path.as_str(), n.major, n.minor, n.permissions.as_deref()))
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("/dev/nvidia0", Some(195), Some(0), Some("rw")),
+                (
+                    "/dev/nvidia-caps/nvidia-cap120",
+                    Some(511),
+                    Some(120),
+                    Some("r")
+                ),
+                (
+                    "/dev/nvidia-caps/nvidia-cap121",
+                    Some(511),
+                    Some(121),
+                    Some("r")
+                ),
+            ]
+        );
+        let mut no_caps = ctx();
+        no_caps.majors.nvidia_caps = None;
+        assert!(render_claim_spec(&plan(&[(0, None)]), &no_caps, &[Some((13, 0))]).is_err());
     }
 
     /// Driver files are found by driver version or soname, missing ones skipped.

@@ -9,7 +9,7 @@
 //!   unreadable file is moved aside rather than crash-looping the plugin (the NVIDIA
 //!   driver's checksum crash loop, #1080 and #1326, is the failure this avoids).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,9 @@ pub enum ClaimState {
     PrepareStarted,
     /// Everything is in place: prepare answers from the record; unprepare undoes it.
     PrepareCompleted,
+    /// Unprepare began undoing the side effects: start-up (or a prepare) finishes the
+    /// undo, so a half-unprepared claim never answers prepare with a missing spec.
+    UnprepareStarted,
     /// A state written by a newer version that this one does not know: treated like
     /// `PrepareStarted` (rolled back), never a crash.
     #[serde(other)]
@@ -51,6 +54,27 @@ pub struct PreparedDevice {
     pub gpu_uuid: String,
     #[serde(default)]
     pub config: GpuConfig,
+    /// For a MIG partition: what was (or is to be) created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigRecord>,
+}
+
+/// A MIG device a claim owns, recorded before it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigRecord {
+    pub gpu_minor: u32,
+    pub profile_id: u32,
+    pub start: u32,
+    pub size: u32,
+    pub gi_id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Whether Tessera created the instance (and so destroys it at unprepare).
+    #[serde(default)]
+    pub created: bool,
 }
 
 /// A claim's record.
@@ -83,6 +107,10 @@ pub struct Checkpoint {
     /// Keyed by claim UID.
     #[serde(default)]
     pub claims: BTreeMap<String, ClaimRecord>,
+    /// GPU minors whose MIG mode Tessera switched on (and switches off again when their
+    /// last MIG device goes).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub mig_enabled_by_tessera: BTreeSet<u32>,
 }
 
 impl Checkpoint {
@@ -91,6 +119,7 @@ impl Checkpoint {
             version: SCHEMA_VERSION,
             boot_id: boot_id.into(),
             claims: BTreeMap::new(),
+            mig_enabled_by_tessera: BTreeSet::new(),
         }
     }
 }

@@ -10,6 +10,16 @@ use crate::config::ManagedGpu;
 use crate::gpuconfig::{self, GpuConfig};
 use crate::naming::{DeviceRef, parse_device_name};
 
+/// The MIG partition a planned device stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigTarget {
+    pub profile_id: u32,
+    pub start: u32,
+    pub size: u32,
+    /// The GI ID NVML gives that placement (heap index), known before creation.
+    pub gi_id: u32,
+}
+
 /// One device the claim gets here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedDevice {
@@ -22,6 +32,8 @@ pub struct PlannedDevice {
     pub gpu_minor: u32,
     pub gpu_uuid: String,
     pub config: GpuConfig,
+    /// `Some` for a MIG partition (created at prepare), `None` for a whole GPU.
+    pub mig: Option<MigTarget>,
 }
 
 impl PlannedDevice {
@@ -91,6 +103,43 @@ pub enum ClaimError {
     DuplicateDevice { device: String },
     #[error("invalid opaque config: {0}")]
     Config(String),
+    #[error(
+        "device {device} is a whole GPU with MIG in use ({count} MIG device(s)); MIG mode must be off to use it whole"
+    )]
+    MigInUse { device: String, count: usize },
+    #[error("cannot build the CDI spec: {0}")]
+    Cdi(String),
+}
+
+/// Whether the held device `other` shares hardware with `planned`: the same whole GPU
+/// as a partition of it, or overlapping memory slices of one GPU.
+fn overlaps(gpus: &[ManagedGpu], other: &str, planned: &PlannedDevice) -> bool {
+    let (minor, placement) = match parse_device_name(other) {
+        Some(DeviceRef::Gpu { minor }) => (minor, None),
+        Some(DeviceRef::Mig {
+            minor,
+            gi_profile_id,
+            placement_start,
+            ..
+        }) => {
+            let size = gpus
+                .iter()
+                .find(|g| g.gpu.minor == minor)
+                .and_then(|g| crate::mig::model_for_product(&g.gpu.product_name))
+                .and_then(|m| m.profile_by_id(gi_profile_id))
+                .map_or(1, |p| p.placement_size());
+            (minor, Some((placement_start, size)))
+        }
+        _ => return false,
+    };
+    if minor != planned.gpu_minor || other == planned.device {
+        return false;
+    }
+    match (placement, planned.mig) {
+        (Some((s, n)), Some(t)) => s < t.start + t.size && t.start < s + n,
+        // A whole GPU and any partition of it.
+        _ => true,
+    }
 }
 
 /// Decides the claim's devices on this node. `held` maps a hold key (see
@@ -141,12 +190,47 @@ pub fn plan_claim(
             request: r.request.clone(),
             device: r.device.clone(),
         };
-        let gpu = match parse_device_name(&r.device) {
-            Some(DeviceRef::Gpu { minor }) => gpus
-                .iter()
-                .find(|g| g.gpu.minor == minor)
-                .ok_or_else(unknown)?,
-            // Slots and MIG partitions are not published yet (shared-GPU and MIG issues).
+        let (gpu, mig) = match parse_device_name(&r.device) {
+            Some(DeviceRef::Gpu { minor }) => (
+                gpus.iter()
+                    .find(|g| g.gpu.minor == minor)
+                    .ok_or_else(unknown)?,
+                None,
+            ),
+            Some(DeviceRef::Mig {
+                minor,
+                profile,
+                gi_profile_id,
+                placement_start,
+            }) => {
+                let gpu = gpus
+                    .iter()
+                    .find(|g| g.gpu.minor == minor)
+                    .ok_or_else(unknown)?;
+                let model = crate::slices::mig_model(gpu).ok_or_else(unknown)?;
+                let p = model
+                    .profile_by_id(gi_profile_id)
+                    .filter(|p| crate::naming::sanitize_mig_profile(p.name) == profile)
+                    .filter(|p| p.placements.contains(&placement_start))
+                    .ok_or_else(unknown)?;
+                let size = p.placement_size();
+                let gi_id = crate::mig::geometry::gi_id_for_placement(
+                    model.memory_slices,
+                    placement_start,
+                    size,
+                )
+                .ok_or_else(unknown)?;
+                (
+                    gpu,
+                    Some(MigTarget {
+                        profile_id: gi_profile_id,
+                        start: placement_start,
+                        size,
+                        gi_id,
+                    }),
+                )
+            }
+            // Slots are not published yet (shared-GPU issue).
             _ => return Err(unknown()),
         };
         let config =
@@ -164,6 +248,7 @@ pub fn plan_claim(
             gpu_minor: gpu.gpu.minor,
             gpu_uuid: gpu.gpu.uuid.clone(),
             config,
+            mig,
         };
         if let Some(holder) = held.get(&planned.hold_key())
             && holder != expected_uid
@@ -172,6 +257,17 @@ pub fn plan_claim(
                 device: planned.device,
                 holder: holder.clone(),
             });
+        }
+        // Last line of defence behind the scheduler's counters: a whole GPU and its
+        // partitions, or two overlapping partitions, are never held at once.
+        for (key, holder) in held {
+            let other = key.split('#').next().unwrap_or(key);
+            if holder != expected_uid && overlaps(gpus, other, &planned) {
+                return Err(ClaimError::DeviceInUse {
+                    device: planned.device,
+                    holder: format!("{holder} (through {other})"),
+                });
+            }
         }
         if devices
             .iter()

@@ -11,6 +11,11 @@
 //! |---|---|---|---|
 //! | whole GPUs | `w1` | one GPU whose product is an H100 | `gpu-0` |
 //! | whole GPUs | `w2` | two Tesla T4 | `gpu-2`, `gpu-3` |
+//! | MIG | `m1`, `m2`, `m3` | a `1g.10gb` each | `gpu-0-mig-1g10gb-19-6`, `-5`, `-4` |
+//! | MIG | `m4` | a `3g.40gb` | `gpu-0-mig-3g40gb-9-0` |
+//!
+//! The MIG phase shows the instances the plugin created through the backend, and that
+//! unprepare destroyed them and switched MIG mode off again.
 //!
 //! Claims are allocated by the `tessera plan` allocator against the slices the plugin
 //! actually published, as the scheduler would.
@@ -39,12 +44,30 @@ pub const DRIVER: &str = "gpu.tessera.dev";
 pub const NODE: &str = "demo-node";
 pub const NAMESPACE: &str = "demo";
 
-/// One demo claim: a name, and how many devices of which product it asks for.
+/// One demo claim: a name, a DeviceClass, a CEL selector, and a count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DemoClaim {
     pub name: &'static str,
-    pub product_contains: &'static str,
+    pub class: &'static str,
+    /// Attribute `productName` (whole GPUs) or `profile` (MIG) must equal/contain this.
+    pub wants: &'static str,
     pub count: usize,
+}
+
+impl DemoClaim {
+    fn selector(&self) -> String {
+        if self.class == "mig.tessera.dev" {
+            format!(
+                "device.attributes[\"{DRIVER}\"].profile == \"{}\"",
+                self.wants
+            )
+        } else {
+            format!(
+                "device.attributes[\"{DRIVER}\"].productName.contains(\"{}\")",
+                self.wants
+            )
+        }
+    }
 }
 
 /// A phase of the demo.
@@ -56,21 +79,30 @@ pub struct Phase {
 
 /// The demo's phases, in order.
 pub fn phases() -> Vec<Phase> {
-    vec![Phase {
-        title: "whole GPUs",
-        claims: vec![
-            DemoClaim {
-                name: "w1",
-                product_contains: "H100",
-                count: 1,
-            },
-            DemoClaim {
-                name: "w2",
-                product_contains: "T4",
-                count: 2,
-            },
-        ],
-    }]
+    let c = |name, class, wants, count| DemoClaim {
+        name,
+        class,
+        wants,
+        count,
+    };
+    vec![
+        Phase {
+            title: "whole GPUs",
+            claims: vec![
+                c("w1", "gpu.tessera.dev", "H100", 1),
+                c("w2", "gpu.tessera.dev", "T4", 2),
+            ],
+        },
+        Phase {
+            title: "MIG partitions, created on demand on gpu-0",
+            claims: vec![
+                c("m1", "mig.tessera.dev", "1g.10gb", 1),
+                c("m2", "mig.tessera.dev", "1g.10gb", 1),
+                c("m3", "mig.tessera.dev", "1g.10gb", 1),
+                c("m4", "mig.tessera.dev", "3g.40gb", 1),
+            ],
+        },
+    ]
 }
 
 /// What the demo did, for the printed summary and for tests.
@@ -80,6 +112,8 @@ pub struct DemoReport {
     pub prepared: Vec<(String, Vec<String>, Vec<String>, PathBuf)>,
     /// Files left in the CDI dir after the last unprepare (must be empty).
     pub leftover_files: Vec<String>,
+    /// MIG devices left after the MIG phase's unprepare (must be 0).
+    pub mig_left: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,8 +128,8 @@ fn step<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
     move |e| DemoError::Step(format!("{what}: {e}"))
 }
 
-/// The ResourceClaim a demo claim stands for: one request of the `gpu.tessera.dev`
-/// class with a CEL selector on the product name.
+/// The ResourceClaim a demo claim stands for: one request of its class with a CEL
+/// selector on the product name (whole GPUs) or the MIG profile.
 pub fn claim_object(c: &DemoClaim) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
@@ -108,14 +142,11 @@ pub fn claim_object(c: &DemoClaim) -> ResourceClaim {
                 requests: Some(vec![DeviceRequest {
                     name: "gpu".into(),
                     exactly: Some(ExactDeviceRequest {
-                        device_class_name: "gpu.tessera.dev".into(),
+                        device_class_name: c.class.into(),
                         count: Some(c.count as i64),
                         selectors: Some(vec![k8s_openapi::api::resource::v1::DeviceSelector {
                             cel: Some(k8s_openapi::api::resource::v1::CELDeviceSelector {
-                                expression: format!(
-                                    "device.attributes[\"{DRIVER}\"].productName.contains(\"{}\")",
-                                    c.product_contains
-                                ),
+                                expression: c.selector(),
                             }),
                         }]),
                         ..Default::default()
@@ -200,6 +231,7 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         stale_min_age: Duration::from_secs(600),
         publish_debounce: Duration::from_millis(100),
         fail_points: FailPoints::default(),
+        adopt_unknown_mig: false,
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -236,9 +268,13 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
     let dra = DraClient::connect(Path::new(&info.endpoint))
         .await
         .map_err(step("connect"))?;
+    // The whole pool: every slice of the current generation.
     let slices = wait_for("the ResourceSlices", || {
         let s = api.resource_slices();
-        (!s.is_empty()).then_some(s)
+        let complete = s
+            .first()
+            .is_some_and(|f| s.len() as i64 == f.spec.pool.resource_slice_count);
+        complete.then_some(s)
     })
     .await?;
     let _ = writeln!(
@@ -247,6 +283,7 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         slices.len(),
         slices[0].spec.pool.generation
     );
+    let mut mig_count: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
         let attr = |k: &str| {
             d.attributes
@@ -255,6 +292,11 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
                 .and_then(|a| a.string.clone())
                 .unwrap_or_default()
         };
+        if attr("type") == "mig" {
+            let parent = d.name.split("-mig-").next().unwrap_or_default().to_string();
+            mig_count.entry(parent).or_default().push(attr("profile"));
+            continue;
+        }
         let mem = d
             .capacity
             .as_ref()
@@ -269,6 +311,22 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             attr("productName"),
             mem as f64 / (1u64 << 30) as f64,
             attr("resource.kubernetes.io/pcieRoot")
+        );
+    }
+    for (parent, profiles) in &mig_count {
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for p in profiles {
+            match counts.iter_mut().find(|(n, _)| n == p) {
+                Some((_, c)) => *c += 1,
+                None => counts.push((p.clone(), 1)),
+            }
+        }
+        let list: Vec<String> = counts.iter().map(|(p, c)| format!("{p}x{c}")).collect();
+        let _ = writeln!(
+            out,
+            "  {parent}: {} MIG partitions (profile x placements): {}",
+            profiles.len(),
+            list.join(" ")
         );
     }
 
@@ -349,7 +407,7 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
                 "  claim {} ({} x {}): devices {}",
                 c.name,
                 c.count,
-                c.product_contains,
+                c.wants,
                 devices.join(", ")
             );
             for id in &ids {
@@ -364,6 +422,38 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             report
                 .prepared
                 .push((c.name.to_string(), devices, ids, spec));
+        }
+        let mig_minors: std::collections::BTreeSet<u32> = report
+            .prepared
+            .iter()
+            .flat_map(|(_, devs, _, _)| devs.iter())
+            .filter_map(|d| match crate::naming::parse_device_name(d) {
+                Some(crate::naming::DeviceRef::Mig { minor, .. }) => Some(minor),
+                _ => None,
+            })
+            .collect();
+        for minor in &mig_minors {
+            let st = model
+                .backend
+                .mig_status(*minor)
+                .map_err(step("MIG status"))?;
+            let _ = writeln!(
+                out,
+                "  gpu-{minor}: MIG mode {}, {} MIG device(s):",
+                if st.enabled { "on" } else { "off" },
+                st.instances.len()
+            );
+            for i in &st.instances {
+                let uuid = i.ci.as_ref().map(|c| c.uuid.as_str()).unwrap_or("-");
+                let _ = writeln!(
+                    out,
+                    "    GI {:>2} profile {:>2} slices {}..{}  {uuid}",
+                    i.gi_id,
+                    i.profile_id,
+                    i.start,
+                    i.start + i.size
+                );
+            }
         }
         let resp = dra
             .unprepare_v1(&kclaims)
@@ -383,6 +473,19 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             kclaims.len(),
             left.len()
         );
+        for minor in &mig_minors {
+            let st = model
+                .backend
+                .mig_status(*minor)
+                .map_err(step("MIG status"))?;
+            let _ = writeln!(
+                out,
+                "  gpu-{minor}: MIG mode {}, {} MIG device(s) left",
+                if st.enabled { "on" } else { "off" },
+                st.instances.len()
+            );
+            report.mig_left += st.instances.len();
+        }
         report.leftover_files = left;
     }
     let _ = stop_tx.send(());

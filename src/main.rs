@@ -10,7 +10,6 @@ use tessera::backend::mock::StateAccess;
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin::{PluginOptions, PluginPaths};
-use tessera::slices::{PoolParams, build_pool};
 use tessera::state::FailPoints;
 
 #[derive(Parser)]
@@ -123,6 +122,9 @@ struct PluginArgs {
     /// Rolling updates (kubelet >=1.33): this pod's UID, for per-pod socket names.
     #[arg(long, env = "POD_UID")]
     rolling_update_pod_uid: Option<String>,
+    /// Leave MIG devices that no claim accounts for instead of destroying them at start-up.
+    #[arg(long)]
+    adopt_unknown_mig: bool,
     /// Seconds between checks of prepared claims against the API server.
     #[arg(long, default_value = "600")]
     stale_claim_check_seconds: u64,
@@ -211,14 +213,11 @@ fn inventory(a: InventoryArgs) -> Result<()> {
         &paths,
         StateAccess::ReadOnly,
     )?;
-    let slices = build_pool(
-        &PoolParams {
-            driver: &a.driver_name,
-            node_name: &node_name,
-            version: gates.version(),
-        },
-        &model.inventory,
-        &model.gpus,
+    let slices = model.pool(
+        &a.driver_name,
+        &node_name,
+        gates.version(),
+        tessera::slices::ServerFeatures::from_gates(&gates),
     );
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -319,6 +318,7 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         stale_min_age: Duration::from_secs(60),
         publish_debounce: Duration::from_millis(500),
         fail_points,
+        adopt_unknown_mig: a.adopt_unknown_mig,
     };
     tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())

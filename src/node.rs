@@ -5,10 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tracing::warn;
+
 use crate::backend::mock::{MockBackend, MockNode, StateAccess};
 use crate::backend::nvml::NvmlBackend;
-use crate::backend::{BackendError, GpuBackend, NodeInventory};
-use crate::config::{ConfigError, ManagedGpu, NodeConfig};
+use crate::backend::{BackendError, GpuBackend, MigStatus, NodeInventory};
+use crate::config::{ConfigError, GpuMode, ManagedGpu, NodeConfig};
+use crate::kubever::KubeVersion;
+use crate::slices::{self, PoolParams, ServerFeatures};
 
 /// The `--backend` flag: `nvml`, `nvml:LIBPATH`, `mock` or `mock:FILE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,12 +79,51 @@ pub enum NodeError {
     },
 }
 
-/// The discovered node with each managed GPU's mode.
-#[derive(Debug, Clone)]
+/// The discovered node with each managed GPU's mode, and the backend it came from.
+#[derive(Clone)]
 pub struct NodeModel {
     pub inventory: NodeInventory,
     pub config: NodeConfig,
     pub gpus: Vec<ManagedGpu>,
+    /// Live MIG state of each `mig`-mode GPU at discovery.
+    pub mig: BTreeMap<u32, MigStatus>,
+    pub backend: Arc<dyn GpuBackend>,
+}
+
+impl std::fmt::Debug for NodeModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeModel")
+            .field("inventory", &self.inventory)
+            .field("config", &self.config)
+            .field("gpus", &self.gpus)
+            .field("mig", &self.mig)
+            .field("backend", &self.backend.kind())
+            .finish()
+    }
+}
+
+impl NodeModel {
+    /// The pool this node publishes for a server (pure; see [`slices::build_pool`]).
+    pub fn pool(
+        &self,
+        driver: &str,
+        node_name: &str,
+        version: KubeVersion,
+        features: ServerFeatures,
+    ) -> Vec<ResourceSlice> {
+        slices::build_pool(
+            &PoolParams {
+                driver,
+                node_name,
+                version,
+                features,
+                layout: self.config.slice_layout,
+            },
+            &self.inventory,
+            &self.gpus,
+            &self.mig,
+        )
+    }
 }
 
 /// Opens the backend. The mock writes its state file only with `StateAccess::ReadWrite`.
@@ -131,9 +178,25 @@ pub fn load_node(
     };
     let inventory = backend.discover()?;
     let gpus = config.resolve(&inventory, &source)?;
+    let mut mig = BTreeMap::new();
+    for g in gpus
+        .iter()
+        .filter(|g| g.mode == GpuMode::Mig && g.gpu.mig_capable)
+    {
+        match backend.mig_status(g.gpu.minor) {
+            Ok(status) => {
+                mig.insert(g.gpu.minor, status);
+            }
+            Err(e) => {
+                warn!(gpu = g.gpu.minor, error = %e, "cannot read MIG state; assuming no MIG devices")
+            }
+        }
+    }
     Ok(NodeModel {
         inventory,
         config,
         gpus,
+        mig,
+        backend: Arc::from(backend),
     })
 }

@@ -22,8 +22,8 @@ use crate::driver::{DraV1, DraV1beta1, Driver, Registrar};
 use crate::node::NodeModel;
 use crate::proto::{dra_v1, dra_v1beta1, registration};
 use crate::publish::Publisher;
-use crate::slices::{PoolParams, build_pool};
-use crate::state::{DeviceState, FailPoints, PrepareError, StateConfig};
+use crate::slices::ServerFeatures;
+use crate::state::{DeviceState, FailPoints, PrepareError, StateConfig, UnknownMig};
 
 /// The plugin's directories (the CLI's path flags).
 #[derive(Debug, Clone)]
@@ -55,6 +55,20 @@ pub struct PluginOptions {
     pub stale_min_age: Duration,
     pub publish_debounce: Duration,
     pub fail_points: FailPoints,
+    /// Leave MIG devices no claim accounts for instead of destroying them.
+    pub adopt_unknown_mig: bool,
+}
+
+impl PluginOptions {
+    /// The start-up MIG policy for a server with these features: Tessera owns MIG on
+    /// `mig`-mode GPUs only when the server keeps counters (dynamic MIG).
+    pub fn unknown_mig(&self, features: ServerFeatures) -> UnknownMig {
+        match (features.partitionable, self.adopt_unknown_mig) {
+            (false, _) => UnknownMig::Keep,
+            (true, true) => UnknownMig::Adopt,
+            (true, false) => UnknownMig::Destroy,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +85,8 @@ pub enum PluginError {
     Publish(#[from] crate::publish::PublishError),
     #[error("gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
+    #[error("start-up task failed: {0}")]
+    Join(String),
 }
 
 /// `dra.sock`, or `dra-<podUID>.sock` with rolling updates.
@@ -130,7 +146,11 @@ fn listen(path: &Path) -> Result<UnixListener, PluginError> {
 }
 
 /// Opens the device state: discovers driver files and recovers from the previous run.
-pub fn open_state(opts: &PluginOptions, model: &NodeModel) -> Result<DeviceState, PluginError> {
+pub fn open_state(
+    opts: &PluginOptions,
+    model: &NodeModel,
+    unknown_mig: UnknownMig,
+) -> Result<DeviceState, PluginError> {
     let driver_files = cdispec::discover_driver_files(
         &opts.paths.driver_root,
         &opts.paths.host_driver_root,
@@ -155,8 +175,10 @@ pub fn open_state(opts: &PluginOptions, model: &NodeModel) -> Result<DeviceState
         state_dir: opts.paths.state_dir.clone(),
         boot_id: crate::checkpoint::boot_id(&opts.paths.proc_root),
         fail_points: opts.fail_points.clone(),
+        unknown_mig,
     };
-    let (state, _recovery) = DeviceState::open(cfg, model.gpus.clone(), cdi)?;
+    let (state, _recovery) =
+        DeviceState::open(cfg, model.gpus.clone(), model.backend.clone(), cdi)?;
     Ok(state)
 }
 
@@ -169,7 +191,19 @@ pub async fn run(
     client: kube::Client,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PluginError> {
-    let state = Arc::new(open_state(&opts, &model)?);
+    // Gate detection comes first: whether Tessera owns MIG state depends on whether
+    // the server keeps counters.
+    let publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
+    let features = publisher.probe_features().await?;
+    let state_opts = opts.clone();
+    let state_model = model.clone();
+    let state = Arc::new(
+        tokio::task::spawn_blocking(move || {
+            open_state(&state_opts, &state_model, state_opts.unknown_mig(features))
+        })
+        .await
+        .map_err(|e| PluginError::Join(e.to_string()))??,
+    );
     let driver = Driver::new(state.clone(), client.clone());
 
     let dra_path = dra_socket_path(&opts);
@@ -211,15 +245,11 @@ pub async fn run(
     info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
 
     let (bg_stop_tx, bg_stop_rx) = watch::channel(false);
-    let publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
-    let slices = build_pool(
-        &PoolParams {
-            driver: &opts.driver_name,
-            node_name: &opts.node_name,
-            version: publisher.version(),
-        },
-        &model.inventory,
-        &model.gpus,
+    let slices = model.pool(
+        &opts.driver_name,
+        &opts.node_name,
+        publisher.version(),
+        features,
     );
     publisher.prevalidate(&slices)?;
     let (_slices_tx, slices_rx) = watch::channel(slices);

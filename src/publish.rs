@@ -13,15 +13,19 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device, DeviceCapacity,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::kubever::{FeatureGates, KubeVersion, VersionError};
-use crate::slices::parse_slice_index;
+use crate::slices::{ServerFeatures, parse_slice_index};
 use crate::validation;
 
 /// Errors of one publish step. `Display` names the step; the API error is the source.
@@ -164,6 +168,98 @@ impl Publisher {
         dropped.sort();
         dropped.dedup();
         Ok(dropped)
+    }
+
+    /// Learns which gated fields the server keeps by creating two probe slices with
+    /// `dryRun=All` (nothing is stored): one with a counter set (DRAPartitionableDevices)
+    /// and one with a multi-allocatable device with a request policy
+    /// (DRAConsumableCapacity). Run before building the pool, so that Tessera publishes
+    /// a layout the server keeps.
+    pub async fn probe_features(&self) -> Result<ServerFeatures, PublishError> {
+        let probe = |spec: ResourceSliceSpec| ResourceSlice {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("tessera-probe-{}-", self.node)),
+                owner_references: Some(vec![self.owner.clone()]),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: self.driver.clone(),
+                node_name: Some(self.node.clone()),
+                pool: ResourcePool {
+                    name: format!("{}-probe", self.node),
+                    generation: 1,
+                    resource_slice_count: 1,
+                },
+                ..spec
+            },
+        };
+        let dry = PostParams {
+            dry_run: true,
+            field_manager: None,
+        };
+        let counters = probe(ResourceSliceSpec {
+            shared_counters: Some(vec![CounterSet {
+                name: "probe".into(),
+                counters: BTreeMap::from([(
+                    "probe".to_string(),
+                    Counter {
+                        value: Quantity("1".into()),
+                    },
+                )]),
+            }]),
+            ..Default::default()
+        });
+        let stored = self
+            .slices
+            .create(&dry, &counters)
+            .await
+            .map_err(api("dry-run create probe slice"))?;
+        let partitionable = stored.spec.shared_counters.is_some_and(|c| !c.is_empty());
+        let range = CapacityRequestPolicyRange {
+            min: Quantity("1".into()),
+            max: None,
+            step: Some(Quantity("1".into())),
+        };
+        let shared = probe(ResourceSliceSpec {
+            devices: Some(vec![Device {
+                name: "probe".into(),
+                allow_multiple_allocations: Some(true),
+                capacity: Some(BTreeMap::from([(
+                    "probe".to_string(),
+                    DeviceCapacity {
+                        value: Quantity("2".into()),
+                        request_policy: Some(CapacityRequestPolicy {
+                            default: Some(Quantity("1".into())),
+                            valid_range: Some(range),
+                            valid_values: None,
+                        }),
+                    },
+                )])),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let stored = self
+            .slices
+            .create(&dry, &shared)
+            .await
+            .map_err(api("dry-run create probe slice"))?;
+        let consumable_capacity = stored
+            .spec
+            .devices
+            .as_ref()
+            .and_then(|d| d.first())
+            .is_some_and(|d| d.allow_multiple_allocations == Some(true));
+        if !partitionable {
+            info!(
+                kubernetes = %self.version,
+                "the API server drops counter sets (DRAPartitionableDevices off): MIG-mode GPUs publish live MIG devices or the whole GPU"
+            );
+        }
+        Ok(ServerFeatures {
+            partitionable,
+            consumable_capacity,
+        })
     }
 
     fn with_metadata(

@@ -8,14 +8,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::backend::{GpuInfo, NodeInventory};
-use crate::config::ManagedGpu;
-use crate::kubever::KubeVersion;
+use crate::backend::{GpuInfo, MigStatus, NodeInventory};
+use crate::config::{GpuMode, ManagedGpu, SliceLayout};
+use crate::kubever::{FeatureGates, KubeVersion};
+use crate::mig::{GpuModel, MigProfile};
 use crate::naming;
 use crate::versions::normalize_semver;
 
@@ -32,12 +34,47 @@ pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 pub const ATTR_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
+/// What the API server keeps of the gated fields Tessera uses (learned with a
+/// `dryRun=All` probe by the plugin, or from `--k8s-version`/`--gates` offline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerFeatures {
+    /// Counter sets and `consumesCounters` (DRAPartitionableDevices).
+    pub partitionable: bool,
+    /// `allowMultipleAllocations` and request policies (DRAConsumableCapacity).
+    pub consumable_capacity: bool,
+}
+
+impl ServerFeatures {
+    /// What a server with these gates keeps.
+    pub fn from_gates(gates: &FeatureGates) -> Self {
+        ServerFeatures {
+            partitionable: gates.partitionable_devices(),
+            consumable_capacity: gates.consumable_capacity(),
+        }
+    }
+}
+
 /// What the slices are built for.
 #[derive(Debug, Clone)]
 pub struct PoolParams<'a> {
     pub driver: &'a str,
     pub node_name: &'a str,
     pub version: KubeVersion,
+    pub features: ServerFeatures,
+    /// The node config's layout choice; `Auto` follows the version.
+    pub layout: SliceLayout,
+}
+
+impl PoolParams<'_> {
+    /// Whether counter sets go in slices of their own: `split` (≥1.35 shape) or
+    /// `combined` (1.34 shape), `auto` choosing by version.
+    pub fn split_counters(&self) -> bool {
+        match self.layout {
+            SliceLayout::Split => true,
+            SliceLayout::Combined => false,
+            SliceLayout::Auto => self.version.counters_in_own_slices(),
+        }
+    }
 }
 
 /// Most devices one slice may hold on `version` (`kubernetes-dra-api.md` §2.2): 128,
@@ -170,63 +207,306 @@ pub fn whole_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
     }
 }
 
-/// The devices one managed GPU contributes, in publish order.
-///
-/// `mig` and `shared` modes publish the plain whole GPU until partitions and shared
-/// capacity are modelled (MIG and shared-GPU issues); the mode is still decided and
-/// validated by the config.
-pub fn devices_for(gpu: &ManagedGpu, inv: &NodeInventory) -> Vec<Device> {
-    vec![whole_gpu_device(&gpu.gpu, inv)]
+/// Counter names of a MIG-mode GPU's counter set, in the DNS-label form the API
+/// requires, besides `memory-slice-<k>`.
+const MIG_COUNTERS: [&str; 7] = [
+    "memory",
+    "multiprocessors",
+    "copy-engines",
+    "decoders",
+    "encoders",
+    "jpeg-engines",
+    "ofa-engines",
+];
+
+/// `gpu-<minor>-counters`.
+pub fn counter_set_name(minor: u32) -> String {
+    format!("gpu-{minor}-counters")
 }
 
-/// Builds the node's pool: every managed GPU's devices, in minor order, split into
-/// slices at the version's per-slice device limit. Always at least one slice (an empty
-/// one signals "driver up, no devices"). `pool.generation` is 1 here; the publisher
-/// assigns the real generation. Deterministic.
+fn profile_values(p: &MigProfile) -> [u64; 7] {
+    [
+        p.memory_mib << 20,
+        u64::from(p.multiprocessors),
+        u64::from(p.copy_engines),
+        u64::from(p.decoders),
+        u64::from(p.encoders),
+        u64::from(p.jpeg_engines),
+        u64::from(p.ofa_engines),
+    ]
+}
+
+/// The per-dimension maxima across a model's profiles: the counter set's capacity.
+fn model_maxima(model: &GpuModel) -> [u64; 7] {
+    let mut m = [0u64; 7];
+    for p in model.profiles {
+        for (i, v) in profile_values(p).into_iter().enumerate() {
+            m[i] = m[i].max(v);
+        }
+    }
+    m
+}
+
+fn counters(values: [u64; 7], slices: impl Iterator<Item = u32>) -> BTreeMap<String, Counter> {
+    let mut c: BTreeMap<String, Counter> = MIG_COUNTERS
+        .iter()
+        .zip(values)
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                Counter {
+                    value: Quantity(v.to_string()),
+                },
+            )
+        })
+        .collect();
+    for k in slices {
+        c.insert(
+            format!("memory-slice-{k}"),
+            Counter {
+                value: Quantity("1".into()),
+            },
+        );
+    }
+    c
+}
+
+/// The counter set of a MIG-mode GPU: the profile maxima plus one counter per memory
+/// slice. Deterministic.
+pub fn mig_counter_set(minor: u32, model: &GpuModel) -> CounterSet {
+    CounterSet {
+        name: counter_set_name(minor),
+        counters: counters(model_maxima(model), 0..model.memory_slices),
+    }
+}
+
+/// Whether a `mig`-mode GPU gets dynamic partitions: its model is catalogued and it
+/// either switches MIG without a reset (Hopper+) or already has MIG on (Ampere, which
+/// Tessera never resets). Otherwise it behaves as `exclusive`.
+pub fn mig_model(gpu: &ManagedGpu) -> Option<&'static GpuModel> {
+    if gpu.mode != GpuMode::Mig || !gpu.gpu.mig_capable {
+        return None;
+    }
+    let model = crate::mig::model_for_product(&gpu.gpu.product_name)?;
+    (model.reset_free_mig_toggle || gpu.gpu.mig_enabled).then_some(model)
+}
+
+/// Placement order within a profile, for packing under the scheduler's first fit:
+/// small profiles fill the GPU from its end, large ones from its start, so that the
+/// big placements stay free as long as possible. Deterministic.
+pub fn packing_order(model: &GpuModel, p: &MigProfile) -> Vec<u32> {
+    let mut starts = p.placements.to_vec();
+    if p.placement_size() * 2 < model.memory_slices {
+        starts.sort_by(|a, b| b.cmp(a));
+    } else {
+        starts.sort();
+    }
+    starts
+}
+
+/// One MIG partition device (`type: mig`), optionally consuming the GPU's counters.
+pub fn mig_device(
+    gpu: &GpuInfo,
+    inv: &NodeInventory,
+    p: &MigProfile,
+    start: u32,
+    with_counters: bool,
+) -> Device {
+    let mut attrs = gpu_attributes(gpu, inv, device_type::MIG);
+    attrs.remove("uuid");
+    attrs.remove("index");
+    attrs.remove("minor");
+    attrs.remove("migCapable");
+    attrs.insert("profile".into(), string_attr(p.name));
+    attrs.insert("parentUUID".into(), string_attr(&gpu.uuid));
+    attrs.insert("parentMinor".into(), int_attr(i64::from(gpu.minor)));
+    let values = profile_values(p);
+    let cap: BTreeMap<String, DeviceCapacity> = [
+        "memory",
+        "multiprocessors",
+        "copyEngines",
+        "decoders",
+        "encoders",
+        "jpegEngines",
+        "ofaEngines",
+    ]
+    .iter()
+    .zip(values)
+    .map(|(n, v)| (n.to_string(), capacity(v)))
+    .collect();
+    let size = p.placement_size();
+    Device {
+        name: naming::mig_device_name(gpu.minor, p.name, p.profile_id, start),
+        attributes: Some(attrs),
+        capacity: Some(cap),
+        consumes_counters: with_counters.then(|| {
+            vec![DeviceCounterConsumption {
+                counter_set: counter_set_name(gpu.minor),
+                counters: counters(values, start..start + size),
+                compatibility_groups: None,
+            }]
+        }),
+        ..Default::default()
+    }
+}
+
+/// The devices one managed GPU contributes, in publish order, and its counter set.
+///
+/// * `exclusive` (and `shared` until consumable capacity is modelled): the whole GPU.
+/// * `mig` with partitionable devices: the whole GPU consuming every counter (unless
+///   Ampere with MIG on, which offers partitions only), then one device per (profile,
+///   placement) in [`packing_order`], and the GPU's counter set.
+/// * `mig` on a server that drops counters: live MIG instances as static devices, or
+///   the whole GPU when there are none.
+pub fn devices_for(
+    gpu: &ManagedGpu,
+    inv: &NodeInventory,
+    mig: Option<&MigStatus>,
+    features: ServerFeatures,
+) -> (Vec<Device>, Option<CounterSet>) {
+    let Some(model) = mig_model(gpu) else {
+        return (vec![whole_gpu_device(&gpu.gpu, inv)], None);
+    };
+    let g = &gpu.gpu;
+    if !features.partitionable {
+        let live: Vec<Device> = mig
+            .map(|m| m.instances.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|i| {
+                model
+                    .profile_by_id(i.profile_id)
+                    .map(|p| mig_device(g, inv, p, i.start, false))
+            })
+            .collect();
+        if live.is_empty() {
+            return (vec![whole_gpu_device(g, inv)], None);
+        }
+        return (live, None);
+    }
+    let mut devices = Vec::new();
+    if !g.mig_enabled || model.reset_free_mig_toggle {
+        let mut whole = whole_gpu_device(g, inv);
+        whole.consumes_counters = Some(vec![DeviceCounterConsumption {
+            counter_set: counter_set_name(g.minor),
+            counters: counters(model_maxima(model), 0..model.memory_slices),
+            compatibility_groups: None,
+        }]);
+        devices.push(whole);
+    }
+    for p in model.profiles {
+        for start in packing_order(model, p) {
+            devices.push(mig_device(g, inv, p, start, true));
+        }
+    }
+    (devices, Some(mig_counter_set(g.minor, model)))
+}
+
+/// Most counter sets in one slice (≥1.35) and most counters in all sets of one slice
+/// (the 1.34 combined layout).
+const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+const MAX_COUNTERS_PER_COMBINED_SLICE: usize = 32;
+
+fn new_slice(
+    params: &PoolParams<'_>,
+    devices: Option<Vec<Device>>,
+    counter_sets: Option<Vec<CounterSet>>,
+) -> ResourceSlice {
+    ResourceSlice {
+        metadata: ObjectMeta::default(),
+        spec: ResourceSliceSpec {
+            driver: params.driver.to_string(),
+            node_name: Some(params.node_name.to_string()),
+            pool: ResourcePool {
+                name: params.node_name.to_string(),
+                generation: 1,
+                resource_slice_count: 0,
+            },
+            devices,
+            shared_counters: counter_sets,
+            ..Default::default()
+        },
+    }
+}
+
+/// Builds the node's pool: every managed GPU's devices in minor order, split into
+/// slices at the version's limits. With counters, the `split` layout puts counter sets
+/// in slices of their own (at most 8 per slice) followed by device slices (at most 64
+/// devices); the `combined` layout keeps each GPU's counter set with its devices (at
+/// most 32 counters per slice). Always at least one slice (an empty one signals "driver
+/// up, no devices"). `pool.generation` is 1 here; the publisher assigns the real one.
+/// Deterministic.
 pub fn build_pool(
     params: &PoolParams<'_>,
     inv: &NodeInventory,
     gpus: &[ManagedGpu],
+    mig: &BTreeMap<u32, MigStatus>,
 ) -> Vec<ResourceSlice> {
     let mut ordered: Vec<&ManagedGpu> = gpus.iter().collect();
     ordered.sort_by_key(|g| g.gpu.minor);
-    let devices: Vec<Device> = ordered.iter().flat_map(|g| devices_for(g, inv)).collect();
-    let uses_counters = devices
+    let per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
         .iter()
-        .any(|d| d.consumes_counters.is_some() || d.taints.is_some());
-    let per_slice = max_devices_per_slice(params.version, uses_counters);
-    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
-        vec![Vec::new()]
+        .map(|g| devices_for(g, inv, mig.get(&g.gpu.minor), params.features))
+        .collect();
+    let any_counters = per_gpu.iter().any(|(_, c)| c.is_some());
+    let mut slices = Vec::new();
+    if any_counters && !params.split_counters() {
+        // 1.34: a slice holds counter sets with the devices consuming them.
+        let mut cur_devices: Vec<Device> = Vec::new();
+        let mut cur_sets: Vec<CounterSet> = Vec::new();
+        let mut cur_counters = 0;
+        let per_slice = max_devices_per_slice(params.version, false);
+        for (devices, set) in per_gpu {
+            let n = set.as_ref().map_or(0, |s| s.counters.len());
+            if (!cur_sets.is_empty() && cur_counters + n > MAX_COUNTERS_PER_COMBINED_SLICE)
+                || cur_devices.len() + devices.len() > per_slice
+            {
+                slices.push(new_slice(
+                    params,
+                    Some(std::mem::take(&mut cur_devices)),
+                    (!cur_sets.is_empty()).then(|| std::mem::take(&mut cur_sets)),
+                ));
+                cur_counters = 0;
+            }
+            cur_counters += n;
+            cur_sets.extend(set);
+            cur_devices.extend(devices);
+        }
+        if !cur_devices.is_empty() || !cur_sets.is_empty() {
+            slices.push(new_slice(
+                params,
+                Some(cur_devices),
+                (!cur_sets.is_empty()).then_some(cur_sets),
+            ));
+        }
     } else {
-        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
-    };
-    let count = chunks.len();
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, devs)| ResourceSlice {
-            metadata: ObjectMeta {
-                generate_name: Some(slice_generate_name(
-                    i,
-                    count,
-                    params.driver,
-                    params.node_name,
-                )),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: params.driver.to_string(),
-                node_name: Some(params.node_name.to_string()),
-                pool: ResourcePool {
-                    name: params.node_name.to_string(),
-                    generation: 1,
-                    resource_slice_count: count as i64,
-                },
-                devices: Some(devs),
-                ..Default::default()
-            },
-        })
-        .collect()
+        let sets: Vec<CounterSet> = per_gpu.iter().filter_map(|(_, c)| c.clone()).collect();
+        for chunk in sets.chunks(MAX_COUNTER_SETS_PER_SLICE) {
+            slices.push(new_slice(params, None, Some(chunk.to_vec())));
+        }
+        let devices: Vec<Device> = per_gpu.into_iter().flat_map(|(d, _)| d).collect();
+        let uses_counters = devices
+            .iter()
+            .any(|d| d.consumes_counters.is_some() || d.taints.is_some());
+        let per_slice = max_devices_per_slice(params.version, uses_counters);
+        for chunk in devices.chunks(per_slice) {
+            slices.push(new_slice(params, Some(chunk.to_vec()), None));
+        }
+    }
+    if slices.is_empty() {
+        slices.push(new_slice(params, Some(Vec::new()), None));
+    }
+    let count = slices.len();
+    for (i, s) in slices.iter_mut().enumerate() {
+        s.metadata.generate_name = Some(slice_generate_name(
+            i,
+            count,
+            params.driver,
+            params.node_name,
+        ));
+        s.spec.pool.resource_slice_count = count as i64;
+    }
+    slices
 }
 
 #[cfg(test)]
@@ -239,42 +519,124 @@ mod tests {
         let inv = node.inventory();
         let cfg = node.embedded_config().unwrap().unwrap();
         let gpus = cfg.resolve(&inv, "t").unwrap();
+        let version = KubeVersion::new(version).unwrap();
         build_pool(
             &PoolParams {
                 driver: "gpu.tessera.dev",
                 node_name: "node-a",
-                version: KubeVersion::new(version).unwrap(),
+                version,
+                features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
+                layout: SliceLayout::Auto,
             },
             &inv,
             &gpus,
+            &BTreeMap::new(),
         )
     }
 
-    /// The default node publishes one slice with gpu-0..gpu-3 in minor order.
-    #[test]
-    fn default_node_is_one_slice_of_four_gpus() {
-        let slices = default_pool(37);
-        assert_eq!(slices.len(), 1);
-        let names: Vec<_> = slices[0]
-            .spec
+    fn device_names(s: &ResourceSlice) -> Vec<&str> {
+        s.spec
             .devices
-            .as_ref()
-            .unwrap()
             .iter()
+            .flatten()
             .map(|d| d.name.as_str())
-            .collect();
-        assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+            .collect()
+    }
+
+    /// On 1.37 the default node publishes gpu-0's counter set in a slice of its own,
+    /// then one device slice: gpu-0 whole, its 25 partitions, gpu-1..gpu-3.
+    #[test]
+    fn default_node_on_1_37_splits_counters_from_devices() {
+        let slices = default_pool(37);
+        assert_eq!(slices.len(), 2);
+        assert!(slices[0].spec.devices.is_none());
+        let sets = slices[0].spec.shared_counters.as_ref().unwrap();
+        assert_eq!(sets.len(), 1);
+        assert_eq!(sets[0].name, "gpu-0-counters");
+        assert_eq!(sets[0].counters.len(), 15);
+        assert_eq!(sets[0].counters["memory-slice-7"].value.0, "1");
+        let names = device_names(&slices[1]);
+        assert_eq!(names.len(), 29);
+        assert_eq!(names[0], "gpu-0");
+        assert_eq!(&names[26..], ["gpu-1", "gpu-2", "gpu-3"]);
         assert_eq!(
             slices[0].metadata.generate_name.as_deref(),
             Some("00000-gpu.tessera.dev-node-a-")
         );
+        // 1g partitions fill from the end, 3g from the start.
+        let one_g: Vec<_> = names
+            .iter()
+            .filter(|n| n.contains("-mig-1g10gb-19-"))
+            .collect();
+        assert_eq!(one_g.first().copied(), Some(&"gpu-0-mig-1g10gb-19-6"));
+        let three_g: Vec<_> = names
+            .iter()
+            .filter(|n| n.contains("-mig-3g40gb-9-"))
+            .collect();
+        assert_eq!(three_g, [&"gpu-0-mig-3g40gb-9-0", &"gpu-0-mig-3g40gb-9-4"]);
+        // The whole GPU consumes every counter; a partition its slices.
+        let devs = slices[1].spec.devices.as_ref().unwrap();
+        assert_eq!(
+            devs[0].consumes_counters.as_ref().unwrap()[0]
+                .counters
+                .len(),
+            15
+        );
+        let p = devs
+            .iter()
+            .find(|d| d.name == "gpu-0-mig-3g40gb-9-4")
+            .unwrap();
+        let c = &p.consumes_counters.as_ref().unwrap()[0].counters;
+        assert_eq!(c["memory"].value.0, (40448u64 << 20).to_string());
+        let slices_used: Vec<_> = c
+            .keys()
+            .filter(|k| k.starts_with("memory-slice-"))
+            .collect();
+        assert_eq!(
+            slices_used,
+            [
+                "memory-slice-4",
+                "memory-slice-5",
+                "memory-slice-6",
+                "memory-slice-7"
+            ]
+        );
+        let a = p.attributes.as_ref().unwrap();
+        assert_eq!(a["type"].string.as_deref(), Some("mig"));
+        assert_eq!(a["profile"].string.as_deref(), Some("3g.40gb"));
+        assert_eq!(
+            a["parentUUID"].string.as_deref(),
+            Some("GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10")
+        );
+    }
+
+    /// Where the server drops counters (1.34/1.35 defaults), a MIG-mode GPU without
+    /// live MIG devices is published whole, with no counters: one slice of four GPUs.
+    #[test]
+    fn without_partitionable_devices_mig_gpus_are_whole() {
+        for v in [34, 35] {
+            let slices = default_pool(v);
+            assert_eq!(slices.len(), 1, "1.{v}");
+            assert_eq!(
+                device_names(&slices[0]),
+                ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+            );
+            assert!(slices[0].spec.shared_counters.is_none());
+        }
     }
 
     /// Whole-GPU attributes: versions normalized to semver, raw strings kept, PCI topology standard.
     #[test]
     fn whole_gpu_attributes_follow_the_contract() {
         let slices = default_pool(37);
-        let d = &slices[0].spec.devices.as_ref().unwrap()[2];
+        let d = slices[1]
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|d| d.name == "gpu-2")
+            .unwrap();
         let a = d.attributes.as_ref().unwrap();
         assert_eq!(a["type"].string.as_deref(), Some("gpu"));
         assert_eq!(a["productName"].string.as_deref(), Some("Tesla T4"));
@@ -335,9 +697,12 @@ mod tests {
                 driver: "gpu.tessera.dev",
                 node_name: "n",
                 version: KubeVersion::NEWEST,
+                features: ServerFeatures::from_gates(&FeatureGates::defaults(KubeVersion::NEWEST)),
+                layout: SliceLayout::Auto,
             },
             &inv,
             &gpus,
+            &BTreeMap::new(),
         );
         let sizes: Vec<_> = slices
             .iter()

@@ -17,25 +17,29 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_cdi::{SpecWriter, WriteError};
 use tracing::{info, warn};
 
+use crate::backend::{BackendError, GpuBackend};
 use crate::cdispec::{self, CdiContext};
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome,
+    Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome, MigRecord,
     PreparedDevice, unix_now,
 };
 use crate::claims::{ClaimError, plan_claim};
 use crate::config::ManagedGpu;
+use crate::mig::MigError;
 
 /// Points where a test can make the plugin abort (`TESSERA_FAILPOINTS=a,b`).
 pub const FAIL_POINTS: &[&str] = &[
     "prepare-after-started",
+    "prepare-after-mig-create",
     "prepare-after-cdi-write",
     "prepare-before-completed",
+    "unprepare-after-mig-destroy",
     "unprepare-after-cdi-remove",
 ];
 
@@ -81,6 +85,20 @@ pub struct StateConfig {
     pub state_dir: PathBuf,
     pub boot_id: String,
     pub fail_points: FailPoints,
+    /// What start-up does with MIG instances on `mig`-mode GPUs that no claim accounts for.
+    pub unknown_mig: UnknownMig,
+}
+
+/// Start-up policy for MIG instances the checkpoint does not account for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownMig {
+    /// Destroy them: Tessera owns MIG on its `mig`-mode GPUs (dynamic MIG).
+    Destroy,
+    /// Leave them and log (`--adopt-unknown-mig`).
+    Adopt,
+    /// Never touch them: the server drops counters, so MIG devices are published as
+    /// static devices and are not Tessera's to destroy.
+    Keep,
 }
 
 /// Why preparing or unpreparing one claim failed; `Display` + sources go to the kubelet.
@@ -94,6 +112,8 @@ pub enum PrepareError {
     CdiRemove(#[source] WriteError),
     #[error("updating the checkpoint failed")]
     Checkpoint(#[from] CheckpointError),
+    #[error("GPU operation failed")]
+    Backend(#[from] BackendError),
     #[error("taking the node lock {path} failed")]
     Lock {
         path: PathBuf,
@@ -123,12 +143,15 @@ pub struct Recovery {
     pub rolled_back: Vec<String>,
     pub removed_specs: Vec<String>,
     pub removed_temp_files: Vec<String>,
+    /// MIG devices destroyed because no claim accounted for them: (GPU minor, GI ID).
+    pub destroyed_mig: Vec<(u32, u32)>,
 }
 
 /// The prepared claims of this node.
 pub struct DeviceState {
     cfg: StateConfig,
     gpus: Vec<ManagedGpu>,
+    backend: Arc<dyn GpuBackend>,
     cdi: CdiContext,
     writer: SpecWriter,
     store: CheckpointStore,
@@ -146,6 +169,7 @@ impl DeviceState {
     pub fn open(
         cfg: StateConfig,
         gpus: Vec<ManagedGpu>,
+        backend: Arc<dyn GpuBackend>,
         cdi: CdiContext,
     ) -> Result<(Self, Recovery), PrepareError> {
         for dir in [&cfg.cdi_dir, &cfg.plugin_dir, &cfg.state_dir] {
@@ -159,6 +183,7 @@ impl DeviceState {
             store: CheckpointStore::new(cfg.state_dir.clone()),
             cfg,
             gpus,
+            backend,
             cdi,
             mutex: Mutex::new(()),
         };
@@ -247,23 +272,225 @@ impl DeviceState {
                 }
             }
         }
+        rec.destroyed_mig = self.reconcile_mig(&cp)?;
+        self.release_mig_mode(&mut cp)?;
         self.store.store(&cp)?;
-        if !rec.rolled_back.is_empty() || !rec.removed_specs.is_empty() {
+        if !rec.rolled_back.is_empty()
+            || !rec.removed_specs.is_empty()
+            || !rec.destroyed_mig.is_empty()
+        {
             info!(rolled_back = ?rec.rolled_back, removed_specs = ?rec.removed_specs, "recovered from an interrupted run");
         }
         Ok(rec)
     }
 
-    /// Undoes a claim's side effects and forgets it (in `cp`, stored by the caller).
+    /// Undoes a claim's side effects (MIG instances it created, its CDI spec) and
+    /// forgets it, storing the checkpoint.
     fn roll_back(&self, cp: &mut Checkpoint, uid: &str) -> Result<(), PrepareError> {
-        if let Some(rec) = cp.claims.get(uid) {
-            if let Some(spec) = &rec.cdi_spec {
-                remove_spec_file(&self.cfg.cdi_dir, spec)?;
+        let Some(rec) = cp.claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        for m in rec
+            .devices
+            .iter()
+            .filter_map(|d| d.mig.as_ref())
+            .filter(|m| m.created)
+        {
+            // Found by placement: the crash may have come before the GI ID was recorded.
+            let status = self.backend.mig_status(m.gpu_minor)?;
+            if let Some(inst) = status
+                .instances
+                .iter()
+                .find(|i| i.start == m.start && i.profile_id == m.profile_id)
+            {
+                match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
+                    Ok(()) => info!(
+                        claim = uid,
+                        gpu = m.gpu_minor,
+                        gi = inst.gi_id,
+                        "destroyed MIG device of an unfinished prepare"
+                    ),
+                    Err(BackendError::Mig {
+                        source: MigError::NotFound(_),
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
-            cp.claims.remove(uid);
-            self.store.store(cp)?;
+        }
+        if let Some(spec) = &rec.cdi_spec {
+            remove_spec_file(&self.cfg.cdi_dir, spec)?;
+        }
+        cp.claims.remove(uid);
+        self.release_mig_mode(cp)?;
+        self.store.store(cp)?;
+        Ok(())
+    }
+
+    /// Destroys (or, per policy, leaves) MIG devices on dynamic-MIG GPUs that no claim
+    /// in the checkpoint accounts for. Returns what it destroyed.
+    fn reconcile_mig(&self, cp: &Checkpoint) -> Result<Vec<(u32, u32)>, PrepareError> {
+        let mut destroyed = Vec::new();
+        if self.cfg.unknown_mig == UnknownMig::Keep {
+            return Ok(destroyed);
+        }
+        let owned: BTreeSet<(u32, u32, u32)> = cp
+            .claims
+            .values()
+            .flat_map(|r| r.devices.iter().filter_map(|d| d.mig.as_ref()))
+            .map(|m| (m.gpu_minor, m.start, m.profile_id))
+            .collect();
+        for gpu in self
+            .gpus
+            .iter()
+            .filter(|g| crate::slices::mig_model(g).is_some())
+        {
+            let minor = gpu.gpu.minor;
+            let status = self.backend.mig_status(minor)?;
+            for inst in status.instances {
+                if owned.contains(&(minor, inst.start, inst.profile_id)) {
+                    continue;
+                }
+                if self.cfg.unknown_mig == UnknownMig::Adopt {
+                    warn!(
+                        gpu = minor,
+                        gi = inst.gi_id,
+                        "leaving a MIG device no claim accounts for (adopt mode)"
+                    );
+                    continue;
+                }
+                self.backend.destroy_mig(minor, inst.gi_id)?;
+                warn!(
+                    gpu = minor,
+                    gi = inst.gi_id,
+                    profile = inst.profile_id,
+                    "destroyed a MIG device no claim accounts for"
+                );
+                destroyed.push((minor, inst.gi_id));
+            }
+        }
+        Ok(destroyed)
+    }
+
+    /// Switches MIG mode off again on GPUs where Tessera switched it on and no MIG
+    /// device of any claim remains (Hopper and later toggle without a reset).
+    fn release_mig_mode(&self, cp: &mut Checkpoint) -> Result<(), PrepareError> {
+        let in_use: BTreeSet<u32> = cp
+            .claims
+            .values()
+            .flat_map(|r| {
+                r.devices
+                    .iter()
+                    .filter_map(|d| d.mig.as_ref().map(|m| m.gpu_minor))
+            })
+            .collect();
+        for minor in cp.mig_enabled_by_tessera.clone() {
+            if in_use.contains(&minor) {
+                continue;
+            }
+            let status = self.backend.mig_status(minor)?;
+            if status.instances.is_empty() {
+                if status.enabled {
+                    self.backend.set_mig_mode(minor, false)?;
+                    info!(gpu = minor, "switched MIG mode off (no MIG device left)");
+                }
+                cp.mig_enabled_by_tessera.remove(&minor);
+            }
         }
         Ok(())
+    }
+
+    /// Refuses a whole-GPU claim on a GPU with live MIG devices, and switches MIG mode
+    /// off first where Tessera may (reset-free GPUs with no instances).
+    fn check_whole_gpu(
+        &self,
+        cp: &mut Checkpoint,
+        device: &str,
+        minor: u32,
+    ) -> Result<(), PrepareError> {
+        let Some(gpu) = self.gpus.iter().find(|g| g.gpu.minor == minor) else {
+            return Ok(());
+        };
+        if !gpu.gpu.mig_capable {
+            return Ok(());
+        }
+        let status = self.backend.mig_status(minor)?;
+        if !status.instances.is_empty() {
+            return Err(ClaimError::MigInUse {
+                device: device.into(),
+                count: status.instances.len(),
+            }
+            .into());
+        }
+        if status.enabled {
+            let reset_free = crate::mig::model_for_product(&gpu.gpu.product_name)
+                .is_some_and(|m| m.reset_free_mig_toggle);
+            if !reset_free {
+                return Err(ClaimError::MigInUse {
+                    device: device.into(),
+                    count: 0,
+                }
+                .into());
+            }
+            self.backend.set_mig_mode(minor, false)?;
+            cp.mig_enabled_by_tessera.remove(&minor);
+        }
+        Ok(())
+    }
+
+    /// Creates (or adopts) the MIG devices of a claim in `Started` state, recording
+    /// each intent before acting. Returns the (GI, CI) IDs per device, in plan order.
+    fn create_mig_devices(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+    ) -> Result<Vec<Option<cdispec::MigCaps>>, PrepareError> {
+        let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
+        let mut caps = vec![None; count];
+        for i in 0..count {
+            let Some(m) = cp.claims.get(uid).and_then(|r| r.devices[i].mig.clone()) else {
+                continue;
+            };
+            let status = self.backend.mig_status(m.gpu_minor)?;
+            let existing = status.instances.iter().find(|inst| {
+                inst.start == m.start && inst.profile_id == m.profile_id && inst.ci.is_some()
+            });
+            let record = |cp: &mut Checkpoint, f: &dyn Fn(&mut MigRecord)| {
+                if let Some(r) = cp
+                    .claims
+                    .get_mut(uid)
+                    .and_then(|r| r.devices[i].mig.as_mut())
+                {
+                    f(r);
+                }
+            };
+            let inst = match existing {
+                Some(inst) => inst.clone(),
+                None => {
+                    if !status.enabled {
+                        // Recorded before switching, so a crash leaves a known owner.
+                        cp.mig_enabled_by_tessera.insert(m.gpu_minor);
+                        self.store.store(cp)?;
+                        self.backend.set_mig_mode(m.gpu_minor, true)?;
+                        info!(gpu = m.gpu_minor, "switched MIG mode on");
+                    }
+                    record(cp, &|r| r.created = true);
+                    self.store.store(cp)?;
+                    self.backend
+                        .create_mig(m.gpu_minor, m.profile_id, m.start)?
+                }
+            };
+            let ci = inst.ci.clone();
+            record(cp, &|r| {
+                r.gi_id = inst.gi_id;
+                r.ci_id = ci.as_ref().map(|c| c.ci_id);
+                r.uuid = ci.as_ref().map(|c| c.uuid.clone());
+            });
+            self.store.store(cp)?;
+            self.cfg.fail_points.hit("prepare-after-mig-create");
+            caps[i] = Some((inst.gi_id, ci.map_or(0, |c| c.ci_id)));
+        }
+        Ok(caps)
     }
 
     /// Prepares one claim (already fetched from the API server). Idempotent: a claim
@@ -302,9 +529,19 @@ impl DeviceState {
             &self.gpus,
             &held,
         )?;
-        let spec = cdispec::render_claim_spec(&plan, &self.cdi);
+        for d in plan.devices.iter().filter(|d| d.mig.is_none()) {
+            self.check_whole_gpu(&mut cp, &d.device, d.gpu_minor)?;
+        }
+        // Refuse an invalid spec before recording anything (MIG caps predicted from the
+        // placement; the final spec uses the IDs NVML returns).
+        let predicted: Vec<Option<cdispec::MigCaps>> = plan
+            .devices
+            .iter()
+            .map(|d| d.mig.map(|m| (m.gi_id, 0)))
+            .collect();
+        let spec = cdispec::render_claim_spec(&plan, &self.cdi, &predicted)
+            .map_err(|reason| ClaimError::Cdi(reason))?;
         let names = cdispec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
-        // Refuse an invalid spec before recording anything.
         tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;
         let devices: Vec<PreparedDevice> = plan
@@ -318,6 +555,16 @@ impl DeviceState {
                 share_id: d.share_id.clone(),
                 gpu_uuid: d.gpu_uuid.clone(),
                 config: d.config,
+                mig: d.mig.map(|m| MigRecord {
+                    gpu_minor: d.gpu_minor,
+                    profile_id: m.profile_id,
+                    start: m.start,
+                    size: m.size,
+                    gi_id: m.gi_id,
+                    ci_id: None,
+                    uuid: None,
+                    created: false,
+                }),
             })
             .collect();
         cp.claims.insert(
@@ -335,6 +582,9 @@ impl DeviceState {
         self.store.store(&cp)?;
         self.cfg.fail_points.hit("prepare-after-started");
         let result = (|| {
+            let caps = self.create_mig_devices(&mut cp, uid)?;
+            let spec =
+                cdispec::render_claim_spec(&plan, &self.cdi, &caps).map_err(ClaimError::Cdi)?;
             self.writer
                 .write(&names, &spec, cdispec::VERSION_POLICY)
                 .map_err(PrepareError::Cdi)?;
@@ -354,7 +604,11 @@ impl DeviceState {
             }
             return Err(e);
         }
-        Ok(devices)
+        Ok(cp
+            .claims
+            .get(uid)
+            .map(|r| r.devices.clone())
+            .unwrap_or(devices))
     }
 
     /// Unprepares one claim: removes its CDI spec and forgets it. An unknown or
@@ -362,14 +616,44 @@ impl DeviceState {
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         let _l = self.lock()?;
         let (mut cp, _) = self.load()?;
-        let Some(rec) = cp.claims.get(uid) else {
+        let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
+        // Recorded first: from here on the claim is being undone, whatever happens.
+        if let Some(r) = cp.claims.get_mut(uid) {
+            r.state = ClaimState::UnprepareStarted;
+        }
+        self.store.store(&cp)?;
+        // MIG devices first: an IN_USE answer fails the call (the claim stays
+        // "unprepare started" and is not prepared again until undone), so the kubelet
+        // retries.
+        for m in rec
+            .devices
+            .iter()
+            .filter_map(|d| d.mig.as_ref())
+            .filter(|m| m.created)
+        {
+            match self.backend.destroy_mig(m.gpu_minor, m.gi_id) {
+                Ok(()) => info!(
+                    claim = uid,
+                    gpu = m.gpu_minor,
+                    gi = m.gi_id,
+                    "destroyed MIG device"
+                ),
+                Err(BackendError::Mig {
+                    source: MigError::NotFound(_),
+                    ..
+                }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.cfg.fail_points.hit("unprepare-after-mig-destroy");
+        }
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
         self.cfg.fail_points.hit("unprepare-after-cdi-remove");
         cp.claims.remove(uid);
+        self.release_mig_mode(&mut cp)?;
         self.store.store(&cp)?;
         Ok(())
     }

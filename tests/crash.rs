@@ -25,7 +25,12 @@ struct CrashCase {
     spec_at_crash: bool,
     /// The claim's checkpoint state at the moment of the crash.
     state_at_crash: &'static str,
+    /// The device the crashing claim gets: a MIG partition for the MIG steps.
+    device: &'static str,
 }
+
+/// The MIG partition the MIG crash cases prepare (placement 6 of gpu-0).
+const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
 
 /// Every fail point of `tessera::state::FAIL_POINTS`, with its crash scenario.
 const CASES: &[CrashCase] = &[
@@ -34,26 +39,61 @@ const CASES: &[CrashCase] = &[
         call: Call::Prepare,
         spec_at_crash: false,
         state_at_crash: "PrepareStarted",
+        device: "gpu-1",
+    },
+    CrashCase {
+        point: "prepare-after-mig-create",
+        call: Call::Prepare,
+        spec_at_crash: false,
+        state_at_crash: "PrepareStarted",
+        device: MIG_DEVICE,
     },
     CrashCase {
         point: "prepare-after-cdi-write",
         call: Call::Prepare,
         spec_at_crash: true,
         state_at_crash: "PrepareStarted",
+        device: MIG_DEVICE,
     },
     CrashCase {
         point: "prepare-before-completed",
         call: Call::Prepare,
         spec_at_crash: true,
         state_at_crash: "PrepareStarted",
+        device: "gpu-1",
+    },
+    CrashCase {
+        point: "unprepare-after-mig-destroy",
+        call: Call::Unprepare,
+        spec_at_crash: true,
+        state_at_crash: "UnprepareStarted",
+        device: MIG_DEVICE,
     },
     CrashCase {
         point: "unprepare-after-cdi-remove",
         call: Call::Unprepare,
         spec_at_crash: false,
-        state_at_crash: "PrepareCompleted",
+        state_at_crash: "UnprepareStarted",
+        device: MIG_DEVICE,
     },
 ];
+
+/// MIG devices alive on gpu-0 of the simulated node (read from its state file).
+fn live_mig(h: &Harness) -> Vec<(u32, u32)> {
+    use tessera::backend::GpuBackend;
+    use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
+    let b = MockBackend::new(
+        MockNode::embedded_default().unwrap(),
+        h.opts.paths.state_dir.clone(),
+        StateAccess::ReadOnly,
+    );
+    b.mig_status(0)
+        .unwrap()
+        .instances
+        .iter()
+        .map(|i| (i.start, i.profile_id))
+        .collect()
+}
 
 fn case(point: &str) -> &'static CrashCase {
     CASES
@@ -148,18 +188,30 @@ async fn crash_and_recover(point: &str) {
     let h = Harness::new().await;
     let mut child = ChildPlugin::start(&h.api, h.dir.path(), point).await;
     let c = h
-        .allocated_claim("crashing", &[("gpu", NODE, "gpu-1", None)], &[])
+        .allocated_claim("crashing", &[("gpu", NODE, cc.device, None)], &[])
         .await;
     crash_at(&h, &mut child, cc, &c).await;
     drop(child);
+    if point == "prepare-after-mig-create" {
+        assert_eq!(
+            live_mig(&h),
+            [(6, 19)],
+            "{point}: the instance exists at the crash"
+        );
+    }
 
     // Start-up recovery runs in the fresh process.
     let child = ChildPlugin::start(&h.api, h.dir.path(), "").await;
     let k = h.kubelet().await;
-    assert!(!h.spec_path(&c.uid).exists(), "{point}: no orphan spec");
     assert_no_checkpoint_temp(&h, point);
     match cc.call {
         Call::Prepare => {
+            assert!(!h.spec_path(&c.uid).exists(), "{point}: no orphan spec");
+            assert_eq!(
+                live_mig(&h),
+                [],
+                "{point}: recovery destroyed the half-prepared MIG device"
+            );
             assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
@@ -167,7 +219,17 @@ async fn crash_and_recover(point: &str) {
             );
         }
         Call::Unprepare => {
+            // Recovery finished the undo; the kubelet's retried unprepare is a no-op.
+            assert!(
+                !h.checkpoint_claims().contains(&c.uid),
+                "{point}: recovery finished the unprepare"
+            );
             unprepare_ok(&k, &c, point).await;
+            assert!(
+                !h.spec_path(&c.uid).exists(),
+                "{point}: spec removed by the retry"
+            );
+            assert_eq!(live_mig(&h), [], "{point}: no MIG device left");
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
                 "{point}: the retried unprepare forgot the claim"
@@ -186,7 +248,15 @@ async fn crash_and_recover(point: &str) {
     assert_eq!(again, first, "{point}: prepare is idempotent");
     assert_eq!(std::fs::read(h.spec_path(&c.uid)).unwrap(), spec, "{point}");
 
+    if cc.device == MIG_DEVICE {
+        assert_eq!(
+            live_mig(&h),
+            [(6, 19)],
+            "{point}: the retry created the MIG device"
+        );
+    }
     unprepare_ok(&k, &c, point).await;
+    assert_eq!(live_mig(&h), [], "{point}: no MIG device leaked");
     assert_eq!(
         h.cdi_files(),
         Vec::<String>::new(),
@@ -225,11 +295,19 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
     for point in FAIL_POINTS {
         let cc = case(point);
         let h = Harness::new().await;
+        // A completed whole GPU and a completed MIG device beside the crashing claim.
         let done = h
-            .allocated_claim("done", &[("gpu", NODE, "gpu-0", None)], &[])
+            .allocated_claim(
+                "done",
+                &[
+                    ("gpu", NODE, "gpu-2", None),
+                    ("mig", NODE, "gpu-0-mig-1g10gb-19-0", None),
+                ],
+                &[],
+            )
             .await;
         let crashing = h
-            .allocated_claim("crashing", &[("gpu", NODE, "gpu-1", None)], &[])
+            .allocated_claim("crashing", &[("gpu", NODE, cc.device, None)], &[])
             .await;
 
         // Prepared by an earlier, cleanly stopped plugin.
@@ -255,6 +333,10 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
             "{point}"
         );
         assert_eq!(prepare_ok(&k, &done, point).await, before, "{point}");
+        assert!(
+            live_mig(&h).contains(&(0, 19)),
+            "{point}: the completed claim's MIG device survives the restart"
+        );
         assert_eq!(std::fs::read(h.spec_path(&done.uid)).unwrap(), spec);
         if cc.call == Call::Unprepare {
             unprepare_ok(&k, &crashing, point).await;
@@ -264,11 +346,16 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
             [format!("tessera.dev-gpu-{}.json", done.uid)],
             "{point}: only the completed claim's spec is left"
         );
-        assert_eq!(h.checkpoint_claims(), [done.uid.clone()], "{point}");
+        assert_eq!(
+            h.checkpoint_claims(),
+            std::slice::from_ref(&done.uid),
+            "{point}"
+        );
 
         prepare_ok(&k, &crashing, point).await;
         unprepare_ok(&k, &crashing, point).await;
         unprepare_ok(&k, &done, point).await;
+        assert_eq!(live_mig(&h), [], "{point}: no MIG device leaked");
         assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}");
         assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
         assert_no_checkpoint_temp(&h, point);

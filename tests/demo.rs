@@ -1,7 +1,8 @@
 //! `tessera demo` end to end: the claim table is a contract.
 
-/// The whole-GPU phase gives w1 gpu-0 and w2 gpu-2 + gpu-3, writes one spec per claim,
-/// and leaves no file after unprepare.
+/// The whole-GPU phase gives w1 gpu-0 and w2 gpu-2 + gpu-3; the MIG phase packs three
+/// 1g.10gb from the end of gpu-0 and a 3g.40gb at its start, creating and destroying the
+/// instances; one spec per claim, and nothing left after unprepare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_allocates_the_contract_table_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -14,16 +15,19 @@ async fn demo_allocates_the_contract_table_and_leaves_nothing() {
         .iter()
         .map(|(n, d, _, _)| (n.clone(), d.clone()))
         .collect();
-    assert_eq!(
-        table,
-        [
-            ("w1".to_string(), vec!["gpu-0".to_string()]),
-            (
-                "w2".to_string(),
-                vec!["gpu-2".to_string(), "gpu-3".to_string()]
-            ),
-        ]
-    );
+    let want: Vec<(&str, Vec<&str>)> = vec![
+        ("w1", vec!["gpu-0"]),
+        ("w2", vec!["gpu-2", "gpu-3"]),
+        ("m1", vec!["gpu-0-mig-1g10gb-19-6"]),
+        ("m2", vec!["gpu-0-mig-1g10gb-19-5"]),
+        ("m3", vec!["gpu-0-mig-1g10gb-19-4"]),
+        ("m4", vec!["gpu-0-mig-3g40gb-9-0"]),
+    ];
+    let want: Vec<(String, Vec<String>)> = want
+        .into_iter()
+        .map(|(n, d)| (n.to_string(), d.into_iter().map(String::from).collect()))
+        .collect();
+    assert_eq!(table, want);
     for (name, devices, ids, spec) in &report.prepared {
         assert_eq!(ids.len(), devices.len(), "{name}");
         assert!(
@@ -37,5 +41,7 @@ async fn demo_allocates_the_contract_table_and_leaves_nothing() {
         "{:?}",
         report.leftover_files
     );
-    assert!(out.contains("phase: whole GPUs"), "{out}");
+    assert_eq!(report.mig_left, 0, "unprepare destroyed every MIG device");
+    assert!(out.contains("MIG mode on, 4 MIG device(s)"), "{out}");
+    assert!(out.contains("MIG mode off, 0 MIG device(s) left"), "{out}");
 }

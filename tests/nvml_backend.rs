@@ -14,10 +14,11 @@ use std::path::Path;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
-use tessera::backend::mock::DEFAULT_NODE_YAML;
+use tessera::backend::mock::{DEFAULT_NODE_YAML, MockBackend};
 use tessera::backend::nvml::NvmlBackend;
-use tessera::backend::state::STATE_FILE;
-use tessera::backend::{BackendError, GpuBackend};
+use tessera::backend::state::{self, NodeState, STATE_FILE};
+use tessera::backend::{BackendError, ComputeInstance, GpuBackend, MigInstance, MigStatus};
+use tessera::mig::mig_uuid;
 
 use fake_nvml::{FakeHost, with_fake_host};
 
@@ -203,6 +204,444 @@ fn fake_nvml_keeps_the_nvml_init_and_handle_contract() {
             );
             assert!(matches!(dev.mig_mode(), Err(NvmlError::NotSupported)));
             assert_eq!(dev.pci_info().expect("pci").bus_id, "00000000:86:00.0");
+        },
+    );
+}
+
+// ---- MIG through NVML over the fake, against the mock backend on the same node ----
+
+const INVALID_ARGUMENT: u32 = 2;
+const NOT_SUPPORTED: u32 = 3;
+const NOT_FOUND: u32 = 6;
+const IN_USE: u32 = 19;
+const INSUFFICIENT_RESOURCES: u32 = 23;
+
+/// gpu-0 of the default node: an H100 80GB HBM3, MIG-capable, MIG off.
+const H100_UUID: &str = "GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10";
+/// gpu-2 of the default node: a Tesla T4, not MIG-capable.
+const T4_MINOR: u32 = 2;
+
+/// The NVML return code of a MIG refusal; panics on success or any other error.
+fn mig_code<T: std::fmt::Debug>(result: Result<T, BackendError>) -> u32 {
+    match result {
+        Err(BackendError::Mig { source, .. }) => source.nvml_code(),
+        other => panic!("expected a MIG refusal, got {other:?}"),
+    }
+}
+
+/// The MIG device a `create_mig` of profile 19 (1g.10gb) at `start` on gpu-0 makes.
+fn h100_1g(start: u32) -> MigInstance {
+    let gi_id = 7 + start;
+    MigInstance {
+        gi_id,
+        profile_id: 19,
+        start,
+        size: 1,
+        ci: Some(ComputeInstance {
+            ci_id: 0,
+            uuid: mig_uuid(H100_UUID, gi_id, 0),
+        }),
+    }
+}
+
+/// The state file parses and renders back to the very same text: whoever wrote it
+/// last (the fake NVML or the mock backend) wrote exactly what state.rs writes.
+fn assert_state_file_is_canonical(host: &FakeHost) {
+    let text = host.state_text();
+    let parsed = NodeState::parse(&text, Path::new(STATE_FILE)).expect("state file parses");
+    assert_eq!(
+        parsed.render(),
+        text,
+        "state file is not in state.rs's rendering"
+    );
+}
+
+/// Both backends report the same MIG status for `minor`, and return it.
+fn same_status(nvml: &NvmlBackend, mock: &MockBackend, minor: u32) -> MigStatus {
+    let via_mock = mock.mig_status(minor).expect("mock MIG status");
+    assert_eq!(
+        nvml.mig_status(minor).expect("NVML MIG status"),
+        via_mock,
+        "gpu-{minor}"
+    );
+    via_mock
+}
+
+/// A 1g.10gb made through NVML at placement 6 is GI 13 with CI 0 and the MIG UUID
+/// geometry::mig_uuid derives, and the mock backend reads exactly that device back.
+#[test]
+fn a_mig_device_created_through_nvml_is_seen_by_the_mock_backend() {
+    with_fake_host(
+        "a_mig_device_created_through_nvml_is_seen_by_the_mock_backend",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            assert_eq!(nvml.mig_status(0).expect("status"), MigStatus::default());
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            assert!(mock.mig_status(0).expect("mock status").enabled);
+
+            let made = nvml.create_mig(0, 19, 6).expect("create 1g.10gb at 6");
+            assert_eq!(made, h100_1g(6));
+            let uuid = &made.ci.as_ref().expect("a compute instance").uuid;
+            assert!(uuid.starts_with("MIG-"), "{uuid}");
+            let seen = same_status(&nvml, &mock, 0);
+            assert_eq!(
+                seen,
+                MigStatus {
+                    enabled: true,
+                    instances: vec![made]
+                }
+            );
+            // The other H100 is untouched, and discovery still agrees.
+            assert_eq!(same_status(&nvml, &mock, 1), MigStatus::default());
+            assert_eq!(
+                nvml.discover().expect("NVML discovers"),
+                mock.discover().expect("mock discovers")
+            );
+            assert_state_file_is_canonical(host);
+        },
+    );
+}
+
+/// MIG devices the mock backend makes (a 4g, a 2g and a 1g+me) read back through NVML
+/// with the same IDs, placements and UUIDs.
+#[test]
+fn mig_devices_created_through_the_mock_are_seen_through_nvml() {
+    with_fake_host(
+        "mig_devices_created_through_the_mock_are_seen_through_nvml",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.writable_mock_backend();
+            // NVML reads first, so it must notice the mock's later writes.
+            assert_eq!(nvml.mig_status(1).expect("status"), MigStatus::default());
+            mock.set_mig_mode(1, true).expect("MIG mode on");
+            let four = mock.create_mig(1, 5, 0).expect("4g.40gb at 0");
+            let two = mock.create_mig(1, 14, 4).expect("2g.20gb at 4");
+            let me = mock.create_mig(1, 20, 6).expect("1g.10gb+me at 6");
+            assert_eq!(
+                [four.gi_id, two.gi_id, me.gi_id],
+                [1, 5, 13],
+                "heap-index GI IDs"
+            );
+            let status = same_status(&nvml, &mock, 1);
+            assert_eq!(status.instances, vec![four, two, me]);
+            assert!(status.enabled);
+            assert_eq!(
+                nvml.discover().expect("NVML discovers"),
+                mock.discover().expect("mock discovers")
+            );
+        },
+    );
+}
+
+/// A placement that overlaps a live GPU instance, including the very same placement,
+/// is INSUFFICIENT_RESOURCES and makes nothing.
+#[test]
+fn an_overlapping_placement_is_insufficient_resources() {
+    with_fake_host(
+        "an_overlapping_placement_is_insufficient_resources",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            nvml.create_mig(0, 19, 6).expect("1g.10gb at 6");
+            for (profile, start) in [(19, 6), (15, 6), (9, 4), (0, 0)] {
+                assert_eq!(
+                    mig_code(nvml.create_mig(0, profile, start)),
+                    INSUFFICIENT_RESOURCES,
+                    "profile {profile} at {start}"
+                );
+            }
+            assert_eq!(same_status(&nvml, &mock, 0).instances, vec![h100_1g(6)]);
+        },
+    );
+}
+
+/// A start the profile cannot take, or an unknown profile ID, is INVALID_ARGUMENT.
+#[test]
+fn a_placement_outside_the_profile_is_invalid_argument() {
+    with_fake_host(
+        "a_placement_outside_the_profile_is_invalid_argument",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            for (profile, start) in [(19, 7), (14, 1), (15, 3), (5, 4), (99, 0)] {
+                assert_eq!(
+                    mig_code(nvml.create_mig(0, profile, start)),
+                    INVALID_ARGUMENT,
+                    "profile {profile} at {start}"
+                );
+            }
+            assert_eq!(same_status(&nvml, &host.mock_backend(), 0).instances, []);
+        },
+    );
+}
+
+/// Destroying a MIG device with processes on it (`mig-busy`) is IN_USE and leaves the
+/// GPU instance and its compute instance in place; once idle it is destroyed.
+#[test]
+fn destroying_a_busy_mig_device_is_in_use_and_changes_nothing() {
+    with_fake_host(
+        "destroying_a_busy_mig_device_is_in_use_and_changes_nothing",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            nvml.create_mig(0, 19, 6).expect("1g.10gb at 6");
+            let set_busy = |busy: bool| {
+                state::update(&host.state_dir(), |st| {
+                    let mig = st.mig.entry(0).or_default();
+                    if busy {
+                        mig.busy.insert(13);
+                    } else {
+                        mig.busy.remove(&13);
+                    }
+                    Ok::<_, ()>(())
+                })
+                .expect("state update")
+                .expect("change applies");
+            };
+            set_busy(true);
+            assert_eq!(mig_code(nvml.destroy_mig(0, 13)), IN_USE);
+            assert_eq!(same_status(&nvml, &mock, 0).instances, vec![h100_1g(6)]);
+            assert!(host.state_text().contains("mig-busy 13\n"));
+            set_busy(false);
+            nvml.destroy_mig(0, 13)
+                .expect("an idle device is destroyed");
+            assert_eq!(same_status(&nvml, &mock, 0).instances, []);
+        },
+    );
+}
+
+/// A destroyed MIG device is gone for both backends, whichever made or destroyed it,
+/// and destroying it again is NOT_FOUND.
+#[test]
+fn a_destroyed_mig_device_is_gone_on_both_sides() {
+    with_fake_host(
+        "a_destroyed_mig_device_is_gone_on_both_sides",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.writable_mock_backend();
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+
+            nvml.create_mig(0, 19, 6).expect("create through NVML");
+            nvml.destroy_mig(0, 13).expect("destroy through NVML");
+            assert_eq!(same_status(&nvml, &mock, 0).instances, []);
+            assert_eq!(mig_code(nvml.destroy_mig(0, 13)), NOT_FOUND);
+            assert_eq!(mig_code(mock.destroy_mig(0, 13)), NOT_FOUND);
+
+            mock.create_mig(0, 14, 2).expect("create through the mock");
+            nvml.destroy_mig(0, 4).expect("destroy through NVML");
+            assert_eq!(same_status(&nvml, &mock, 0).instances, []);
+
+            nvml.create_mig(0, 19, 0).expect("create through NVML");
+            mock.destroy_mig(0, 7).expect("destroy through the mock");
+            assert_eq!(same_status(&nvml, &mock, 0).instances, []);
+            assert_state_file_is_canonical(host);
+        },
+    );
+}
+
+/// Seven 1g.10gb fill placements 0–6 as GIs 7–13; an eighth finds no room.
+#[test]
+fn an_eighth_1g_device_does_not_fit_after_seven() {
+    with_fake_host(
+        "an_eighth_1g_device_does_not_fit_after_seven",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            for start in 0..7 {
+                assert_eq!(
+                    nvml.create_mig(0, 19, start).expect("1g.10gb"),
+                    h100_1g(start)
+                );
+            }
+            for start in 0..7 {
+                assert_eq!(
+                    mig_code(nvml.create_mig(0, 19, start)),
+                    INSUFFICIENT_RESOURCES
+                );
+            }
+            assert_eq!(
+                same_status(&nvml, &mock, 0).instances,
+                (0..7).map(h100_1g).collect::<Vec<_>>()
+            );
+        },
+    );
+}
+
+/// MIG mode cannot be switched off while MIG devices exist (IN_USE, mode stays on);
+/// with none left it switches off for both backends.
+#[test]
+fn mig_mode_cannot_be_switched_off_while_mig_devices_exist() {
+    with_fake_host(
+        "mig_mode_cannot_be_switched_off_while_mig_devices_exist",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            nvml.set_mig_mode(0, true)
+                .expect("switching on again is a no-op");
+            nvml.create_mig(0, 9, 4).expect("3g.40gb at 4");
+            assert_eq!(mig_code(nvml.set_mig_mode(0, false)), IN_USE);
+            assert!(same_status(&nvml, &mock, 0).enabled);
+            nvml.destroy_mig(0, 2).expect("destroy the 3g");
+            nvml.set_mig_mode(0, false).expect("MIG mode off");
+            assert_eq!(same_status(&nvml, &mock, 0), MigStatus::default());
+            assert_eq!(mig_code(nvml.create_mig(0, 19, 6)), NOT_SUPPORTED);
+        },
+    );
+}
+
+/// A GPU without MIG (the T4) reports MIG off and refuses every MIG change with
+/// NOT_SUPPORTED, through NVML as through the mock.
+#[test]
+fn a_gpu_without_mig_refuses_mig_as_not_supported() {
+    with_fake_host(
+        "a_gpu_without_mig_refuses_mig_as_not_supported",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.writable_mock_backend();
+            assert_eq!(same_status(&nvml, &mock, T4_MINOR), MigStatus::default());
+            let backends: [&dyn GpuBackend; 2] = [&nvml, &mock];
+            for backend in backends {
+                let kind = backend.kind();
+                assert_eq!(
+                    mig_code(backend.set_mig_mode(T4_MINOR, true)),
+                    NOT_SUPPORTED,
+                    "{kind}"
+                );
+                assert_eq!(
+                    mig_code(backend.create_mig(T4_MINOR, 19, 0)),
+                    NOT_SUPPORTED,
+                    "{kind}"
+                );
+                assert_eq!(
+                    mig_code(backend.destroy_mig(T4_MINOR, 7)),
+                    NOT_SUPPORTED,
+                    "{kind}"
+                );
+            }
+            assert!(matches!(
+                nvml.mig_status(9),
+                Err(BackendError::NoSuchGpu(9))
+            ));
+        },
+    );
+}
+
+/// One MIG request of the scenario below.
+#[derive(Debug, Clone, Copy)]
+enum MigRequest {
+    Status(u32),
+    SetMode(u32, bool),
+    Create(u32, u32, u32),
+    Destroy(u32, u32),
+}
+
+/// What a backend answered, comparable across backends.
+#[derive(Debug, PartialEq, Eq)]
+enum MigAnswer {
+    Status(MigStatus),
+    Made(MigInstance),
+    Done,
+    Refused(u32),
+    NoSuchGpu(u32),
+}
+
+fn ask(backend: &dyn GpuBackend, request: MigRequest) -> MigAnswer {
+    let answer = |result: Result<MigAnswer, BackendError>| match result {
+        Ok(answer) => answer,
+        Err(BackendError::Mig { source, .. }) => MigAnswer::Refused(source.nvml_code()),
+        Err(BackendError::NoSuchGpu(minor)) => MigAnswer::NoSuchGpu(minor),
+        Err(other) => panic!("{}: {request:?} failed: {other:?}", backend.kind()),
+    };
+    answer(match request {
+        MigRequest::Status(minor) => backend.mig_status(minor).map(MigAnswer::Status),
+        MigRequest::SetMode(minor, on) => backend.set_mig_mode(minor, on).map(|()| MigAnswer::Done),
+        MigRequest::Create(minor, profile, start) => backend
+            .create_mig(minor, profile, start)
+            .map(MigAnswer::Made),
+        MigRequest::Destroy(minor, gi) => backend.destroy_mig(minor, gi).map(|()| MigAnswer::Done),
+    })
+}
+
+/// The same sequence of MIG requests, from the same node state, gets the same answers
+/// (instances, UUIDs and NVML codes) from the NVML backend over the fake as from the
+/// mock backend, and leaves the same state file.
+#[test]
+fn nvml_and_mock_answer_the_same_mig_requests_identically() {
+    use MigRequest::*;
+    let scenario = [
+        Create(0, 19, 6),
+        Destroy(0, 13),
+        SetMode(0, true),
+        SetMode(0, true),
+        Create(0, 19, 6),
+        Create(0, 19, 6),
+        Create(0, 19, 7),
+        Create(0, 5, 0),
+        Create(0, 9, 0),
+        Create(0, 9, 4),
+        Create(0, 20, 5),
+        Create(0, 20, 4),
+        Create(0, 15, 4),
+        Create(0, 99, 0),
+        SetMode(0, false),
+        Destroy(0, 2),
+        Destroy(0, 12),
+        Status(0),
+        Create(1, 0, 0),
+        SetMode(1, true),
+        Create(1, 0, 0),
+        Create(1, 19, 0),
+        Status(1),
+        Destroy(1, 0),
+        SetMode(1, false),
+        SetMode(T4_MINOR, true),
+        Status(T4_MINOR),
+        Status(9),
+        Create(9, 19, 0),
+    ];
+    with_fake_host(
+        "nvml_and_mock_answer_the_same_mig_requests_identically",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let initial = host.state_text();
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let via_nvml: Vec<_> = scenario.iter().map(|r| ask(&nvml, *r)).collect();
+            let nvml_state = host.state_text();
+
+            host.set_state_text(&initial);
+            let mock = host.writable_mock_backend();
+            let via_mock: Vec<_> = scenario.iter().map(|r| ask(&mock, *r)).collect();
+            for ((request, n), m) in scenario.iter().zip(&via_nvml).zip(&via_mock) {
+                assert_eq!(n, m, "{request:?}: NVML (left) and mock (right) differ");
+            }
+            assert_eq!(nvml_state, host.state_text(), "final state files differ");
+            // The scenario exercises every refusal code, not just successes.
+            for code in [
+                INVALID_ARGUMENT,
+                NOT_SUPPORTED,
+                NOT_FOUND,
+                IN_USE,
+                INSUFFICIENT_RESOURCES,
+            ] {
+                assert!(
+                    via_nvml.contains(&MigAnswer::Refused(code)),
+                    "code {code} unexercised"
+                );
+            }
         },
     );
 }

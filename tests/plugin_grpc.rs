@@ -297,7 +297,9 @@ async fn stale_claims_are_cleaned_up() {
     h.allocated_claim("replaced", &[("gpu", NODE, "gpu-2", None)], &[])
         .await;
 
-    let state = std::sync::Arc::new(plugin::open_state(&h.opts, &h.model).unwrap());
+    let state = std::sync::Arc::new(
+        plugin::open_state(&h.opts, &h.model, tessera::state::UnknownMig::Destroy).unwrap(),
+    );
     let mut removed = plugin::cleanup_once(&state, &h.api.client().unwrap(), Duration::ZERO)
         .await
         .unwrap();
@@ -514,7 +516,9 @@ async fn plugin_requests_stay_within_its_cluster_role() {
     harness::wait_until("republish", || !h.api.resource_slices().is_empty()).await;
     k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
-    let state = std::sync::Arc::new(plugin::open_state(&h.opts, &h.model).unwrap());
+    let state = std::sync::Arc::new(
+        plugin::open_state(&h.opts, &h.model, tessera::state::UnknownMig::Destroy).unwrap(),
+    );
     plugin::cleanup_once(&state, &h.api.client().unwrap(), Duration::ZERO)
         .await
         .unwrap();

@@ -13,10 +13,11 @@ use tessera::backend::GpuInfo;
 use tessera::backend::mock::StateAccess;
 use tessera::config::{GpuMode, ManagedGpu, NodeConfig};
 use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
+use tessera::kubever::FeatureGates;
 use tessera::kubever::KubeVersion;
 use tessera::node::{BackendPaths, BackendSpec, NodeModel, load_node};
 use tessera::publish::Publisher;
-use tessera::slices::{PoolParams, build_pool};
+use tessera::slices::ServerFeatures;
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";
@@ -37,14 +38,11 @@ fn default_model() -> NodeModel {
 }
 
 fn pool(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
-    build_pool(
-        &PoolParams {
-            driver: DRIVER,
-            node_name: NODE,
-            version,
-        },
-        &model.inventory,
-        &model.gpus,
+    model.pool(
+        DRIVER,
+        NODE,
+        version,
+        ServerFeatures::from_gates(&FeatureGates::defaults(version)),
     )
 }
 

@@ -12,10 +12,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::state::{self, GpuMig, NodeState, StateError};
-use super::{BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus, NodeInventory};
+use super::{
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus,
+    NodeInventory,
+};
+use crate::config::NodeConfig;
 use crate::mig::geometry::{self, GpuInstance};
 use crate::mig::{GpuModel, MigError};
-use crate::config::NodeConfig;
 
 /// The embedded default node description.
 pub const DEFAULT_NODE_YAML: &str = include_str!("../../examples/mock-node.yaml");
@@ -264,10 +267,16 @@ impl MockBackend {
                 .ok_or(BackendError::NoSuchGpu(minor))?;
             let mig_err = |source| BackendError::Mig { op, minor, source };
             if !gpu.mig_capable {
-                return Err(mig_err(MigError::NotSupported(format!("{} is not MIG-capable", gpu.product_name))));
+                return Err(mig_err(MigError::NotSupported(format!(
+                    "{} is not MIG-capable",
+                    gpu.product_name
+                ))));
             }
             let model = crate::mig::model_for_product(&gpu.product_name).ok_or_else(|| {
-                mig_err(MigError::NotSupported(format!("no MIG catalog for {}", gpu.product_name)))
+                mig_err(MigError::NotSupported(format!(
+                    "no MIG catalog for {}",
+                    gpu.product_name
+                )))
             })?;
             let m = st.mig.entry(minor).or_default();
             change(gpu, m, model).map_err(mig_err)
@@ -295,7 +304,11 @@ impl GpuBackend for MockBackend {
             .ok_or(BackendError::NoSuchGpu(minor))?;
         Ok(MigStatus {
             enabled: gpu.mig_enabled,
-            instances: st.mig.get(&minor).map(|m| m.instances.clone()).unwrap_or_default(),
+            instances: st
+                .mig
+                .get(&minor)
+                .map(|m| m.instances.clone())
+                .unwrap_or_default(),
         })
     }
 
@@ -311,14 +324,22 @@ impl GpuBackend for MockBackend {
                 )));
             }
             if !enabled && !m.instances.is_empty() {
-                return Err(MigError::InUse(format!("{} MIG instance(s) still exist", m.instances.len())));
+                return Err(MigError::InUse(format!(
+                    "{} MIG instance(s) still exist",
+                    m.instances.len()
+                )));
             }
             gpu.mig_enabled = enabled;
             Ok(())
         })
     }
 
-    fn create_mig(&self, minor: u32, profile_id: u32, start: u32) -> Result<MigInstance, BackendError> {
+    fn create_mig(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
         self.with_gpu("create", minor, |gpu, m, model| {
             if !gpu.mig_enabled {
                 return Err(MigError::NotSupported("MIG mode is disabled".into()));
@@ -359,7 +380,9 @@ impl GpuBackend for MockBackend {
                 .position(|i| i.gi_id == gi_id)
                 .ok_or_else(|| MigError::NotFound(format!("no GPU instance with ID {gi_id}")))?;
             if m.busy.contains(&gi_id) {
-                return Err(MigError::InUse(format!("processes are running on GPU instance {gi_id}")));
+                return Err(MigError::InUse(format!(
+                    "processes are running on GPU instance {gi_id}"
+                )));
             }
             m.instances.remove(pos);
             Ok(())

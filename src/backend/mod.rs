@@ -170,7 +170,12 @@ pub trait GpuBackend: Send + Sync {
     /// Creates a GPU instance of `profile_id` at exactly `start`, then the compute
     /// instance spanning it. On a failed compute-instance creation the GPU instance is
     /// destroyed again, so nothing half-made remains.
-    fn create_mig(&self, minor: u32, profile_id: u32, start: u32) -> Result<MigInstance, BackendError>;
+    fn create_mig(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError>;
 
     /// Destroys the compute instance(s) of GPU instance `gi_id`, then the GPU instance.
     /// `IN_USE` (processes still running) fails the call and changes nothing.

@@ -1,27 +1,60 @@
 //! The production GPU backend: whole-GPU discovery through NVML (nvml-wrapper's safe
 //! API), plus what NVML does not know, read from the host's `/proc` and `/sys`:
-//! character-device majors, the PCIe root complex, and the NUMA node when NVML has none.
+//! character-device majors, the PCIe root complex, and the NUMA node when NVML has none;
+//! and the MIG operations (status, mode, create, destroy) through NVML's MIG API.
 //!
 //! This module is a thin edge: [`NvmlBackend`] makes the calls and maps their errors,
 //! and the decisions (bus-ID normalisation, CUDA cores per SM, `/proc/devices` parsing,
-//! PCIe-root extraction) are pure functions with table tests below. `/proc` and `/sys`
-//! are constructor parameters so that tests point them at a temp dir; the library path
-//! is one too, so that tests load the fake `libnvidia-ml.so.1` from
+//! PCIe-root extraction, which compute-instance profile spans a GPU instance) are pure
+//! functions with table tests below. NVML itself judges every MIG request; its refusals
+//! (codes 2, 3, 6, 19, 23) become [`MigError`]s, any other failure `NvmlCall`.
+//! `/proc` and `/sys` are constructor parameters so that tests point them at a temp dir;
+//! the library path is one too, so that tests load the fake `libnvidia-ml.so.1` from
 //! `tests/fakes/fake_nvml.c`.
+//!
+//! nvml-wrapper 0.13 wraps only part of the MIG API (and its `possible_placements`
+//! always returns nothing), so the rest is called through the raw symbols of
+//! nvml-wrapper-sys, reached through `Nvml::lib()`'s `Result` fields (never the
+//! `NvmlLib` helper methods, which panic on a symbol an older driver lacks). The crate
+//! does not depend on nvml-wrapper-sys directly, so its types are not nameable here:
+//! handles are kept type-erased ([`DeviceHandle`], [`GiHandle`], [`CiHandle`]) and
+//! structs are `#[repr(C)]` mirrors of nvml.h whose size is checked against the
+//! symbol's parameter type at every call ([`out_ptr`]). This is the only `unsafe` in
+//! the crate; every block says why it holds.
 
-use std::ffi::OsStr;
+use std::collections::HashMap;
+use std::ffi::{OsStr, c_void};
 use std::path::{Component, Path, PathBuf};
+use std::ptr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use nvml_wrapper::Nvml;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::struct_wrappers::device::ProfileInfo;
+use nvml_wrapper::{Device, Nvml};
 
-use super::{MigInstance, MigStatus, BackendError, CharMajors, GpuBackend, GpuInfo, NodeInventory};
+use super::{
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus,
+    NodeInventory,
+};
+use crate::mig::MigError;
+use crate::mig::geometry::NVML_GPU_INSTANCE_PROFILE_COUNT;
 
 /// What `Nvml::init()` dlopens when no library path is given.
 const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 
 /// `NVML_DEVICE_MIG_ENABLE` (nvml.h): the value of `MigMode::current` when MIG is on.
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;
+/// `NVML_DEVICE_MIG_DISABLE` (nvml.h).
+const NVML_DEVICE_MIG_DISABLE: u32 = 0;
+/// `NVML_COMPUTE_INSTANCE_PROFILE_COUNT` of nvml.h API 13 (facts A1.0: `7_SLICE_NVL` is
+/// 8). nvml-wrapper-sys 0.10 predates it and says 8.
+const NVML_COMPUTE_INSTANCE_PROFILE_COUNT: u32 = 9;
+/// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`: the only engine profile.
+const NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: u32 = 0;
+/// `NVML_ERROR_INSUFFICIENT_RESOURCES`, which nvml-wrapper has no variant for: it
+/// arrives as `NvmlError::UnexpectedVariant(23)`.
+const NVML_ERROR_INSUFFICIENT_RESOURCES: u32 = 23;
 
 /// The NVIDIA driver seen through NVML. Holds one initialised NVML for its whole life
 /// (NVML is reference counted; `Drop` shuts it down).
@@ -29,6 +62,16 @@ pub struct NvmlBackend {
     nvml: Nvml,
     proc_root: PathBuf,
     sys_root: PathBuf,
+    /// GPU handles by minor, filled by one enumeration on the first MIG operation (and
+    /// again only for a minor it did not find). NVML handles stay valid until shutdown.
+    gpus: Mutex<HashMap<u32, CachedGpu>>,
+}
+
+/// A GPU's handle and NVML index (for error reports), as cached by minor.
+#[derive(Debug, Clone, Copy)]
+struct CachedGpu {
+    index: u32,
+    handle: DeviceHandle,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -68,6 +111,7 @@ impl NvmlBackend {
             nvml,
             proc_root,
             sys_root,
+            gpus: Mutex::new(HashMap::new()),
         })
     }
 
@@ -148,24 +192,729 @@ impl NvmlBackend {
     }
 }
 
+/// Calls the raw NVML entry point `$sym` as `$call` (an `unsafe` call of `$f`), turning
+/// a missing symbol or a failure code into [`CallFailed`] named after the symbol. Uses
+/// `NvmlLib`'s `Result` field, never its helper method (which panics on a missing
+/// symbol). Must be used in a function returning `Result<_, CallFailed>`.
+macro_rules! nvml_call {
+    ($nvml:expr, $sym:ident, |$f:ident| $call:expr) => {{
+        let failed = |source| CallFailed::new(stringify!($sym), source);
+        let $f = nvml_sym($nvml.lib().$sym.as_ref())
+            .copied()
+            .map_err(failed)?;
+        nvml_try($call).map_err(failed)
+    }};
+}
+
+/// Declares a type-erased NVML handle: the pointer NVML gave, cast back to the
+/// symbol's parameter type at each call.
+macro_rules! opaque_handle {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        struct $name(*mut c_void);
+
+        impl $name {
+            fn of<T>(handle: *mut T) -> Self {
+                Self(handle.cast())
+            }
+            fn raw<T>(self) -> *mut T {
+                self.0.cast()
+            }
+        }
+    };
+}
+
+opaque_handle!(
+    /// `nvmlDevice_t`: a GPU or a MIG device.
+    DeviceHandle
+);
+opaque_handle!(
+    /// `nvmlGpuInstance_t`.
+    GiHandle
+);
+opaque_handle!(
+    /// `nvmlComputeInstance_t`.
+    CiHandle
+);
+
+// SAFETY: an NVML device handle is an opaque token that only the library dereferences,
+// and NVML is thread-safe: any thread may pass it to any NVML call. (nvml-wrapper's
+// `Device` is Send + Sync for the same reason.)
+unsafe impl Send for DeviceHandle {}
+// SAFETY: as for Send; the handle is never written through on our side.
+unsafe impl Sync for DeviceHandle {}
+
+/// `nvmlGpuInstancePlacement_t` (8 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct RawPlacement {
+    start: u32,
+    size: u32,
+}
+
+/// `nvmlGpuInstanceInfo_t` (24 bytes): `device` is the parent GPU.
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawGpuInstanceInfo {
+    device: *mut c_void,
+    id: u32,
+    profile_id: u32,
+    placement: RawPlacement,
+}
+
+/// `nvmlComputeInstanceProfileInfo_t` (36 bytes).
+#[repr(C)]
+#[derive(Default)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawComputeInstanceProfileInfo {
+    id: u32,
+    slice_count: u32,
+    instance_count: u32,
+    multiprocessor_count: u32,
+    shared_copy_engine_count: u32,
+    shared_decoder_count: u32,
+    shared_encoder_count: u32,
+    shared_jpeg_count: u32,
+    shared_ofa_count: u32,
+}
+
+/// `nvmlComputeInstanceInfo_t` (32 bytes): `device` is the MIG device of this compute
+/// instance, whose UUID is the `MIG-...` one (facts A2, as the NVIDIA DRA driver reads it).
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawComputeInstanceInfo {
+    device: *mut c_void,
+    gpu_instance: *mut c_void,
+    id: u32,
+    profile_id: u32,
+    placement: RawPlacement,
+}
+
+/// `mirror` as the pointer type an NVML symbol takes (`T`, inferred from the symbol).
+///
+/// # Panics
+/// When `M` and `T` differ in size: the mirror does not match nvml-wrapper-sys, a bug
+/// that the first test calling the symbol catches.
+fn out_ptr<T, M>(mirror: &mut M) -> *mut T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    ptr::from_mut(mirror).cast()
+}
+
+/// As [`out_ptr`], for an array NVML fills: a pointer to the first element.
+fn out_slice<T, M>(mirrors: &mut [M]) -> *mut T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    mirrors.as_mut_ptr().cast()
+}
+
+/// As [`out_ptr`], for an input struct.
+fn in_ptr<T, M>(mirror: &M) -> *const T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    ptr::from_ref(mirror).cast()
+}
+
+/// An NVML call that failed during a MIG operation, before [`MigOp::judge`] decides
+/// whether it is a MIG refusal.
+#[derive(Debug)]
+struct CallFailed {
+    call: &'static str,
+    source: NvmlError,
+}
+
+impl CallFailed {
+    fn new(call: &'static str, source: NvmlError) -> Self {
+        CallFailed { call, source }
+    }
+}
+
+/// One MIG operation on one GPU, for turning NVML failures into `BackendError`s.
+struct MigOp {
+    op: &'static str,
+    minor: u32,
+    index: u32,
+    /// What the operation was about, for messages: `profile 19 at memory slice 6`.
+    subject: String,
+}
+
+impl MigOp {
+    fn new(op: &'static str, minor: u32, index: u32, subject: String) -> Self {
+        MigOp {
+            op,
+            minor,
+            index,
+            subject,
+        }
+    }
+
+    fn refused(&self, source: MigError) -> BackendError {
+        BackendError::Mig {
+            op: self.op,
+            minor: self.minor,
+            source,
+        }
+    }
+
+    /// NVML's MIG refusals (codes 2, 3, 6, 19, 23) as `BackendError::Mig`; any other
+    /// failure (including a symbol the driver lacks) as `BackendError::NvmlCall`.
+    fn judge(&self, failed: CallFailed) -> BackendError {
+        let CallFailed { call, source } = failed;
+        let what = format!("{call} refused {}", self.subject);
+        let refusal = match source {
+            NvmlError::InvalidArg => MigError::InvalidArgument(what),
+            NvmlError::NotSupported => MigError::NotSupported(what),
+            NvmlError::NotFound => MigError::NotFound(what),
+            NvmlError::InUse => MigError::InUse(what),
+            NvmlError::UnexpectedVariant(NVML_ERROR_INSUFFICIENT_RESOURCES) => {
+                MigError::InsufficientResources(what)
+            }
+            source => {
+                return BackendError::NvmlCall {
+                    call,
+                    index: self.index,
+                    source,
+                };
+            }
+        };
+        self.refused(refusal)
+    }
+}
+
+/// MIG mode of a GPU: `None` when it cannot do MIG, else whether MIG is on.
+fn mig_enabled(dev: &Device<'_>) -> Result<Option<bool>, CallFailed> {
+    match dev.mig_mode() {
+        Ok(mode) => Ok(Some(mode.current == NVML_DEVICE_MIG_ENABLE)),
+        Err(e) if is_unsupported(&e) => Ok(None),
+        Err(source) => Err(CallFailed::new("nvmlDeviceGetMigMode", source)),
+    }
+}
+
+/// Every GPU-instance profile the GPU has: NVML profile indices
+/// 0..`NVML_GPU_INSTANCE_PROFILE_COUNT`, skipping those NVML answers NOT_SUPPORTED
+/// (the GPU lacks it) or INVALID_ARGUMENT (beyond this driver's count).
+fn gi_profiles(dev: &Device<'_>) -> Result<Vec<ProfileInfo>, CallFailed> {
+    (0..NVML_GPU_INSTANCE_PROFILE_COUNT)
+        .filter_map(|index| match dev.profile_info(index) {
+            Ok(profile) => Some(Ok(profile)),
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => None,
+            Err(source) => Some(Err(CallFailed::new(
+                "nvmlDeviceGetGpuInstanceProfileInfo",
+                source,
+            ))),
+        })
+        .collect()
+}
+
+/// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of the compute instance spanning a whole
+/// GPU instance of `sm_slices` compute slices (its profile's `sliceCount`): 1g→0,
+/// 2g→1, 3g→2, 4g→3, 7g→4, 8g→5, 6g→6 (facts A1.0). `None` for other counts.
+/// Deterministic.
+pub fn full_gi_ci_profile(sm_slices: u32) -> Option<u32> {
+    match sm_slices {
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+/// Whether MIG mode switches without a GPU reset (Hopper and later, as the NVIDIA DRA
+/// driver decides with `arch >= HOPPER`; an architecture nvml-wrapper does not know is
+/// newer). Deterministic.
+fn switches_mig_without_reset(arch: &DeviceArchitecture) -> bool {
+    matches!(
+        arch,
+        DeviceArchitecture::Hopper | DeviceArchitecture::Blackwell | DeviceArchitecture::Unknown
+    )
+}
+
+/// The MIG implementation: NVML calls only, errors as [`CallFailed`] for the caller's
+/// [`MigOp`] to judge.
+impl NvmlBackend {
+    fn cached_gpus(&self) -> MutexGuard<'_, HashMap<u32, CachedGpu>> {
+        // The map is valid whatever a panicking holder did: entries are only inserted.
+        self.gpus.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached handle of GPU `minor`. Enumerates all GPUs (NVML calls, without the
+    /// cache lock) when it is not cached yet.
+    ///
+    /// # Errors
+    /// `NoSuchGpu`, or `NvmlSystem`/`NvmlCall` when enumeration fails.
+    fn gpu(&self, minor: u32) -> Result<CachedGpu, BackendError> {
+        if let Some(gpu) = self.cached_gpus().get(&minor) {
+            return Ok(*gpu);
+        }
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|source| BackendError::NvmlSystem {
+                call: "nvmlDeviceGetCount_v2",
+                source,
+            })?;
+        let mut found = Vec::new();
+        for index in 0..count {
+            let call = |call: &'static str| {
+                move |source| BackendError::NvmlCall {
+                    call,
+                    index,
+                    source,
+                }
+            };
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(call("nvmlDeviceGetHandleByIndex_v2"))?;
+            let gpu_minor = dev
+                .minor_number()
+                .map_err(call("nvmlDeviceGetMinorNumber"))?;
+            // SAFETY: `handle` only copies the pointer out; it is unsafe to discourage
+            // use, not because reading it can go wrong.
+            let handle = DeviceHandle::of(unsafe { dev.handle() });
+            found.push((gpu_minor, CachedGpu { index, handle }));
+        }
+        let mut cache = self.cached_gpus();
+        cache.extend(found);
+        cache
+            .get(&minor)
+            .copied()
+            .ok_or(BackendError::NoSuchGpu(minor))
+    }
+
+    /// The wrapper's view of a cached GPU (or MIG device) handle.
+    fn device(&self, gpu: CachedGpu) -> Device<'_> {
+        self.wrap(gpu.handle)
+    }
+
+    fn wrap(&self, handle: DeviceHandle) -> Device<'_> {
+        // SAFETY: the handle was obtained from this `Nvml`, and NVML handles stay valid
+        // until `nvmlShutdown`, which only `self.nvml`'s drop calls; the returned
+        // `Device` borrows `self.nvml`, so it cannot outlive it.
+        unsafe { Device::new(handle.raw(), &self.nvml) }
+    }
+
+    /// `NotSupported` unless the GPU can do MIG and MIG mode is on.
+    fn require_mig_on(&self, dev: &Device<'_>, op: &MigOp) -> Result<(), BackendError> {
+        match mig_enabled(dev).map_err(|f| op.judge(f))? {
+            None => Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into()))),
+            Some(false) => Err(op.refused(MigError::NotSupported("MIG mode is off".into()))),
+            Some(true) => Ok(()),
+        }
+    }
+
+    fn read_mig_status(&self, gpu: CachedGpu) -> Result<MigStatus, CallFailed> {
+        let dev = self.device(gpu);
+        let Some(enabled) = mig_enabled(&dev)? else {
+            return Ok(MigStatus::default());
+        };
+        let mut instances = Vec::new();
+        if enabled {
+            for profile in gi_profiles(&dev)? {
+                for gi in self.gpu_instances(gpu.handle, &profile)? {
+                    let cis = self
+                        .compute_instances(gi)?
+                        .into_iter()
+                        .map(|ci| self.ci_info(ci))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    instances.push(MigInstance {
+                        ci: cis.into_iter().min_by_key(|ci| ci.ci_id),
+                        ..self.gi_info(gi)?
+                    });
+                }
+            }
+        }
+        instances.sort_by_key(|i| i.gi_id);
+        Ok(MigStatus { enabled, instances })
+    }
+
+    /// The GPU instances of one profile.
+    fn gpu_instances(
+        &self,
+        dev: DeviceHandle,
+        profile: &ProfileInfo,
+    ) -> Result<Vec<GiHandle>, CallFailed> {
+        let mut handles = vec![ptr::null_mut(); profile.instance_count as usize];
+        let mut count = 0u32;
+        // SAFETY: `dev` is a live device handle of this NVML; `handles` holds the
+        // profile's `instanceCount` handles, the buffer size NVML requires.
+        nvml_call!(self.nvml, nvmlDeviceGetGpuInstances, |f| unsafe {
+            f(dev.raw(), profile.id, handles.as_mut_ptr(), &mut count)
+        })?;
+        handles.truncate(count as usize);
+        Ok(handles.into_iter().map(GiHandle::of).collect())
+    }
+
+    /// A GPU instance's ID, profile ID and placement, as a `MigInstance` without CI.
+    fn gi_info(&self, gi: GiHandle) -> Result<MigInstance, CallFailed> {
+        let mut info = RawGpuInstanceInfo {
+            device: ptr::null_mut(),
+            id: 0,
+            profile_id: 0,
+            placement: RawPlacement::default(),
+        };
+        // SAFETY: `gi` is a live GPU-instance handle from NVML; `info` mirrors
+        // `nvmlGpuInstanceInfo_t` (size checked by `out_ptr`).
+        nvml_call!(self.nvml, nvmlGpuInstanceGetInfo, |f| unsafe {
+            f(gi.raw(), out_ptr(&mut info))
+        })?;
+        Ok(MigInstance {
+            gi_id: info.id,
+            profile_id: info.profile_id,
+            start: info.placement.start,
+            size: info.placement.size,
+            ci: None,
+        })
+    }
+
+    /// The compute instances of a GPU instance, over every compute-instance profile it
+    /// supports (indices NVML answers NOT_SUPPORTED or INVALID_ARGUMENT are skipped).
+    fn compute_instances(&self, gi: GiHandle) -> Result<Vec<CiHandle>, CallFailed> {
+        let mut all = Vec::new();
+        for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            let profile = match self.ci_profile(gi, index) {
+                Ok(profile) => profile,
+                Err(CallFailed {
+                    source: NvmlError::NotSupported | NvmlError::InvalidArg,
+                    ..
+                }) => continue,
+                Err(failed) => return Err(failed),
+            };
+            let mut handles = vec![ptr::null_mut(); profile.instance_count as usize];
+            let mut count = 0u32;
+            // SAFETY: `gi` is a live GPU-instance handle; `handles` holds the profile's
+            // `instanceCount` handles.
+            nvml_call!(self.nvml, nvmlGpuInstanceGetComputeInstances, |f| unsafe {
+                f(gi.raw(), profile.id, handles.as_mut_ptr(), &mut count)
+            })?;
+            handles.truncate(count as usize);
+            all.extend(handles.into_iter().map(CiHandle::of));
+        }
+        Ok(all)
+    }
+
+    /// The compute-instance profile at `index` of a GPU instance (shared engines).
+    fn ci_profile(
+        &self,
+        gi: GiHandle,
+        index: u32,
+    ) -> Result<RawComputeInstanceProfileInfo, CallFailed> {
+        let mut info = RawComputeInstanceProfileInfo::default();
+        // SAFETY: `gi` is a live GPU-instance handle; `info` mirrors
+        // `nvmlComputeInstanceProfileInfo_t` (size checked by `out_ptr`).
+        nvml_call!(
+            self.nvml,
+            nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            |f| unsafe {
+                f(
+                    gi.raw(),
+                    index,
+                    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    out_ptr(&mut info),
+                )
+            }
+        )?;
+        Ok(info)
+    }
+
+    /// A compute instance's ID and the UUID of its MIG device.
+    fn ci_info(&self, ci: CiHandle) -> Result<ComputeInstance, CallFailed> {
+        let mut info = RawComputeInstanceInfo {
+            device: ptr::null_mut(),
+            gpu_instance: ptr::null_mut(),
+            id: 0,
+            profile_id: 0,
+            placement: RawPlacement::default(),
+        };
+        // SAFETY: `ci` is a live compute-instance handle; `info` mirrors
+        // `nvmlComputeInstanceInfo_t` (size checked by `out_ptr`).
+        nvml_call!(self.nvml, nvmlComputeInstanceGetInfo_v2, |f| unsafe {
+            f(ci.raw(), out_ptr(&mut info))
+        })?;
+        let uuid = self
+            .wrap(DeviceHandle::of(info.device))
+            .uuid()
+            .map_err(|source| CallFailed::new("nvmlDeviceGetUUID", source))?;
+        Ok(ComputeInstance {
+            ci_id: info.id,
+            uuid,
+        })
+    }
+
+    /// The placement size of `profile_id` (all its placements share it), from
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` (raw: nvml-wrapper 0.13's
+    /// `possible_placements` never sets the length of its result). `None` when the
+    /// profile has no placements.
+    fn placement_size(
+        &self,
+        dev: DeviceHandle,
+        profile_id: u32,
+    ) -> Result<Option<u32>, CallFailed> {
+        let mut count = 0u32;
+        // SAFETY: `dev` is a live device handle; a null buffer asks for the count only.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+            |f| unsafe { f(dev.raw(), profile_id, ptr::null_mut(), &mut count) }
+        )?;
+        let mut placements = vec![RawPlacement::default(); count as usize];
+        // SAFETY: `placements` holds `count` elements mirroring
+        // `nvmlGpuInstancePlacement_t` (size checked by `out_slice`), and `count` says so.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+            |f| unsafe {
+                f(
+                    dev.raw(),
+                    profile_id,
+                    out_slice(&mut placements),
+                    &mut count,
+                )
+            }
+        )?;
+        placements.truncate(count as usize);
+        Ok(placements.first().map(|p| p.size))
+    }
+
+    fn create_gi(
+        &self,
+        dev: DeviceHandle,
+        profile_id: u32,
+        placement: RawPlacement,
+    ) -> Result<GiHandle, CallFailed> {
+        let mut gi = ptr::null_mut();
+        // SAFETY: `dev` is a live device handle; `placement` mirrors
+        // `nvmlGpuInstancePlacement_t` (size checked by `in_ptr`); `gi` receives a handle.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceCreateGpuInstanceWithPlacement,
+            |f| unsafe { f(dev.raw(), profile_id, in_ptr(&placement), &mut gi) }
+        )?;
+        Ok(GiHandle::of(gi))
+    }
+
+    /// Creates the compute instance of CI profile index `ci_profile` (its ID is looked
+    /// up in the GPU instance's profile info).
+    fn create_ci(&self, gi: GiHandle, ci_profile: u32) -> Result<CiHandle, CallFailed> {
+        let profile = self.ci_profile(gi, ci_profile)?;
+        let mut ci = ptr::null_mut();
+        // SAFETY: `gi` is a live GPU-instance handle; `ci` receives a handle.
+        nvml_call!(
+            self.nvml,
+            nvmlGpuInstanceCreateComputeInstance,
+            |f| unsafe { f(gi.raw(), profile.id, &mut ci) }
+        )?;
+        Ok(CiHandle::of(ci))
+    }
+
+    fn destroy_ci(&self, ci: CiHandle) -> Result<(), CallFailed> {
+        // SAFETY: `ci` is a live compute-instance handle; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlComputeInstanceDestroy, |f| unsafe {
+            f(ci.raw())
+        })
+    }
+
+    fn destroy_gi_handle(&self, gi: GiHandle) -> Result<(), CallFailed> {
+        // SAFETY: `gi` is a live GPU-instance handle; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlGpuInstanceDestroy, |f| unsafe {
+            f(gi.raw())
+        })
+    }
+
+    /// Destroys the compute instances of GPU instance `gi_id`, then the GPU instance.
+    fn destroy_gi(&self, dev: DeviceHandle, gi_id: u32) -> Result<(), CallFailed> {
+        let mut gi = ptr::null_mut();
+        // SAFETY: `dev` is a live device handle; `gi` receives a handle.
+        nvml_call!(self.nvml, nvmlDeviceGetGpuInstanceById, |f| unsafe {
+            f(dev.raw(), gi_id, &mut gi)
+        })?;
+        let gi = GiHandle::of(gi);
+        for ci in self.compute_instances(gi)? {
+            self.destroy_ci(ci)?;
+        }
+        self.destroy_gi_handle(gi)
+    }
+
+    /// Rolls back a half-made MIG device: its compute instance, if any, then the GPU
+    /// instance. Failures are logged; the caller reports the original error.
+    fn undo_create(&self, gi: GiHandle, ci: Option<CiHandle>, op: &MigOp) {
+        let undone = ci
+            .map_or(Ok(()), |ci| self.destroy_ci(ci))
+            .and_then(|()| self.destroy_gi_handle(gi));
+        if let Err(CallFailed { call, source }) = undone {
+            tracing::warn!(
+                minor = op.minor,
+                subject = %op.subject,
+                call,
+                error = %source,
+                "cannot roll back a half-made MIG device; clean-up destroys it later"
+            );
+        }
+    }
+}
+
 impl GpuBackend for NvmlBackend {
     fn kind(&self) -> &'static str {
         "nvml"
     }
 
-    // TEMPORARY (being replaced by the NVML MIG implementation in this change): the
-    // MIG operations refuse with NOT_SUPPORTED instead of touching the driver.
+    /// MIG mode and live MIG devices, read from NVML: GPU instances of every profile
+    /// the GPU has, each with its compute instance (the lowest CI ID) and that MIG
+    /// device's UUID. A GPU that is not MIG-capable reports MIG off and no instances.
+    /// Side effects: NVML reads only.
+    ///
+    /// # Errors
+    /// `NoSuchGpu`; `Mig` for a MIG refusal by NVML; `NvmlCall` for other failures.
     fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
-        Err(BackendError::Mig { op: "status", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+        let gpu = self.gpu(minor)?;
+        let op = MigOp::new("status", minor, gpu.index, "the MIG status".into());
+        self.read_mig_status(gpu).map_err(|f| op.judge(f))
     }
-    fn set_mig_mode(&self, minor: u32, _enabled: bool) -> Result<(), BackendError> {
-        Err(BackendError::Mig { op: "set-mode", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+
+    /// Switches MIG mode with `nvmlDeviceSetMigMode` and checks its activation status.
+    /// A no-op when the mode already is `enabled`. Refused with `NotSupported` on a GPU
+    /// that is not MIG-capable or needs a reset to switch (before Hopper), and with
+    /// `InUse` when NVML refuses to disable MIG while GPU instances exist.
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        let gpu = self.gpu(minor)?;
+        let state = if enabled { "on" } else { "off" };
+        let op = MigOp::new("set-mode", minor, gpu.index, format!("MIG mode {state}"));
+        let dev = self.device(gpu);
+        let want = if enabled {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        };
+        let mode = match dev.mig_mode() {
+            Ok(mode) => mode,
+            Err(e) if is_unsupported(&e) => {
+                return Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into())));
+            }
+            Err(source) => return Err(op.judge(CallFailed::new("nvmlDeviceGetMigMode", source))),
+        };
+        if mode.current == want && mode.pending == want {
+            return Ok(());
+        }
+        let arch = dev
+            .architecture()
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceGetArchitecture", source)))?;
+        if !switches_mig_without_reset(&arch) {
+            return Err(op.refused(MigError::NotSupported(format!(
+                "{arch:?} GPUs need a GPU reset to change MIG mode"
+            ))));
+        }
+        let status = dev
+            .set_mig_mode(enabled)
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceSetMigMode", source)))?;
+        if status != 0 {
+            let failed =
+                CallFailed::new("nvmlDeviceSetMigMode activation", NvmlError::from(status));
+            return Err(op.judge(failed));
+        }
+        // Reset-free GPUs switch at once; a mode left pending would need a reset.
+        let after = dev
+            .mig_mode()
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceGetMigMode", source)))?;
+        if after.current != want {
+            return Err(op.refused(MigError::NotSupported(
+                "the MIG mode change is pending a GPU reset".into(),
+            )));
+        }
+        Ok(())
     }
-    fn create_mig(&self, minor: u32, _profile_id: u32, _start: u32) -> Result<MigInstance, BackendError> {
-        Err(BackendError::Mig { op: "create", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+
+    /// Creates a GPU instance of `profile_id` at memory slice `start` (its size from the
+    /// profile's possible placements), then the compute instance spanning it; if
+    /// anything after the GPU instance fails, what was made is destroyed again.
+    ///
+    /// # Errors
+    /// `Mig`: `NotSupported` when the GPU is not MIG-capable or MIG is off;
+    /// `InvalidArgument` for an unknown profile or a placement the profile cannot take;
+    /// `InsufficientResources` for an occupied placement or a full profile. `NvmlCall`
+    /// for other NVML failures.
+    fn create_mig(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let subject = format!("profile {profile_id} at memory slice {start}");
+        let op = MigOp::new("create", minor, gpu.index, subject);
+        let dev = self.device(gpu);
+        self.require_mig_on(&dev, &op)?;
+        let judge = |f: CallFailed| op.judge(f);
+        let size = self.placement_size(gpu.handle, profile_id).map_err(judge)?;
+        let size = size.ok_or_else(|| {
+            op.refused(MigError::InvalidArgument(format!(
+                "profile {profile_id} has no placements"
+            )))
+        })?;
+        let sm_slices = gi_profiles(&dev)
+            .map_err(judge)?
+            .into_iter()
+            .find(|p| p.id == profile_id)
+            .map(|p| p.slice_count);
+        let ci_profile = sm_slices.and_then(full_gi_ci_profile).ok_or_else(|| {
+            op.refused(MigError::NotSupported(format!(
+                "no compute-instance profile spans profile {profile_id}"
+            )))
+        })?;
+        let gi = self
+            .create_gi(gpu.handle, profile_id, RawPlacement { start, size })
+            .map_err(judge)?;
+        let mut ci = None;
+        let made = (|| -> Result<MigInstance, CallFailed> {
+            let handle = self.create_ci(gi, ci_profile)?;
+            ci = Some(handle);
+            Ok(MigInstance {
+                ci: Some(self.ci_info(handle)?),
+                ..self.gi_info(gi)?
+            })
+        })();
+        made.map_err(|failed| {
+            self.undo_create(gi, ci, &op);
+            op.judge(failed)
+        })
     }
-    fn destroy_mig(&self, minor: u32, _gi_id: u32) -> Result<(), BackendError> {
-        Err(BackendError::Mig { op: "destroy", minor, source: crate::mig::MigError::NotSupported("NVML MIG operations are not wired yet".into()) })
+
+    /// Destroys the compute instances of GPU instance `gi_id`, then the GPU instance.
+    ///
+    /// # Errors
+    /// `Mig`: `NotFound` for no such GPU instance (none exist while MIG is off), `InUse`
+    /// while processes run on it (nothing is destroyed then), `NotSupported` on a GPU
+    /// that is not MIG-capable. `NvmlCall` for other NVML failures.
+    fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError> {
+        let gpu = self.gpu(minor)?;
+        let op = MigOp::new("destroy", minor, gpu.index, format!("GPU instance {gi_id}"));
+        let dev = self.device(gpu);
+        match mig_enabled(&dev).map_err(|f| op.judge(f))? {
+            None => Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into()))),
+            Some(false) => Err(op.refused(MigError::NotFound(format!(
+                "no GPU instance with ID {gi_id}: MIG mode is off"
+            )))),
+            Some(true) => self.destroy_gi(gpu.handle, gi_id).map_err(|f| op.judge(f)),
+        }
     }
 
     /// Enumerates every GPU NVML reports, ordered by minor. Reads NVML,

@@ -169,13 +169,21 @@ impl NodeState {
             }
             if let Some(m) = self.mig.get(&g.minor) {
                 for i in &m.instances {
-                    let _ = writeln!(s, "mig-gi {} {} {} {}", i.gi_id, i.profile_id, i.start, i.size);
+                    let _ = writeln!(
+                        s,
+                        "mig-gi {} {} {} {}",
+                        i.gi_id, i.profile_id, i.start, i.size
+                    );
                     if let Some(ci) = &i.ci {
                         let ci_profile = crate::mig::model_for_product(&g.product_name)
                             .and_then(|m| m.profile_by_id(i.profile_id))
                             .map(|p| p.ci_profile_index)
                             .unwrap_or(0);
-                        let _ = writeln!(s, "mig-ci {} {} {} {}", i.gi_id, ci.ci_id, ci_profile, ci.uuid);
+                        let _ = writeln!(
+                            s,
+                            "mig-ci {} {} {} {}",
+                            i.gi_id, ci.ci_id, ci_profile, ci.uuid
+                        );
                     }
                 }
                 for b in &m.busy {
@@ -398,14 +406,20 @@ impl PartialGpu {
                 if f.len() != 4 {
                     return Err(format!("bad mig-gi `{value}`"));
                 }
-                self.gis.push((num(key, f[0])?, num(key, f[1])?, num(key, f[2])?, num(key, f[3])?));
+                self.gis.push((
+                    num(key, f[0])?,
+                    num(key, f[1])?,
+                    num(key, f[2])?,
+                    num(key, f[3])?,
+                ));
             }
             "mig-ci" => {
                 let f: Vec<&str> = value.split(' ').collect();
                 if f.len() != 4 {
                     return Err(format!("bad mig-ci `{value}`"));
                 }
-                self.cis.push((num(key, f[0])?, num(key, f[1])?, f[3].to_string()));
+                self.cis
+                    .push((num(key, f[0])?, num(key, f[1])?, f[3].to_string()));
             }
             "mig-busy" => {
                 self.busy.insert(num(key, value)?);
@@ -437,8 +451,14 @@ impl PartialGpu {
                 ci,
             });
         }
-        if let Some((g, ..)) = self.cis.iter().find(|(g, ..)| !self.gis.iter().any(|gi| gi.0 == *g)) {
-            return Err(format!("mig-ci names GPU instance {g}, which has no mig-gi line"));
+        if let Some((g, ..)) = self
+            .cis
+            .iter()
+            .find(|(g, ..)| !self.gis.iter().any(|gi| gi.0 == *g))
+        {
+            return Err(format!(
+                "mig-ci names GPU instance {g}, which has no mig-gi line"
+            ));
         }
         let mig = GpuMig {
             instances,

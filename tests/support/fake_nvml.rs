@@ -19,6 +19,7 @@ use std::process::Command;
 
 use tessera::backend::GpuBackend;
 use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
+use tessera::backend::state::STATE_FILE;
 use tessera::backend::{GpuInfo, NodeInventory};
 
 /// Read by the fake library at `nvmlInit`: the directory holding `mock-node.state`.
@@ -141,6 +142,21 @@ impl FakeHost {
     /// A read-only mock backend over the host's state file.
     pub fn mock_backend(&self) -> MockBackend {
         MockBackend::new(self.node(), self.state_dir(), StateAccess::ReadOnly)
+    }
+
+    /// A mock backend that may write the host's state file (MIG changes).
+    pub fn writable_mock_backend(&self) -> MockBackend {
+        MockBackend::new(self.node(), self.state_dir(), StateAccess::ReadWrite)
+    }
+
+    /// The state file's current text.
+    pub fn state_text(&self) -> String {
+        std::fs::read_to_string(self.state_dir().join(STATE_FILE)).expect("read the state file")
+    }
+
+    /// Replaces the state file's text (between scenarios; nothing else writes then).
+    pub fn set_state_text(&self, text: &str) {
+        std::fs::write(self.state_dir().join(STATE_FILE), text).expect("write the state file");
     }
 
     /// Re-runs `test_name` of this test binary in a child process with the host's

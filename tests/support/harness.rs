@@ -56,6 +56,7 @@ pub fn options(root: &Path) -> PluginOptions {
         stale_min_age: Duration::from_secs(3600),
         publish_debounce: Duration::from_millis(50),
         fail_points: FailPoints::default(),
+        adopt_unknown_mig: false,
     }
 }
 
@@ -342,6 +343,8 @@ impl ChildPlugin {
         let reg = plugin::registration_socket_path(&p.plugin_registry_dir, DRIVER, None);
         let _ = std::fs::remove_file(&reg);
         let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            // An abort may dump core where core dumps are on: keep it in the temp dir.
+            .current_dir(root)
             .arg("plugin")
             .args(["--node-name", NODE, "--backend", "mock"])
             .arg("--kubeconfig")
