@@ -220,3 +220,111 @@ fn dropped_counters_fall_back_to_static_devices() {
             .all(|d| d.consumes_counters.is_none())
     );
 }
+
+fn mig_claim(
+    name: &str,
+    class: &str,
+    selector: &str,
+) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {
+            "deviceClassName": class,
+            "selectors": [{"cel": {"expression": selector}}]
+        }}]}}
+    }))
+    .unwrap()
+}
+
+fn default_allocator() -> tessera::allocator::Allocator {
+    let root = tempfile::tempdir().unwrap();
+    let model = tessera::node::load_node(
+        &tessera::node::BackendSpec::Mock(None),
+        None,
+        &tessera::node::BackendPaths {
+            state_dir: root.path().into(),
+            ..Default::default()
+        },
+        StateAccess::ReadOnly,
+    )
+    .unwrap();
+    let v = KubeVersion::NEWEST;
+    let slices = model.pool(
+        DRIVER,
+        "node-a",
+        v,
+        ServerFeatures::from_gates(&FeatureGates::defaults(v)),
+    );
+    tessera::allocator::Allocator::new(
+        &slices,
+        &tessera::plan::read_classes(None).unwrap(),
+        &FeatureGates::defaults(v),
+    )
+    .unwrap()
+}
+
+fn got(r: &k8s_openapi::api::resource::v1::AllocationResult) -> String {
+    r.devices.as_ref().unwrap().results.as_ref().unwrap()[0]
+        .device
+        .clone()
+}
+
+/// Seven 1g.10gb fit on the default node's H100 (gpu-0), packed from its end; an eighth
+/// does not fit (the other H100 is in shared mode).
+#[test]
+fn seven_1g10gb_pack_one_h100() {
+    let mut a = default_allocator();
+    let sel = r#"device.attributes["gpu.tessera.dev"].profile == "1g.10gb""#;
+    let starts: Vec<String> = (0..7)
+        .map(|i| {
+            got(&a
+                .allocate(&mig_claim(&format!("m{i}"), "mig.tessera.dev", sel))
+                .unwrap())
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        (0..7)
+            .rev()
+            .map(|s| format!("gpu-0-mig-1g10gb-19-{s}"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        a.allocate(&mig_claim("m7", "mig.tessera.dev", sel))
+            .is_err()
+    );
+}
+
+/// MIG partitions and the whole GPU exclude each other through counters.
+#[test]
+fn mig_and_whole_gpu_exclude_each_other() {
+    let h100 = r#"device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA H100")"#;
+    let any_mig = r#"device.attributes["gpu.tessera.dev"].profile == "1g.10gb""#;
+    let mut a = default_allocator();
+    // The whole gpu-0 first: then no partition of it is available.
+    assert_eq!(
+        got(&a
+            .allocate(&mig_claim("whole", "gpu.tessera.dev", h100))
+            .unwrap()),
+        "gpu-0"
+    );
+    assert!(
+        a.allocate(&mig_claim("part", "mig.tessera.dev", any_mig))
+            .is_err()
+    );
+    a.release("default", "whole");
+    // A partition first: the next whole-H100 claim gets gpu-1 instead.
+    assert_eq!(
+        got(&a
+            .allocate(&mig_claim("part", "mig.tessera.dev", any_mig))
+            .unwrap()),
+        "gpu-0-mig-1g10gb-19-6"
+    );
+    assert_eq!(
+        got(&a
+            .allocate(&mig_claim("whole", "gpu.tessera.dev", h100))
+            .unwrap()),
+        "gpu-1"
+    );
+}

@@ -645,3 +645,174 @@ fn nvml_and_mock_answer_the_same_mig_requests_identically() {
         },
     );
 }
+
+/// `nvmlGpuInstanceProfileInfo_v2_t` (152 bytes).
+#[repr(C)]
+struct GiProfileInfoV2 {
+    version: u32,
+    id: u32,
+    is_p2p_supported: u32,
+    slice_count: u32,
+    instance_count: u32,
+    counts: [u32; 6],
+    memory_size_mb: u64,
+    name: [u8; 96],
+}
+
+/// `nvmlGpuInstanceProfileInfo_v3_t` (152 bytes): no isP2pSupported, capabilities last.
+#[repr(C)]
+struct GiProfileInfoV3 {
+    version: u32,
+    id: u32,
+    slice_count: u32,
+    instance_count: u32,
+    counts: [u32; 6],
+    memory_size_mb: u64,
+    name: [u8; 96],
+    capabilities: u32,
+}
+
+/// `NVML_STRUCT_VERSION(T, v)`.
+fn struct_version<T>(v: u32) -> u32 {
+    size_of::<T>() as u32 | (v << 24)
+}
+
+fn c_name(name: &[u8]) -> &str {
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    std::str::from_utf8(&name[..end]).expect("UTF-8 name")
+}
+
+/// The fake's MIG entry points keep NVML's contract where the backend does not look:
+/// profile info by index (v1, V with v2/v3, bad versions and indices), possible
+/// placements with the count protocol, remaining capacity, and GI destroy refused
+/// while its CI lives, NOT_FOUND once gone.
+#[test]
+fn fake_nvml_mig_calls_keep_the_nvml_contract() {
+    with_fake_host(
+        "fake_nvml_mig_calls_keep_the_nvml_contract",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let lib_path = host.lib_path();
+            let nvml = Nvml::builder()
+                .lib_path(lib_path.as_os_str())
+                .init()
+                .expect("init");
+            let lib = nvml.lib();
+            let h100 = nvml.device_by_index(0).expect("gpu-0");
+            let t4 = nvml.device_by_index(T4_MINOR).expect("gpu-2");
+            // SAFETY: `handle` only copies the handle out of the wrapper.
+            let dev = unsafe { h100.handle() };
+
+            let one_g = h100.profile_info(0).expect("1g.10gb by index 0");
+            assert_eq!(
+                (
+                    one_g.id,
+                    one_g.slice_count,
+                    one_g.instance_count,
+                    one_g.memory_size_mb
+                ),
+                (19, 1, 7, 9984)
+            );
+            let seven_g = h100.profile_info(4).expect("7g.80gb by index 4");
+            assert_eq!(
+                (seven_g.id, seven_g.slice_count, seven_g.instance_count),
+                (0, 7, 1)
+            );
+            assert!(matches!(h100.profile_info(5), Err(NvmlError::NotSupported)));
+            assert!(matches!(
+                h100.profile_info(0x12),
+                Err(NvmlError::InvalidArg)
+            ));
+            assert!(matches!(t4.profile_info(0), Err(NvmlError::NotSupported)));
+
+            let info_v = lib
+                .nvmlDeviceGetGpuInstanceProfileInfoV
+                .as_ref()
+                .expect("symbol");
+            // SAFETY (all calls below): `dev` is a live handle of this NVML, and every
+            // buffer is a `#[repr(C)]` mirror of the nvml.h struct the symbol takes,
+            // passed with its version or element count.
+            let mut v2: GiProfileInfoV2 = unsafe { std::mem::zeroed() };
+            v2.version = struct_version::<GiProfileInfoV2>(2);
+            assert_eq!(v2.version, 0x0200_0098);
+            assert_eq!(unsafe { info_v(dev, 9, (&raw mut v2).cast()) }, 0);
+            assert_eq!((v2.id, v2.slice_count, v2.instance_count), (15, 1, 4));
+            assert_eq!((v2.is_p2p_supported, v2.memory_size_mb), (0, 20096));
+            assert_eq!(c_name(&v2.name), "MIG 1g.20gb");
+            let mut v3: GiProfileInfoV3 = unsafe { std::mem::zeroed() };
+            v3.version = struct_version::<GiProfileInfoV3>(3);
+            assert_eq!(unsafe { info_v(dev, 2, (&raw mut v3).cast()) }, 0);
+            assert_eq!((v3.id, v3.slice_count, v3.instance_count), (9, 3, 2));
+            assert_eq!(
+                (v3.counts[0], v3.memory_size_mb, v3.capabilities),
+                (60, 40448, 0)
+            );
+            assert_eq!(c_name(&v3.name), "MIG 3g.40gb");
+            v3.version = struct_version::<GiProfileInfoV3>(1);
+            assert_eq!(
+                unsafe { info_v(dev, 2, (&raw mut v3).cast()) },
+                INVALID_ARGUMENT
+            );
+
+            let placements = lib
+                .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+                .as_ref()
+                .expect("symbol");
+            let mut count = 0u32;
+            let no_buffer = std::ptr::null_mut();
+            assert_eq!(unsafe { placements(dev, 15, no_buffer, &mut count) }, 0);
+            assert_eq!(count, 4);
+            let mut buf = [[0u32; 2]; 4];
+            count = 2;
+            let insufficient = unsafe { placements(dev, 15, buf.as_mut_ptr().cast(), &mut count) };
+            assert_eq!((insufficient, count), (7, 4));
+            assert_eq!(
+                unsafe { placements(dev, 15, buf.as_mut_ptr().cast(), &mut count) },
+                0
+            );
+            assert_eq!(buf, [[0, 2], [2, 2], [4, 2], [6, 2]]);
+            assert_eq!(
+                unsafe { placements(dev, 99, buf.as_mut_ptr().cast(), &mut count) },
+                INVALID_ARGUMENT
+            );
+
+            let remaining = lib
+                .nvmlDeviceGetGpuInstanceRemainingCapacity
+                .as_ref()
+                .expect("symbol");
+            assert_eq!(unsafe { remaining(dev, 19, &mut count) }, NOT_SUPPORTED);
+            let backend = open_nvml(host).expect("the fake NVML initialises");
+            backend.set_mig_mode(0, true).expect("MIG mode on");
+            assert_eq!(unsafe { remaining(dev, 19, &mut count) }, 0);
+            assert_eq!(count, 7);
+            backend.create_mig(0, 9, 0).expect("3g.40gb at 0 (GI 1)");
+            assert_eq!(unsafe { remaining(dev, 19, &mut count) }, 0);
+            assert_eq!(count, 3, "only placements 4, 5, 6 remain for 1g");
+
+            let by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().expect("symbol");
+            let destroy_gi = lib.nvmlGpuInstanceDestroy.as_ref().expect("symbol");
+            let get_cis = lib
+                .nvmlGpuInstanceGetComputeInstances
+                .as_ref()
+                .expect("symbol");
+            let destroy_ci = lib.nvmlComputeInstanceDestroy.as_ref().expect("symbol");
+            let mut gi = std::ptr::null_mut();
+            assert_eq!(unsafe { by_id(dev, 2, &mut gi) }, NOT_FOUND);
+            assert_eq!(unsafe { by_id(dev, 1, &mut gi) }, 0);
+            assert_eq!(unsafe { destroy_gi(gi) }, IN_USE, "its CI still lives");
+            let mut cis = [std::ptr::null_mut(); 1];
+            // 3g's full-GI compute instance is CI profile 2; profile 0 does not fit it.
+            assert_eq!(
+                unsafe { get_cis(gi, 0, cis.as_mut_ptr(), &mut count) },
+                NOT_SUPPORTED
+            );
+            assert_eq!(unsafe { get_cis(gi, 2, cis.as_mut_ptr(), &mut count) }, 0);
+            assert_eq!(count, 1);
+            assert_eq!(unsafe { destroy_ci(cis[0]) }, 0);
+            assert_eq!(unsafe { destroy_gi(gi) }, 0);
+            assert_eq!(unsafe { destroy_gi(gi) }, NOT_FOUND, "already destroyed");
+            assert_eq!(backend.mig_status(0).expect("status").instances, []);
+            assert_state_file_is_canonical(host);
+        },
+    );
+}

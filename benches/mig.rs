@@ -1,0 +1,720 @@
+//! MIG benchmarks, three figures; a missed target is reported, never a failure.
+//!
+//! 1. Packing: a seeded stream of MIG requests and releases on 4× H100 replayed through
+//!    the scheduler model (`tessera::allocator`) twice, once with Tessera's device
+//!    order (`slices::packing_order`) and once with each slice's devices sorted by name.
+//! 2. `build_pool` for 8× H100 with every placement, plus the publisher's no-change
+//!    check (two builds compared spec by spec).
+//! 3. What a MIG prepare through `DeviceState` costs beyond the backend's own calls and
+//!    the fsyncs it must do.
+//!
+//! Directories live under `CARGO_TARGET_TMPDIR` (on disk, not a tmpfs `/tmp`).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClaim, DeviceClass,
+    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest,
+    ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera::allocator::{AllocError, Allocator};
+use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
+use tessera::backend::{BackendError, GpuBackend, MigInstance, MigStatus, NodeInventory};
+use tessera::cdispec::CdiContext;
+use tessera::config::{NodeConfig, SliceLayout};
+use tessera::kubever::{FeatureGates, KubeVersion};
+use tessera::mig::GpuModel;
+use tessera::naming::{DeviceRef, parse_device_name};
+use tessera::slices::{PoolParams, ServerFeatures, build_pool};
+use tessera::state::{DeviceState, FailPoints, StateConfig, UnknownMig};
+
+const DRIVER: &str = "gpu.tessera.dev";
+const NODE: &str = "bench-node";
+const H100: &str = "NVIDIA H100 80GB HBM3";
+
+// 1. Packing.
+const PACK_GPUS: u32 = 4;
+const STEPS: usize = 2_000;
+const SEED: u64 = 0x7e55_e7a0;
+const EXTRA_SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
+const RELEASE_PROBABILITY: f64 = 0.4;
+/// Request mix: profile and weight in percent.
+const MIX: [(&str, u64); 6] = [
+    ("1g.10gb", 40),
+    ("1g.20gb", 10),
+    ("2g.20gb", 20),
+    ("3g.40gb", 15),
+    ("4g.40gb", 5),
+    ("7g.80gb", 10),
+];
+
+// 2. Pool build.
+const POOL_GPUS: u32 = 8;
+const POOL_ITERATIONS: usize = 200;
+const TARGET_POOL: Duration = Duration::from_millis(5);
+
+// 3. MIG prepare.
+const PREPARE_ITERATIONS: usize = 200;
+const FSYNC_SAMPLES: usize = 200;
+const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
+/// Atomic writes (file fsync + rename + directory fsync) of one MIG prepare on a GPU
+/// whose MIG mode is already on, counted in `src/state.rs`: checkpoint "started"
+/// (`prepare`), checkpoint "created" and checkpoint with the GI/CI IDs
+/// (`create_mig_devices`), the CDI spec (`SpecWriter::write`), checkpoint "completed".
+/// Switching MIG mode on first adds one more checkpoint store.
+const MIG_PREPARE_FSYNC_PAIRS: u32 = 5;
+const TARGET_OVERHEAD: Duration = Duration::from_millis(1);
+
+fn main() {
+    let started = Instant::now();
+    packing();
+    pool_build();
+    mig_prepare();
+    println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------------
+// 1. Packing comparison
+// ---------------------------------------------------------------------------------
+
+/// What one replay of the stream ended with.
+#[derive(Debug, Clone, Copy, Default)]
+struct Outcome {
+    admitted_before_first_refusal: usize,
+    admitted: usize,
+    refused: usize,
+    free_slices: u32,
+    stranded_slices: u32,
+}
+
+impl Outcome {
+    fn fragmentation(&self) -> f64 {
+        if self.free_slices == 0 {
+            0.0
+        } else {
+            f64::from(self.stranded_slices) / f64::from(self.free_slices)
+        }
+    }
+}
+
+fn packing() {
+    let node = h100_node(PACK_GPUS, false);
+    let version = KubeVersion::NEWEST;
+    let gates = FeatureGates::parse(version, "DRAPartitionableDevices=true").expect("gates");
+    let tessera_order = pool(&node, version, &gates);
+    let name_order: Vec<ResourceSlice> = tessera_order
+        .iter()
+        .cloned()
+        .map(|mut s| {
+            if let Some(d) = s.spec.devices.as_mut() {
+                d.sort_by(|a, b| a.name.cmp(&b.name));
+            }
+            s
+        })
+        .collect();
+    let classes = tessera::plan::read_classes(None).expect("built-in classes");
+    let model = tessera::mig::model_for_product(H100).expect("H100 in the catalog");
+
+    println!(
+        "== 1. MIG packing: {PACK_GPUS}x H100 80GB (mig), 1.{} split layout, {STEPS} steps ==",
+        version.minor()
+    );
+    let mix: Vec<String> = MIX.iter().map(|(p, w)| format!("{p} {w}%")).collect();
+    println!(
+        "stream: release a random live claim with p={RELEASE_PROBABILITY} (when any), else request {}",
+        mix.join(", ")
+    );
+    println!("frag = free memory slices outside a fully free aligned 4-slice block (0-3 or 4-7,");
+    println!("       the only homes of 3g/4g/7g) / all free memory slices, at the end");
+    let orders = [("tessera", &tessera_order), ("name", &name_order)];
+    println!("seed {SEED:#x}:");
+    print_header();
+    for (label, slices) in orders {
+        let o = replay(slices, &classes, &gates, model, SEED);
+        print_outcome(label, &o);
+    }
+    println!(
+        "average of {} more seeds {:?}:",
+        EXTRA_SEEDS.len(),
+        EXTRA_SEEDS
+    );
+    print_header();
+    for (label, slices) in orders {
+        let runs: Vec<Outcome> = EXTRA_SEEDS
+            .iter()
+            .map(|&s| replay(slices, &classes, &gates, model, s))
+            .collect();
+        print_average(label, &runs);
+    }
+}
+
+fn print_header() {
+    println!(
+        "  {:<8} {:>12} {:>9} {:>8} {:>6} {:>9} {:>7}",
+        "order", "before-fail", "admitted", "refused", "free", "stranded", "frag"
+    );
+}
+
+fn print_outcome(label: &str, o: &Outcome) {
+    println!(
+        "  {label:<8} {:>12} {:>9} {:>8} {:>6} {:>9} {:>6.1}%",
+        o.admitted_before_first_refusal,
+        o.admitted,
+        o.refused,
+        o.free_slices,
+        o.stranded_slices,
+        100.0 * o.fragmentation()
+    );
+}
+
+fn print_average(label: &str, runs: &[Outcome]) {
+    let n = runs.len() as f64;
+    let avg = |f: fn(&Outcome) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    println!(
+        "  {label:<8} {:>12.1} {:>9.1} {:>8.1} {:>6.1} {:>9.1} {:>6.1}%",
+        avg(|o| o.admitted_before_first_refusal as f64),
+        avg(|o| o.admitted as f64),
+        avg(|o| o.refused as f64),
+        avg(|o| f64::from(o.free_slices)),
+        avg(|o| f64::from(o.stranded_slices)),
+        100.0 * avg(Outcome::fragmentation)
+    );
+}
+
+/// Replays the stream of `seed` through a fresh allocator on `slices`. Every step
+/// draws the same three numbers whatever the order, so both orders see one stream;
+/// which live claim a release hits is drawn as an index into the live claims.
+fn replay(
+    slices: &[ResourceSlice],
+    classes: &[DeviceClass],
+    gates: &FeatureGates,
+    model: &GpuModel,
+    seed: u64,
+) -> Outcome {
+    let mut alloc = Allocator::new(slices, classes, gates).expect("allocator");
+    assert!(
+        alloc.skipped_pools().is_empty(),
+        "{:?}",
+        alloc.skipped_pools()
+    );
+    let claims: Vec<ResourceClaim> = MIX.iter().map(|(p, _)| mig_request(p)).collect();
+    let total_weight: u64 = MIX.iter().map(|(_, w)| w).sum();
+    let mut rng = XorShift::new(seed);
+    // Memory slices in use per GPU (bit k = slice k), and the live claims.
+    let mut used = vec![0u8; PACK_GPUS as usize];
+    let mut live: Vec<(String, usize, u8)> = Vec::new();
+    let mut out = Outcome::default();
+    for step in 0..STEPS {
+        let (release, pick, which) = (rng.unit(), rng.next() % total_weight, rng.next());
+        if !live.is_empty() && release < RELEASE_PROBABILITY {
+            let (name, gpu, mask) = live.swap_remove((which % live.len() as u64) as usize);
+            assert!(alloc.release("default", &name), "release {name}");
+            used[gpu] &= !mask;
+            continue;
+        }
+        let mut claim = claims[mix_index(pick)].clone();
+        let name = format!("c{step}");
+        claim.metadata.name = Some(name.clone());
+        match alloc.allocate(&claim) {
+            Ok(result) => {
+                let (gpu, mask) = placement(model, &result);
+                assert_eq!(used[gpu] & mask, 0, "{name}: overlapping placement");
+                used[gpu] |= mask;
+                live.push((name, gpu, mask));
+                out.admitted += 1;
+                if out.refused == 0 {
+                    out.admitted_before_first_refusal += 1;
+                }
+            }
+            Err(AllocError::Unsatisfiable(_)) => out.refused += 1,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    for mask in used {
+        let free = 8 - mask.count_ones();
+        let in_free_blocks = 4 * u32::from(mask & 0x0f == 0) + 4 * u32::from(mask & 0xf0 == 0);
+        out.free_slices += free;
+        out.stranded_slices += free - in_free_blocks;
+    }
+    out
+}
+
+/// Index into [`MIX`] of a draw in `0..total weight`.
+fn mix_index(mut pick: u64) -> usize {
+    for (i, (_, w)) in MIX.iter().enumerate() {
+        if pick < *w {
+            return i;
+        }
+        pick -= w;
+    }
+    unreachable!("draw beyond the total weight")
+}
+
+/// The GPU and memory-slice mask of the one MIG device in an allocation.
+fn placement(model: &GpuModel, result: &AllocationResult) -> (usize, u8) {
+    let results = result
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_ref())
+        .expect("allocation results");
+    assert_eq!(results.len(), 1);
+    let Some(DeviceRef::Mig {
+        minor,
+        gi_profile_id,
+        placement_start,
+        ..
+    }) = parse_device_name(&results[0].device)
+    else {
+        panic!("not a MIG device: {}", results[0].device);
+    };
+    let size = model
+        .profile_by_id(gi_profile_id)
+        .expect("catalogued profile")
+        .placement_size();
+    let mask = ((1u16 << size) - 1) << placement_start;
+    (minor as usize, u8::try_from(mask).expect("within 8 slices"))
+}
+
+/// A claim for one MIG device of `profile` (its name is set per step).
+fn mig_request(profile: &str) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "mig".into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: "mig.tessera.dev".into(),
+                        count: Some(1),
+                        selectors: Some(vec![DeviceSelector {
+                            cel: Some(CELDeviceSelector {
+                                expression: format!(
+                                    "device.attributes[\"{DRIVER}\"].profile == \"{profile}\""
+                                ),
+                            }),
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                constraints: None,
+                config: None,
+            }),
+        }),
+        status: None,
+    }
+}
+
+/// xorshift64 seeded through splitmix64, so that small seeds give good streams.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        XorShift((z ^ (z >> 31)).max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Shared node builders
+// ---------------------------------------------------------------------------------
+
+/// A node of `n` H100 80GB, MIG-capable, MIG mode as given.
+fn h100_node(n: u32, mig_enabled: bool) -> MockNode {
+    let mut yaml = String::from(
+        "apiVersion: mock.tessera.dev/v1alpha1\nkind: MockNode\ndriverVersion: \"580.65.06\"\ncudaDriverVersion: \"13.0\"\ncharDevices: {nvidia: 195, nvidia-uvm: 508, nvidia-caps: 511}\ngpus:\n",
+    );
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "- minor: {i}\n  uuid: GPU-{i:08x}-0000-4000-8000-000000000000\n  productName: {H100}\n  brand: Nvidia\n  architecture: Hopper\n  memoryBytes: 85520809984\n  multiprocessors: 132\n  cudaComputeCapability: \"9.0\"\n  pciBusID: \"0000:{:02x}:00.0\"\n  pcieRoot: pci0000:00\n  numaNode: 0\n  migCapable: true\n  migEnabled: {mig_enabled}\n",
+            0x10 + i
+        ));
+    }
+    MockNode::parse(&yaml, "bench-h100").expect("mock node")
+}
+
+/// The node's pool in the split layout, every GPU in `mig` mode (the default for
+/// MIG-capable GPUs), with names as the server would give them.
+fn pool(node: &MockNode, version: KubeVersion, gates: &FeatureGates) -> Vec<ResourceSlice> {
+    let inv = node.inventory();
+    let gpus = NodeConfig::default()
+        .resolve(&inv, "default")
+        .expect("config");
+    let mut slices = build_pool(
+        &PoolParams {
+            driver: DRIVER,
+            node_name: NODE,
+            version,
+            features: ServerFeatures::from_gates(gates),
+            layout: SliceLayout::Split,
+        },
+        &inv,
+        &gpus,
+        &BTreeMap::new(),
+    );
+    for s in &mut slices {
+        s.metadata.name = s
+            .metadata
+            .generate_name
+            .as_ref()
+            .map(|g| format!("{g}bench"));
+    }
+    slices
+}
+
+// ---------------------------------------------------------------------------------
+// 2. Pool build
+// ---------------------------------------------------------------------------------
+
+fn pool_build() {
+    let node = h100_node(POOL_GPUS, false);
+    let inv = node.inventory();
+    let gpus = NodeConfig::default()
+        .resolve(&inv, "default")
+        .expect("config");
+    let version = KubeVersion::NEWEST;
+    let gates = FeatureGates::parse(version, "DRAPartitionableDevices=true").expect("gates");
+    let params = PoolParams {
+        driver: DRIVER,
+        node_name: NODE,
+        version,
+        features: ServerFeatures::from_gates(&gates),
+        layout: SliceLayout::Split,
+    };
+    let no_mig = BTreeMap::new();
+    let mut build = Vec::with_capacity(POOL_ITERATIONS);
+    let mut total = Vec::with_capacity(POOL_ITERATIONS);
+    let mut shape = (0, 0);
+    for _ in 0..POOL_ITERATIONS {
+        let t = Instant::now();
+        let a = build_pool(&params, &inv, &gpus, &no_mig);
+        build.push(t.elapsed());
+        let b = build_pool(&params, &inv, &gpus, &no_mig);
+        // As `Publisher::unchanged`: specs compared with the generation normalized.
+        let norm = |s: &ResourceSlice| {
+            let mut spec = s.spec.clone();
+            spec.pool.generation = 0;
+            spec
+        };
+        let same = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| norm(x) == norm(y));
+        total.push(t.elapsed());
+        assert!(same, "two builds of one node differ");
+        let devices = a
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum();
+        shape = (devices, a.len());
+    }
+    println!(
+        "== 2. build_pool: {POOL_GPUS}x H100 (mig, 1.{} split layout): {} devices in {} slices ==",
+        version.minor(),
+        shape.0,
+        shape.1
+    );
+    print_stats("one build", &mut build);
+    print_stats("two builds + spec diff", &mut total);
+    let p99 = percentile(&mut total, 99.0);
+    println!(
+        "  build + diff p99 {} (target <= {}: {})",
+        ms(p99),
+        ms(TARGET_POOL),
+        verdict(p99 <= TARGET_POOL)
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 3. MIG prepare overhead
+// ---------------------------------------------------------------------------------
+
+/// Forwards every call to the inner backend and adds up the time spent inside it.
+struct TimedBackend<B> {
+    inner: B,
+    nanos: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl<B: GpuBackend> TimedBackend<B> {
+    fn new(inner: B) -> Self {
+        TimedBackend {
+            inner,
+            nanos: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    fn timed<T>(&self, f: impl FnOnce(&B) -> T) -> T {
+        let t = Instant::now();
+        let out = f(&self.inner);
+        let spent = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(spent, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        out
+    }
+
+    /// Time spent in the inner backend and calls made since the last take.
+    fn take(&self) -> (Duration, u64) {
+        (
+            Duration::from_nanos(self.nanos.swap(0, Ordering::Relaxed)),
+            self.calls.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
+impl<B: GpuBackend> GpuBackend for TimedBackend<B> {
+    fn kind(&self) -> &'static str {
+        self.timed(|b| b.kind())
+    }
+
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        self.timed(|b| b.discover())
+    }
+
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        self.timed(|b| b.mig_status(minor))
+    }
+
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.timed(|b| b.set_mig_mode(minor, enabled))
+    }
+
+    fn create_mig(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        self.timed(|b| b.create_mig(minor, profile_id, start))
+    }
+
+    fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError> {
+        self.timed(|b| b.destroy_mig(minor, gi_id))
+    }
+}
+
+fn mig_prepare() {
+    let root = tempfile::Builder::new()
+        .prefix("mig-bench-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temp dir");
+    // MIG mode already on, as on a busy `mig` GPU: no mode switch per prepare.
+    let node = h100_node(1, true);
+    let inv = node.inventory();
+    let gpus = NodeConfig::default()
+        .resolve(&inv, "default")
+        .expect("config");
+    let backend = Arc::new(TimedBackend::new(MockBackend::new(
+        node,
+        root.path().join("mock"),
+        StateAccess::ReadWrite,
+    )));
+    let cfg = StateConfig {
+        driver: DRIVER.into(),
+        pool: NODE.into(),
+        cdi_dir: root.path().join("cdi"),
+        plugin_dir: root.path().join("plugin"),
+        state_dir: root.path().join("state"),
+        boot_id: "bench-boot".into(),
+        fail_points: FailPoints::default(),
+        unknown_mig: UnknownMig::Destroy,
+    };
+    let cdi = CdiContext {
+        host_dev_root: PathBuf::from("/"),
+        majors: inv.char_majors,
+        driver_files: Vec::new(),
+    };
+    let state_dir = cfg.state_dir.clone();
+    let (state, _) = DeviceState::open(cfg, gpus, backend.clone(), cdi).expect("open state");
+
+    let mut total = Vec::with_capacity(PREPARE_ITERATIONS);
+    let mut inside = Vec::with_capacity(PREPARE_ITERATIONS);
+    let mut beyond = Vec::with_capacity(PREPARE_ITERATIONS);
+    let mut calls = 0;
+    for i in 0..PREPARE_ITERATIONS {
+        let uid = format!("00000000-0000-4000-8000-{i:012x}");
+        let claim = allocated_mig_claim(&format!("mig-{i}"), &uid);
+        backend.take();
+        let t = Instant::now();
+        let devices = state.prepare(&claim, &uid).expect("prepare");
+        let elapsed = t.elapsed();
+        let (in_backend, n) = backend.take();
+        assert_eq!(devices.len(), 1);
+        total.push(elapsed);
+        inside.push(in_backend);
+        beyond.push(elapsed.saturating_sub(in_backend));
+        calls = n;
+        state.unprepare(&uid).expect("unprepare");
+    }
+    let fsync = measure_fsync(&state_dir);
+    let (fs_type, _) = file_system_of(&state_dir);
+
+    println!(
+        "== 3. MIG prepare of {MIG_DEVICE} through DeviceState (mock H100, MIG on), {PREPARE_ITERATIONS}x =="
+    );
+    println!("  state dir on {fs_type}; backend calls per prepare: {calls}");
+    print_stats("prepare total", &mut total);
+    print_stats("inside the backend", &mut inside);
+    print_stats("total - backend", &mut beyond);
+    print_stats("write 4 KiB + fsync", &mut fsync.file.clone());
+    print_stats("directory fsync", &mut fsync.dir.clone());
+    let pair = percentile(&mut fsync.file.clone(), 50.0) + percentile(&mut fsync.dir.clone(), 50.0);
+    let floor = pair * MIG_PREPARE_FSYNC_PAIRS;
+    println!(
+        "  fsync floor: {MIG_PREPARE_FSYNC_PAIRS} atomic writes = {} fsyncs x p50 = {}",
+        2 * MIG_PREPARE_FSYNC_PAIRS,
+        ms(floor)
+    );
+    let p50 = percentile(&mut beyond, 50.0).saturating_sub(floor);
+    let p99 = percentile(&mut beyond, 99.0).saturating_sub(floor);
+    println!(
+        "  overhead beyond backend + floor: p50 {} (target <= {}: {}), p99 {}",
+        ms(p50),
+        ms(TARGET_OVERHEAD),
+        verdict(p50 <= TARGET_OVERHEAD),
+        ms(p99)
+    );
+}
+
+/// A claim allocated [`MIG_DEVICE`] on this node, as the scheduler would write it.
+fn allocated_mig_claim(name: &str, uid: &str) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: Some(mig_request("1g.10gb").spec.expect("spec")),
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "mig".into(),
+                        driver: DRIVER.into(),
+                        pool: NODE.into(),
+                        device: MIG_DEVICE.into(),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+struct FsyncCost {
+    /// Write 4 KiB to a fresh temp file and fsync it.
+    file: Vec<Duration>,
+    /// fsync the directory after renaming the temp file into place.
+    dir: Vec<Duration>,
+}
+
+/// Replays the atomic-write pattern in `dir`, timing the file fsync (with its write)
+/// and the directory fsync separately.
+fn measure_fsync(dir: &Path) -> FsyncCost {
+    let tmp = dir.join(".bench-fsync.tmp");
+    let target = dir.join("bench-fsync");
+    let block = [0x5au8; 4096];
+    let mut cost = FsyncCost {
+        file: Vec::with_capacity(FSYNC_SAMPLES),
+        dir: Vec::with_capacity(FSYNC_SAMPLES),
+    };
+    for _ in 0..FSYNC_SAMPLES {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .expect("open temp");
+        let t = Instant::now();
+        f.write_all(&block).expect("write");
+        f.sync_all().expect("fsync file");
+        cost.file.push(t.elapsed());
+        drop(f);
+        std::fs::rename(&tmp, &target).expect("rename");
+        let t = Instant::now();
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .expect("fsync dir");
+        cost.dir.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(&target);
+    cost
+}
+
+/// The file system type and mount point holding `dir` (longest mount-point prefix in
+/// `/proc/self/mounts`; escaped mount points are not unescaped).
+fn file_system_of(dir: &Path) -> (String, PathBuf) {
+    let path = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String, PathBuf)> = None;
+    for line in mounts.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(_), Some(mp), Some(fs)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let mp = PathBuf::from(mp);
+        let len = mp.as_os_str().len();
+        if path.starts_with(&mp) && best.as_ref().is_none_or(|(l, ..)| len >= *l) {
+            best = Some((len, fs.to_string(), mp));
+        }
+    }
+    best.map(|(_, fs, mp)| (fs, mp))
+        .unwrap_or_else(|| ("unknown".into(), PathBuf::from("/")))
+}
+
+// ---------------------------------------------------------------------------------
+// Statistics
+// ---------------------------------------------------------------------------------
+
+/// Nearest-rank percentile; sorts `v`.
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort_unstable();
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn print_stats(what: &str, v: &mut [Duration]) {
+    let (p50, p99) = (percentile(v, 50.0), percentile(v, 99.0));
+    println!(
+        "  {what:<24} n={:<4} p50 {:>9}  p99 {:>9}",
+        v.len(),
+        ms(p50),
+        ms(p99)
+    );
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}

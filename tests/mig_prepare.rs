@@ -1,0 +1,208 @@
+//! MIG prepare and unprepare through the plugin's state machine on simulated GPUs of
+//! every modelled type: every placement of every profile prepares alone (the CDI spec
+//! gets the parent and capability nodes) and unprepares cleanly; the scheduler model
+//! packs seven 1g.10gb on one H100 and keeps MIG and the whole GPU apart.
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera::backend::mock::StateAccess;
+use tessera::kubever::{FeatureGates, KubeVersion};
+use tessera::mig::{all_models, geometry};
+use tessera::node::{BackendPaths, BackendSpec, load_node};
+use tessera::plugin;
+use tessera::slices::ServerFeatures;
+use tessera::state::UnknownMig;
+
+fn node_yaml(product: &str, arch: &str, mig_enabled: bool) -> String {
+    format!(
+        "apiVersion: mock.tessera.dev/v1alpha1\nkind: MockNode\ndriverVersion: \"580.65.06\"\ncudaDriverVersion: \"13.0\"\ncharDevices: {{nvidia: 195, nvidia-uvm: 508, nvidia-caps: 511}}\ngpus:\n- minor: 0\n  uuid: GPU-00000000-0000-4000-8000-000000000001\n  productName: {product}\n  brand: Nvidia\n  architecture: {arch}\n  memoryBytes: 85520809984\n  multiprocessors: 132\n  cudaComputeCapability: \"9.0\"\n  pciBusID: \"0000:19:00.0\"\n  migCapable: true\n  migEnabled: {mig_enabled}\n"
+    )
+}
+
+fn claim(uid: &str, device: &str) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!("c-{uid}")),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "mig".into(),
+                        driver: harness::DRIVER.into(),
+                        pool: harness::NODE.into(),
+                        device: device.into(),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Every placement of every profile of every modelled GPU prepares alone — the GI at
+/// exactly that placement, the spec with `/dev/nvidia0` and the GI/CI capability nodes —
+/// and unprepares cleanly: no instance left, MIG mode back off where Tessera turned it on.
+#[test]
+fn every_placement_of_every_profile_prepares_and_unprepares() {
+    let mut prepared = 0;
+    for model in all_models() {
+        let root = tempfile::tempdir().unwrap();
+        harness::make_driver_root(root.path());
+        // Ampere must already have MIG on (Tessera never resets it); Hopper+ toggles.
+        let ampere = !model.reset_free_mig_toggle;
+        let file = root.path().join("node.yaml");
+        std::fs::write(
+            &file,
+            node_yaml(model.product_names[0], model.architecture, ampere),
+        )
+        .unwrap();
+        let paths = BackendPaths {
+            state_dir: root.path().join("state"),
+            ..Default::default()
+        };
+        let model_node = load_node(
+            &BackendSpec::Mock(Some(file)),
+            None,
+            &paths,
+            StateAccess::ReadWrite,
+        )
+        .unwrap();
+        let opts = harness::options(root.path());
+        let state = plugin::open_state(&opts, &model_node, UnknownMig::Destroy).unwrap();
+        let slices = model_node.pool(
+            harness::DRIVER,
+            harness::NODE,
+            KubeVersion::NEWEST,
+            ServerFeatures::from_gates(&FeatureGates::defaults(KubeVersion::NEWEST)),
+        );
+        let devices: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter(|d| d.name.contains("-mig-"))
+            .map(|d| d.name.clone())
+            .collect();
+        let expected: usize = model.profiles.iter().map(|p| p.placements.len()).sum();
+        assert_eq!(devices.len(), expected, "{}", model.key);
+        for (i, device) in devices.iter().enumerate() {
+            let uid = format!("00000000-0000-4000-8000-{i:012}");
+            let devs = state
+                .prepare(&claim(&uid, device), &uid)
+                .unwrap_or_else(|e| panic!("{} {device}: {}", model.key, e.chain()));
+            let rec = devs[0].mig.clone().expect("MIG record");
+            let status = model_node.backend.mig_status(0).unwrap();
+            assert!(status.enabled, "{device}");
+            assert_eq!(status.instances.len(), 1, "{device}");
+            let inst = &status.instances[0];
+            assert_eq!(
+                (inst.start, inst.profile_id),
+                (rec.start, rec.profile_id),
+                "{device}"
+            );
+            assert_eq!(Some(inst.gi_id), Some(rec.gi_id));
+            assert!(
+                rec.uuid.as_deref().is_some_and(|u| u.starts_with("MIG-")),
+                "{device}"
+            );
+            let spec: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(
+                    opts.paths
+                        .cdi_dir
+                        .join(format!("tessera.dev-gpu-{uid}.json")),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n["path"].as_str().unwrap())
+                .collect();
+            let gi = geometry::gi_cap_minor(0, inst.gi_id);
+            let ci = geometry::ci_cap_minor(0, inst.gi_id, 0);
+            assert_eq!(
+                nodes,
+                [
+                    "/dev/nvidia0".to_string(),
+                    format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+                    format!("/dev/nvidia-caps/nvidia-cap{ci}")
+                ],
+                "{device}"
+            );
+            state.unprepare(&uid).unwrap();
+            let status = model_node.backend.mig_status(0).unwrap();
+            assert!(status.instances.is_empty(), "{device}");
+            assert_eq!(status.enabled, ampere, "{}: MIG mode restored", model.key);
+            prepared += 1;
+        }
+        assert!(harness::list_files(&opts.paths.cdi_dir).is_empty());
+    }
+    eprintln!("MIG placements prepared and unprepared: {prepared}");
+    assert!(prepared > 100);
+}
+
+/// A whole-GPU claim on a GPU with live MIG devices is refused with a clear error, and
+/// an overlapping partition held by another claim is refused at the node too.
+#[test]
+fn whole_gpu_and_overlaps_are_refused_on_the_node() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let model_node = harness::model(root.path());
+    let opts = harness::options(root.path());
+    let state = plugin::open_state(&opts, &model_node, UnknownMig::Destroy).unwrap();
+    let a = "00000000-0000-4000-8000-00000000000a";
+    state.prepare(&claim(a, "gpu-0-mig-3g40gb-9-4"), a).unwrap();
+    let b = "00000000-0000-4000-8000-00000000000b";
+    let err = state.prepare(&claim(b, "gpu-0"), b).unwrap_err().chain();
+    assert!(
+        err.contains("already prepared") || err.contains("MIG"),
+        "{err}"
+    );
+    let c = "00000000-0000-4000-8000-00000000000c";
+    let err = state
+        .prepare(&claim(c, "gpu-0-mig-1g10gb-19-5"), c)
+        .unwrap_err()
+        .chain();
+    assert!(err.contains("already prepared"), "{err}");
+    state.unprepare(a).unwrap();
+    // With the partition gone, the whole GPU prepares (MIG mode is off again).
+    state.prepare(&claim(b, "gpu-0"), b).unwrap();
+    assert!(!model_node.backend.mig_status(0).unwrap().enabled);
+}
+
+/// MIG devices no claim accounts for are destroyed at start-up, unless adopted.
+#[test]
+fn unknown_mig_devices_are_destroyed_or_adopted_at_start_up() {
+    for (policy, left) in [
+        (UnknownMig::Destroy, 0),
+        (UnknownMig::Adopt, 1),
+        (UnknownMig::Keep, 1),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        harness::make_driver_root(root.path());
+        let model_node = harness::model(root.path());
+        model_node.backend.set_mig_mode(0, true).unwrap();
+        model_node.backend.create_mig(0, 19, 3).unwrap();
+        let opts = harness::options(root.path());
+        let _state = plugin::open_state(&opts, &model_node, policy).unwrap();
+        assert_eq!(
+            model_node.backend.mig_status(0).unwrap().instances.len(),
+            left,
+            "{policy:?}"
+        );
+    }
+}
