@@ -206,3 +206,48 @@ fn unknown_mig_devices_are_destroyed_or_adopted_at_start_up() {
         );
     }
 }
+
+/// A MIG device with processes on it (NVML answers IN_USE) fails the unprepare and
+/// keeps the claim, so the kubelet retries; once idle, the retry succeeds.
+#[test]
+fn in_use_mig_device_fails_unprepare_until_idle() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let model_node = harness::model(root.path());
+    let opts = harness::options(root.path());
+    let state = plugin::open_state(&opts, &model_node, UnknownMig::Destroy).unwrap();
+    let uid = "00000000-0000-4000-8000-0000000000aa";
+    let devs = state
+        .prepare(&claim(uid, "gpu-0-mig-2g20gb-14-4"), uid)
+        .unwrap();
+    let gi = devs[0].mig.as_ref().unwrap().gi_id;
+    let set_busy = |busy: bool| {
+        tessera::backend::state::update(&opts.paths.state_dir, |st| {
+            let m = st.mig.entry(0).or_default();
+            if busy {
+                m.busy.insert(gi);
+            } else {
+                m.busy.remove(&gi);
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    };
+    set_busy(true);
+    let err = state.unprepare(uid).unwrap_err().chain();
+    assert!(err.contains("in use"), "{err}");
+    assert_eq!(model_node.backend.mig_status(0).unwrap().instances.len(), 1);
+    assert!(harness::checkpoint_claims(&opts.paths.state_dir).contains(&uid.to_string()));
+    set_busy(false);
+    state.unprepare(uid).unwrap();
+    assert!(
+        model_node
+            .backend
+            .mig_status(0)
+            .unwrap()
+            .instances
+            .is_empty()
+    );
+    assert!(harness::checkpoint_claims(&opts.paths.state_dir).is_empty());
+}
