@@ -447,6 +447,7 @@ impl DeviceState {
     ) -> Result<Vec<Option<cdispec::MigCaps>>, PrepareError> {
         let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
         let mut caps = vec![None; count];
+        #[allow(clippy::needless_range_loop)] // `i` indexes the checkpoint record too.
         for i in 0..count {
             let Some(m) = cp.claims.get(uid).and_then(|r| r.devices[i].mig.clone()) else {
                 continue;
@@ -539,8 +540,8 @@ impl DeviceState {
             .iter()
             .map(|d| d.mig.map(|m| (m.gi_id, 0)))
             .collect();
-        let spec = cdispec::render_claim_spec(&plan, &self.cdi, &predicted)
-            .map_err(|reason| ClaimError::Cdi(reason))?;
+        let spec =
+            cdispec::render_claim_spec(&plan, &self.cdi, &predicted).map_err(ClaimError::Cdi)?;
         let names = cdispec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
         tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;

@@ -37,6 +37,17 @@ fn default_model() -> NodeModel {
     .unwrap()
 }
 
+/// The default node with every GPU `exclusive`: a one-slice pool on every version,
+/// for the tests about the publisher's bookkeeping rather than the pool's shape.
+fn exclusive_model() -> NodeModel {
+    let mut model = default_model();
+    model
+        .gpus
+        .iter_mut()
+        .for_each(|g| g.mode = GpuMode::Exclusive);
+    model
+}
+
 fn pool(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
     model.pool(
         DRIVER,
@@ -65,14 +76,17 @@ async fn publisher_creates_then_resyncs_with_zero_writes_on_every_version() {
             .await
             .unwrap();
         assert_eq!(p.version(), version);
+        // 1.36+ keep counters: gpu-0's counter set gets a slice of its own (MIG).
+        let want_slices = if version.minor() >= 36 { 2 } else { 1 };
+        assert_eq!(desired.len(), want_slices, "{version}");
         let r = p.sync(&desired).await.unwrap();
         assert_eq!(
             (r.created, r.updated, r.deleted, r.generation),
-            (1, 0, 0, 1),
+            (want_slices, 0, 0, 1),
             "{version}"
         );
         let stored = api.resource_slices();
-        assert_eq!(stored.len(), 1);
+        assert_eq!(stored.len(), want_slices);
         let s = &stored[0];
         let name = s.metadata.name.as_deref().unwrap();
         assert!(
@@ -82,7 +96,15 @@ async fn publisher_creates_then_resyncs_with_zero_writes_on_every_version() {
         let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
         assert!(!owner.uid.is_empty());
-        assert_eq!(s.spec.devices.as_ref().unwrap().len(), 4);
+        let devices: usize = stored
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum();
+        assert_eq!(
+            devices,
+            if version.minor() >= 36 { 29 } else { 4 },
+            "{version}"
+        );
 
         api.clear_requests();
         let r = p.sync(&desired).await.unwrap();
@@ -97,7 +119,7 @@ async fn publisher_creates_then_resyncs_with_zero_writes_on_every_version() {
 async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
     let version = KubeVersion::NEWEST;
     let api = server(version).await;
-    let mut model = default_model();
+    let mut model = exclusive_model();
     let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
         .await
         .unwrap();
@@ -105,7 +127,7 @@ async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
 
     // Exclude gpu-3: one slice changes in place.
     let cfg = NodeConfig::from_yaml(
-        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\nexclude:\n- minor: 3\n",
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ngpus:\n- match: {product: NVIDIA H100 80GB HBM3}\n  mode: exclusive\nexclude:\n- minor: 3\n",
         "test",
     )
     .unwrap();
@@ -170,7 +192,7 @@ async fn publisher_updates_changed_slices_and_bumps_generation_on_reshape() {
 async fn publisher_republishes_after_external_deletion() {
     for version in KubeVersion::ALL {
         let api = server(version).await;
-        let model = default_model();
+        let model = exclusive_model();
         let p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
             .await
             .unwrap();
@@ -235,7 +257,7 @@ fn shared_slice(model: &NodeModel, version: KubeVersion) -> Vec<ResourceSlice> {
 /// The dry-run probe reports exactly the fields a server with the gate off drops.
 #[tokio::test]
 async fn publisher_detects_dropped_gated_fields() {
-    let model = default_model();
+    let model = exclusive_model();
     for version in KubeVersion::ALL {
         let api = server(version).await;
         let p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
@@ -310,7 +332,7 @@ async fn inventory_output_passes_server_validation_on_every_version() {
 #[tokio::test]
 async fn publisher_refuses_an_invalid_pool_without_writing() {
     let api = server(KubeVersion::NEWEST).await;
-    let model = default_model();
+    let model = exclusive_model();
     let mut desired = pool(&model, KubeVersion::NEWEST);
     let devs = desired[0].spec.devices.as_mut().unwrap();
     let mut attrs = devs[0].attributes.clone().unwrap_or_default();

@@ -258,7 +258,7 @@ impl MockBackend {
     ) -> Result<T, BackendError> {
         // Make sure the state exists before locking it for an update.
         self.state()?;
-        let res = state::update(&self.state_dir, |st| {
+        state::update(&self.state_dir, |st| {
             let gpu = st
                 .inventory
                 .gpus
@@ -280,8 +280,7 @@ impl MockBackend {
             })?;
             let m = st.mig.entry(minor).or_default();
             change(gpu, m, model).map_err(mig_err)
-        })?;
-        res
+        })?
     }
 }
 

@@ -17,10 +17,10 @@
 //! nvml-wrapper-sys, reached through `Nvml::lib()`'s `Result` fields (never the
 //! `NvmlLib` helper methods, which panic on a symbol an older driver lacks). The crate
 //! does not depend on nvml-wrapper-sys directly, so its types are not nameable here:
-//! handles are kept type-erased ([`DeviceHandle`], [`GiHandle`], [`CiHandle`]) and
-//! structs are `#[repr(C)]` mirrors of nvml.h whose size is checked against the
-//! symbol's parameter type at every call ([`out_ptr`]). This is the only `unsafe` in
-//! the crate; every block says why it holds.
+//! handles are kept type-erased (`DeviceHandle`, `GiHandle`, `CiHandle`) and structs
+//! are `#[repr(C)]` mirrors of nvml.h whose size is checked against the symbol's
+//! parameter type at every call (`out_ptr`). This is the only `unsafe` in the crate;
+//! every block says why it holds.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, c_void};
@@ -1288,6 +1288,125 @@ mod tests {
         assert_eq!(sysfs_numa_node(&sys, "0000:af:00.0"), None);
         assert_eq!(sysfs_pcie_root(&sys, "0000:01:00.0"), None);
         assert_eq!(sysfs_numa_node(&sys, "0000:01:00.0"), None);
+    }
+
+    /// The full-GI compute-instance profile follows the GI's compute slices, and agrees
+    /// with the catalog's `ci_profile_index` for every profile of every modelled GPU.
+    #[test]
+    fn full_gi_compute_instance_profile_follows_the_slice_count() {
+        let cases = [
+            (1, Some(0)),
+            (2, Some(1)),
+            (3, Some(2)),
+            (4, Some(3)),
+            (7, Some(4)),
+            (8, Some(5)),
+            (6, Some(6)),
+            (0, None),
+            (5, None),
+            (9, None),
+        ];
+        for (slices, want) in cases {
+            assert_eq!(full_gi_ci_profile(slices), want, "{slices} slices");
+        }
+        for model in crate::mig::all_models() {
+            for p in model.profiles {
+                let g: u32 = p
+                    .name
+                    .split('g')
+                    .next()
+                    .and_then(|g| g.parse().ok())
+                    .unwrap();
+                assert_eq!(
+                    full_gi_ci_profile(g),
+                    Some(p.ci_profile_index),
+                    "{} {}",
+                    model.key,
+                    p.name
+                );
+            }
+        }
+    }
+
+    /// Only Hopper and later (and architectures newer than nvml-wrapper knows) switch
+    /// MIG mode without a reset, as the mock's catalog says per model.
+    #[test]
+    fn mig_mode_switches_without_reset_from_hopper_on() {
+        use DeviceArchitecture::*;
+        for (arch, want) in [
+            (Ampere, false),
+            (Ada, false),
+            (Turing, false),
+            (Volta, false),
+            (Hopper, true),
+            (Blackwell, true),
+            (Unknown, true),
+        ] {
+            assert_eq!(switches_mig_without_reset(&arch), want, "{arch:?}");
+        }
+        for model in crate::mig::all_models() {
+            let arch = match model.architecture {
+                "Ampere" => Ampere,
+                "Hopper" => Hopper,
+                "Blackwell" => Blackwell,
+                other => panic!("{}: unexpected architecture {other}", model.key),
+            };
+            assert_eq!(
+                switches_mig_without_reset(&arch),
+                model.reset_free_mig_toggle,
+                "{}",
+                model.key
+            );
+        }
+    }
+
+    /// NVML's MIG refusals become `Mig` errors with the same code; every other failure
+    /// (including a missing symbol and codes nvml-wrapper has no variant for) stays an
+    /// `NvmlCall` naming the call.
+    #[test]
+    fn nvml_refusals_map_to_mig_errors_and_other_failures_to_nvml_calls() {
+        let op = MigOp::new("create", 3, 1, "profile 19 at memory slice 6".into());
+        let refusals = [
+            (NvmlError::InvalidArg, 2),
+            (NvmlError::NotSupported, 3),
+            (NvmlError::NotFound, 6),
+            (NvmlError::InUse, 19),
+            (NvmlError::UnexpectedVariant(23), 23),
+        ];
+        for (error, code) in refusals {
+            match op.judge(CallFailed::new("nvmlX", error)) {
+                BackendError::Mig {
+                    op: "create",
+                    minor: 3,
+                    source,
+                } => {
+                    assert_eq!(source.nvml_code(), code);
+                    assert!(
+                        source.to_string().contains("nvmlX refused profile 19"),
+                        "{source}"
+                    );
+                }
+                other => panic!("code {code}: {other:?}"),
+            }
+        }
+        let failures = [
+            NvmlError::NoPermission,
+            NvmlError::Unknown,
+            NvmlError::GpuLost,
+            NvmlError::UnexpectedVariant(25),
+            NvmlError::FailedToLoadSymbol("nvmlX".into()),
+        ];
+        for error in failures {
+            let shown = format!("{error:?}");
+            match op.judge(CallFailed::new("nvmlX", error)) {
+                BackendError::NvmlCall {
+                    call: "nvmlX",
+                    index: 1,
+                    ..
+                } => {}
+                other => panic!("{shown}: {other:?}"),
+            }
+        }
     }
 
     /// A missing or incomplete `/proc/devices` is a CharMajor error naming the file.
