@@ -66,6 +66,35 @@ impl SyncReport {
     }
 }
 
+/// Whether two slice specs are equal apart from the pool generation (which the
+/// publisher assigns). Compares field by field, without cloning the device lists.
+pub fn same_ignoring_generation(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
+    // Destructured so that a field added to the API type fails to compile here.
+    let ResourceSliceSpec {
+        all_nodes,
+        devices,
+        driver,
+        node_name,
+        node_selector,
+        partition_type_attribute,
+        per_device_node_selection,
+        pool,
+        shared_counters,
+        skip_node_operations,
+    } = a;
+    pool.name == b.pool.name
+        && pool.resource_slice_count == b.pool.resource_slice_count
+        && *devices == b.devices
+        && *shared_counters == b.shared_counters
+        && *driver == b.driver
+        && *node_name == b.node_name
+        && *node_selector == b.node_selector
+        && *all_nodes == b.all_nodes
+        && *per_device_node_selection == b.per_device_node_selection
+        && *partition_type_attribute == b.partition_type_attribute
+        && *skip_node_operations == b.skip_node_operations
+}
+
 /// Publishes one node-local pool (pool name = node name).
 pub struct Publisher {
     slices: Api<ResourceSlice>,
@@ -281,17 +310,12 @@ impl Publisher {
     }
 
     fn unchanged(&self, index: usize, existing: &ResourceSlice, desired: &ResourceSlice) -> bool {
-        let norm = |spec: &ResourceSliceSpec| {
-            let mut s = spec.clone();
-            s.pool.generation = 0;
-            s
-        };
-        let have = norm(&existing.spec);
-        let want = norm(&desired.spec);
-        if have == want {
+        let (have, want) = (&existing.spec, &desired.spec);
+        if same_ignoring_generation(have, want) {
             return true;
         }
-        matches!(self.written.get(&index), Some((sent, stored)) if norm(sent) == want && norm(stored) == have)
+        matches!(self.written.get(&index), Some((sent, stored))
+            if same_ignoring_generation(sent, want) && same_ignoring_generation(stored, have))
     }
 
     /// Makes the server's pool equal to `desired` with as few writes as possible.
