@@ -6,11 +6,6 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::backend::mock::StateAccess;
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::mig::{all_models, geometry};
@@ -25,32 +20,8 @@ fn node_yaml(product: &str, arch: &str, mig_enabled: bool) -> String {
     )
 }
 
-fn claim(uid: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("c-{uid}")),
-            namespace: Some("default".into()),
-            uid: Some(uid.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "mig".into(),
-                        driver: harness::DRIVER.into(),
-                        pool: harness::NODE.into(),
-                        device: device.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
+fn claim(uid: &str, device: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    harness::allocated_claim_object(uid, "mig", device)
 }
 
 /// Every placement of every profile of every modelled GPU prepares alone — the GI at

@@ -6,40 +6,11 @@ mod harness;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::plugin;
 use tessera::state::UnknownMig;
 
-fn claim(uid: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("c-{uid}")),
-            namespace: Some("default".into()),
-            uid: Some(uid.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "gpu".into(),
-                        driver: harness::DRIVER.into(),
-                        pool: harness::NODE.into(),
-                        device: device.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
+fn claim(uid: &str, device: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    harness::allocated_claim_object(uid, "gpu", device)
 }
 
 /// Two `DeviceState`s over the same directories (two plugin processes during a rolling

@@ -458,3 +458,37 @@ pub fn checkpoint_state(state_dir: &Path, uid: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["claims"][uid]["state"].as_str().map(str::to_string)
 }
+
+/// A ResourceClaim as the scheduler leaves it: UID set and one allocated `device` of
+/// our driver and pool for `request`. For tests that call `DeviceState` directly.
+pub fn allocated_claim_object(
+    uid: &str,
+    request: &str,
+    device: &str,
+) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!("c-{uid}")),
+            namespace: Some(NS.into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: request.into(),
+                        driver: DRIVER.into(),
+                        pool: NODE.into(),
+                        device: device.into(),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
