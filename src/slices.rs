@@ -312,14 +312,37 @@ pub fn mig_device(
     start: u32,
     with_counters: bool,
 ) -> Device {
+    mig_device_with(
+        &mig_parent_attributes(gpu, inv),
+        gpu,
+        p,
+        start,
+        with_counters,
+    )
+}
+
+/// The attributes every partition of `gpu` shares (computed once per GPU: building
+/// them normalizes three version strings).
+fn mig_parent_attributes(gpu: &GpuInfo, inv: &NodeInventory) -> BTreeMap<String, DeviceAttribute> {
     let mut attrs = gpu_attributes(gpu, inv, device_type::MIG);
     attrs.remove("uuid");
     attrs.remove("index");
     attrs.remove("minor");
     attrs.remove("migCapable");
-    attrs.insert("profile".into(), string_attr(p.name));
     attrs.insert("parentUUID".into(), string_attr(&gpu.uuid));
     attrs.insert("parentMinor".into(), int_attr(i64::from(gpu.minor)));
+    attrs
+}
+
+fn mig_device_with(
+    parent: &BTreeMap<String, DeviceAttribute>,
+    gpu: &GpuInfo,
+    p: &MigProfile,
+    start: u32,
+    with_counters: bool,
+) -> Device {
+    let mut attrs = parent.clone();
+    attrs.insert("profile".into(), string_attr(p.name));
     let values = profile_values(p);
     let cap: BTreeMap<String, DeviceCapacity> = [
         "memory",
@@ -368,6 +391,7 @@ pub fn devices_for(
         return (vec![whole_gpu_device(&gpu.gpu, inv)], None);
     };
     let g = &gpu.gpu;
+    let parent = mig_parent_attributes(g, inv);
     if !features.partitionable {
         let live: Vec<Device> = mig
             .map(|m| m.instances.as_slice())
@@ -376,7 +400,7 @@ pub fn devices_for(
             .filter_map(|i| {
                 model
                     .profile_by_id(i.profile_id)
-                    .map(|p| mig_device(g, inv, p, i.start, false))
+                    .map(|p| mig_device_with(&parent, g, p, i.start, false))
             })
             .collect();
         if live.is_empty() {
@@ -396,7 +420,7 @@ pub fn devices_for(
     }
     for p in model.profiles {
         for start in packing_order(model, p) {
-            devices.push(mig_device(g, inv, p, start, true));
+            devices.push(mig_device_with(&parent, g, p, start, true));
         }
     }
     (devices, Some(mig_counter_set(g.minor, model)))
