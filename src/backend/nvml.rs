@@ -117,13 +117,7 @@ impl NvmlBackend {
 
     /// One GPU by NVML index. Side effects: NVML calls and sysfs reads only.
     fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
-        let call = |call: &'static str| {
-            move |source| BackendError::NvmlCall {
-                call,
-                index,
-                source,
-            }
-        };
+        let call = |call: &'static str| nvml_call(call, index);
         let dev = self
             .nvml
             .device_by_index(index)
@@ -475,13 +469,7 @@ impl NvmlBackend {
             })?;
         let mut found = Vec::new();
         for index in 0..count {
-            let call = |call: &'static str| {
-                move |source| BackendError::NvmlCall {
-                    call,
-                    index,
-                    source,
-                }
-            };
+            let call = |call: &'static str| nvml_call(call, index);
             let dev = self
                 .nvml
                 .device_by_index(index)
@@ -954,6 +942,15 @@ impl GpuBackend for NvmlBackend {
 
 /// Errors that mean "this driver or GPU cannot answer", not "the call broke": the
 /// feature is unsupported, or the symbol is missing from an older library.
+/// Maps a failed NVML call on the GPU at `index` to [`BackendError::NvmlCall`].
+fn nvml_call(call: &'static str, index: u32) -> impl FnOnce(NvmlError) -> BackendError {
+    move |source| BackendError::NvmlCall {
+        call,
+        index,
+        source,
+    }
+}
+
 fn is_unsupported(e: &NvmlError) -> bool {
     matches!(
         e,
