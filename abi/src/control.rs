@@ -1,0 +1,211 @@
+//! `control`: per-GPU compute settings of a claim, written in place by the plugin and
+//! mounted read-only in containers (a rate kept in a tenant-writable file would let the
+//! tenant escape throttling). Layout v1, little-endian:
+//!
+//! * header (64 bytes): magic, version, header size, file size, GPU count, entry size,
+//!   and at offset 32 the sequence counter;
+//! * one 128-byte entry per GPU (the `limits` order): UUID, compute share `s` (percent),
+//!   `computeLimit` (percent, 100 = none), launch rate (launches per second, 0 =
+//!   unthrottled), and the number of controller updates.
+//!
+//! Seqlock: the writer makes the sequence odd, stores the fields, makes it even again;
+//! a reader retries until it reads the same even sequence before and after.
+
+use std::sync::atomic::{Ordering, fence};
+
+use crate::map::Mapping;
+use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
+
+pub const MAGIC: [u8; 8] = *b"TSRACTL\0";
+pub const VERSION: u32 = 1;
+pub const HEADER_SIZE: usize = 64;
+pub const ENTRY_SIZE: usize = 128;
+
+pub mod hdr {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const HEADER_SIZE: usize = 12;
+    pub const FILE_SIZE: usize = 16;
+    pub const GPU_COUNT: usize = 24;
+    pub const ENTRY_SIZE: usize = 28;
+    pub const SEQ: usize = 32;
+}
+
+pub mod entry {
+    pub const UUID: usize = 0;
+    pub const SHARE: usize = 64;
+    pub const LIMIT: usize = 68;
+    pub const LAUNCH_RATE: usize = 72;
+    pub const UPDATES: usize = 80;
+}
+
+/// One GPU's compute settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuControl {
+    pub uuid: String,
+    /// Reserved share in percent (0–100).
+    pub share: u32,
+    /// Hard cap in percent (100 = none).
+    pub compute_limit: u32,
+    /// Launches per second the compute controller allows; 0 = unthrottled.
+    pub launch_rate: u64,
+    pub updates: u64,
+}
+
+/// File size for `gpus` entries, rounded up to a page.
+pub fn file_size(gpus: usize) -> usize {
+    (HEADER_SIZE + gpus * ENTRY_SIZE).div_ceil(4096) * 4096
+}
+
+/// The bytes of a fresh control file.
+pub fn initial_bytes(gpus: &[GpuControl]) -> Result<Vec<u8>, AbiError> {
+    if gpus.is_empty() || gpus.len() > crate::region::MAX_GPUS {
+        return Err(AbiError::Invalid("1 to 64 GPUs per control file".into()));
+    }
+    let size = file_size(gpus.len());
+    let mut b = vec![0u8; size];
+    b[..8].copy_from_slice(&MAGIC);
+    wr_u32(&mut b, hdr::VERSION, VERSION);
+    wr_u32(&mut b, hdr::HEADER_SIZE, HEADER_SIZE as u32);
+    wr_u64(&mut b, hdr::FILE_SIZE, size as u64);
+    wr_u32(&mut b, hdr::GPU_COUNT, gpus.len() as u32);
+    wr_u32(&mut b, hdr::ENTRY_SIZE, ENTRY_SIZE as u32);
+    for (i, g) in gpus.iter().enumerate() {
+        if g.share > 100 || g.compute_limit == 0 || g.compute_limit > 100 {
+            return Err(AbiError::Invalid(format!(
+                "share {} / computeLimit {} out of range",
+                g.share, g.compute_limit
+            )));
+        }
+        let o = HEADER_SIZE + i * ENTRY_SIZE;
+        put_uuid(&mut b[o..o + UUID_FIELD], &g.uuid)?;
+        wr_u32(&mut b, o + entry::SHARE, g.share);
+        wr_u32(&mut b, o + entry::LIMIT, g.compute_limit);
+        wr_u64(&mut b, o + entry::LAUNCH_RATE, g.launch_rate);
+        wr_u64(&mut b, o + entry::UPDATES, g.updates);
+    }
+    Ok(b)
+}
+
+/// Geometry read from a control file's header: (GPU count, header size, entry size).
+fn geometry(b: &[u8]) -> Result<(usize, usize, usize), AbiError> {
+    if b.len() < HEADER_SIZE || b[..8] != MAGIC {
+        return Err(AbiError::BadMagic);
+    }
+    let (v, hs, n, es) = (
+        rd_u32(b, hdr::VERSION),
+        rd_u32(b, hdr::HEADER_SIZE) as usize,
+        rd_u32(b, hdr::GPU_COUNT) as usize,
+        rd_u32(b, hdr::ENTRY_SIZE) as usize,
+    );
+    if v < 1 || hs < HEADER_SIZE || es < ENTRY_SIZE || es % 8 != 0 || hs % 8 != 0 {
+        return Err(AbiError::BadLayout("control header".into()));
+    }
+    if n == 0 || n > crate::region::MAX_GPUS || hs + n * es > b.len() {
+        return Err(AbiError::BadLayout("control GPU table".into()));
+    }
+    Ok((n, hs, es))
+}
+
+/// Parses a control file's bytes (no seqlock: for files nobody is writing).
+pub fn parse(b: &[u8]) -> Result<Vec<GpuControl>, AbiError> {
+    let (n, hs, es) = geometry(b)?;
+    Ok((0..n)
+        .map(|i| {
+            let o = hs + i * es;
+            GpuControl {
+                uuid: get_uuid(&b[o..o + UUID_FIELD]),
+                share: rd_u32(b, o + entry::SHARE),
+                compute_limit: rd_u32(b, o + entry::LIMIT),
+                launch_rate: rd_u64(b, o + entry::LAUNCH_RATE),
+                updates: rd_u64(b, o + entry::UPDATES),
+            }
+        })
+        .collect())
+}
+
+/// A mapped control file.
+pub struct Control {
+    map: Mapping,
+    gpus: usize,
+    header_size: usize,
+    entry_size: usize,
+}
+
+impl Control {
+    pub fn map(file: &std::fs::File, writable: bool) -> Result<Self, AbiError> {
+        let map = Mapping::new(file, writable)
+            .map_err(|e| AbiError::BadLayout(format!("cannot map: {e}")))?;
+        let (gpus, header_size, entry_size) = geometry(&map.snapshot())?;
+        Ok(Control {
+            map,
+            gpus,
+            header_size,
+            entry_size,
+        })
+    }
+
+    fn at64(&self, g: usize, f: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        (g < self.gpus)
+            .then(|| self.map.u64_at(self.header_size + g * self.entry_size + f))
+            .flatten()
+    }
+
+    /// GPU `g`'s launch rate, read consistently under the sequence counter.
+    pub fn launch_rate(&self, g: usize) -> Option<u64> {
+        let seq = self.map.u64_at(hdr::SEQ)?;
+        let rate = self.at64(g, entry::LAUNCH_RATE)?;
+        loop {
+            let s1 = seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let v = rate.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) == s1 {
+                return Some(v);
+            }
+        }
+    }
+
+    /// Sets GPU `g`'s launch rate (the plugin's compute controller; the mapping must be
+    /// writable). The sequence counter brackets the store.
+    pub fn set_launch_rate(&self, g: usize, rate: u64) -> Result<(), AbiError> {
+        if !self.map.writable() {
+            return Err(AbiError::Invalid("control mapped read-only".into()));
+        }
+        let (Some(seq), Some(r), Some(u)) = (
+            self.map.u64_at(hdr::SEQ),
+            self.at64(g, entry::LAUNCH_RATE),
+            self.at64(g, entry::UPDATES),
+        ) else {
+            return Err(AbiError::Invalid(format!("no GPU {g}")));
+        };
+        seq.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::Release);
+        r.store(rate, Ordering::Relaxed);
+        u.fetch_add(1, Ordering::Relaxed);
+        seq.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// A consistent copy of all entries.
+    pub fn read(&self) -> Result<Vec<GpuControl>, AbiError> {
+        let seq = self
+            .map
+            .u64_at(hdr::SEQ)
+            .ok_or_else(|| AbiError::BadLayout("no sequence".into()))?;
+        loop {
+            let s1 = seq.load(Ordering::Acquire);
+            if s1 % 2 == 0 {
+                let snap = self.map.snapshot();
+                fence(Ordering::Acquire);
+                if seq.load(Ordering::Relaxed) == s1 {
+                    return parse(&snap);
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}

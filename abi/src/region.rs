@@ -1,0 +1,446 @@
+//! `region`: a claim's accounting region, one fixed-size file per claim, created at
+//! full size by the plugin and mapped read-write by every process of the claim's
+//! containers. Layout v1 (all integers little-endian; offsets in bytes):
+//!
+//! * header (64 bytes) at 0: magic, version, header size, file size, GPU count, GPU
+//!   entry size, GPU table offset, slot count, slot size, slot table offset;
+//! * GPU table: one 128-byte entry per GPU of the claim's `limits`, in the same order
+//!   (sorted by UUID): UUID, bytes used, peak, refused allocations;
+//! * slot table: one slot per process: a random 128-bit token (0 = free), flags, start
+//!   time, then one u64 of bytes charged per GPU.
+//!
+//! A process owns slot *i* while it holds an OFD write lock on the slot's byte range
+//! (`slot_offset(i) .. + slot_size`). The kernel drops that lock at process death,
+//! SIGKILL included, so a slot with a non-zero token whose range is unlocked belongs to
+//! a dead process: whoever locks it next returns its charges to the GPU totals
+//! ([`Region::reclaim_slot`]).
+//!
+//! Sizes in the header let version N+1 append fields to the header, GPU entries and
+//! slots: a version-N reader uses the sizes it finds, so it still reads N's fields.
+//! See ARCHITECTURE.md for the table.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+
+use crate::map::{self, Mapping};
+use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
+
+pub const MAGIC: [u8; 8] = *b"TSRAREG\0";
+pub const VERSION: u32 = 1;
+pub const HEADER_SIZE: usize = 64;
+pub const GPU_ENTRY_SIZE: usize = 128;
+/// Slots per region: concurrent processes per claim. When all are taken, new processes
+/// fail closed (every allocation refused).
+pub const DEFAULT_SLOTS: u32 = 128;
+/// Most GPUs one claim may budget (bounded so the region stays small).
+pub const MAX_GPUS: usize = 64;
+
+/// Header field offsets.
+pub mod hdr {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const HEADER_SIZE: usize = 12;
+    pub const FILE_SIZE: usize = 16;
+    pub const GPU_COUNT: usize = 24;
+    pub const GPU_ENTRY_SIZE: usize = 28;
+    pub const GPU_TABLE: usize = 32;
+    pub const SLOT_COUNT: usize = 36;
+    pub const SLOT_SIZE: usize = 40;
+    pub const SLOT_TABLE: usize = 44;
+}
+
+/// GPU entry field offsets.
+pub mod gpu {
+    pub const UUID: usize = 0;
+    pub const USED: usize = 64;
+    pub const PEAK: usize = 72;
+    pub const REFUSED: usize = 80;
+}
+
+/// Slot field offsets.
+pub mod slot {
+    pub const TOKEN: usize = 0;
+    pub const FLAGS: usize = 16;
+    pub const STARTED_NS: usize = 24;
+    /// First of the per-GPU charged counters (u64 each, in GPU-table order).
+    pub const CHARGED: usize = 64;
+}
+
+/// Slot flag: the process took its slot but has made no CUDA call yet.
+pub const FLAG_NO_CUDA: u32 = 1;
+
+/// The geometry of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub version: u32,
+    pub header_size: usize,
+    pub file_size: usize,
+    pub gpu_count: usize,
+    pub gpu_entry_size: usize,
+    pub gpu_table: usize,
+    pub slot_count: usize,
+    pub slot_size: usize,
+    pub slot_table: usize,
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+impl Layout {
+    /// The v1 geometry for `gpus` GPUs and `slots` slots; the file size is rounded up
+    /// to whole pages.
+    pub fn v1(gpus: usize, slots: u32) -> Result<Self, AbiError> {
+        if gpus == 0 || gpus > MAX_GPUS || slots == 0 {
+            return Err(AbiError::Invalid(format!(
+                "a region needs 1 to {MAX_GPUS} GPUs and at least one slot (got {gpus}, {slots})"
+            )));
+        }
+        let gpu_table = HEADER_SIZE;
+        let slot_size = round_up(slot::CHARGED + 8 * gpus, 64);
+        let slot_table = round_up(gpu_table + gpus * GPU_ENTRY_SIZE, 64);
+        let slot_count = slots as usize;
+        let file_size = round_up(slot_table + slot_count * slot_size, 4096);
+        Ok(Layout {
+            version: VERSION,
+            header_size: HEADER_SIZE,
+            file_size,
+            gpu_count: gpus,
+            gpu_entry_size: GPU_ENTRY_SIZE,
+            gpu_table,
+            slot_count,
+            slot_size,
+            slot_table,
+        })
+    }
+
+    /// Reads and checks the geometry from a region's first bytes (any version ≥ 1).
+    pub fn parse(b: &[u8]) -> Result<Self, AbiError> {
+        if b.len() < HEADER_SIZE || b[..8] != MAGIC {
+            return Err(AbiError::BadMagic);
+        }
+        let l = Layout {
+            version: rd_u32(b, hdr::VERSION),
+            header_size: rd_u32(b, hdr::HEADER_SIZE) as usize,
+            file_size: rd_u64(b, hdr::FILE_SIZE) as usize,
+            gpu_count: rd_u32(b, hdr::GPU_COUNT) as usize,
+            gpu_entry_size: rd_u32(b, hdr::GPU_ENTRY_SIZE) as usize,
+            gpu_table: rd_u32(b, hdr::GPU_TABLE) as usize,
+            slot_count: rd_u32(b, hdr::SLOT_COUNT) as usize,
+            slot_size: rd_u32(b, hdr::SLOT_SIZE) as usize,
+            slot_table: rd_u32(b, hdr::SLOT_TABLE) as usize,
+        };
+        let bad = |s: &str| Err(AbiError::BadLayout(s.to_string()));
+        if l.version < 1 {
+            return bad("version 0");
+        }
+        if l.header_size < HEADER_SIZE || l.gpu_entry_size < GPU_ENTRY_SIZE {
+            return bad("header or GPU entry smaller than v1");
+        }
+        if l.gpu_count == 0 || l.gpu_count > MAX_GPUS {
+            return bad("GPU count out of range");
+        }
+        if l.slot_size < slot::CHARGED + 8 * l.gpu_count || l.slot_count == 0 {
+            return bad("slot too small for its GPUs");
+        }
+        if [l.gpu_table, l.slot_table, l.gpu_entry_size, l.slot_size]
+            .iter()
+            .any(|v| v % 8 != 0)
+        {
+            return bad("misaligned table");
+        }
+        let gpu_end = l.gpu_table + l.gpu_count * l.gpu_entry_size;
+        let slot_end = l.slot_table + l.slot_count * l.slot_size;
+        if l.gpu_table < l.header_size || l.slot_table < gpu_end || slot_end > l.file_size {
+            return bad("tables overlap or exceed the file");
+        }
+        if b.len() < l.file_size {
+            return bad("file shorter than its header says");
+        }
+        Ok(l)
+    }
+
+    pub fn gpu_offset(&self, g: usize) -> usize {
+        self.gpu_table + g * self.gpu_entry_size
+    }
+
+    pub fn slot_offset(&self, s: usize) -> usize {
+        self.slot_table + s * self.slot_size
+    }
+
+    /// The byte range a process locks to own slot `s`.
+    pub fn slot_lock_range(&self, s: usize) -> (u64, u64) {
+        (self.slot_offset(s) as u64, self.slot_size as u64)
+    }
+}
+
+/// The bytes of a fresh region for these GPU UUIDs (in `limits` order).
+pub fn initial_bytes(uuids: &[&str], slots: u32) -> Result<Vec<u8>, AbiError> {
+    let l = Layout::v1(uuids.len(), slots)?;
+    let mut b = vec![0u8; l.file_size];
+    b[..8].copy_from_slice(&MAGIC);
+    wr_u32(&mut b, hdr::VERSION, l.version);
+    wr_u32(&mut b, hdr::HEADER_SIZE, l.header_size as u32);
+    wr_u64(&mut b, hdr::FILE_SIZE, l.file_size as u64);
+    wr_u32(&mut b, hdr::GPU_COUNT, l.gpu_count as u32);
+    wr_u32(&mut b, hdr::GPU_ENTRY_SIZE, l.gpu_entry_size as u32);
+    wr_u32(&mut b, hdr::GPU_TABLE, l.gpu_table as u32);
+    wr_u32(&mut b, hdr::SLOT_COUNT, l.slot_count as u32);
+    wr_u32(&mut b, hdr::SLOT_SIZE, l.slot_size as u32);
+    wr_u32(&mut b, hdr::SLOT_TABLE, l.slot_table as u32);
+    for (i, u) in uuids.iter().enumerate() {
+        let off = l.gpu_offset(i) + gpu::UUID;
+        put_uuid(&mut b[off..off + UUID_FIELD], u)?;
+    }
+    Ok(b)
+}
+
+/// One GPU's counters, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuUsage {
+    pub uuid: String,
+    pub used: u64,
+    pub peak: u64,
+    pub refused: u64,
+}
+
+/// One slot, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub index: usize,
+    pub token: u128,
+    pub flags: u32,
+    pub started_ns: u64,
+    pub charged: Vec<u64>,
+}
+
+/// A parsed copy of a region (for the plugin's metrics and for tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub layout: Layout,
+    pub gpus: Vec<GpuUsage>,
+    /// Slots with a non-zero token.
+    pub slots: Vec<SlotInfo>,
+}
+
+impl Snapshot {
+    pub fn parse(b: &[u8]) -> Result<Self, AbiError> {
+        let l = Layout::parse(b)?;
+        let gpus = (0..l.gpu_count)
+            .map(|g| {
+                let o = l.gpu_offset(g);
+                GpuUsage {
+                    uuid: get_uuid(&b[o + gpu::UUID..o + gpu::UUID + UUID_FIELD]),
+                    used: rd_u64(b, o + gpu::USED),
+                    peak: rd_u64(b, o + gpu::PEAK),
+                    refused: rd_u64(b, o + gpu::REFUSED),
+                }
+            })
+            .collect();
+        let slots = (0..l.slot_count)
+            .filter_map(|s| {
+                let o = l.slot_offset(s);
+                let token = u128::from(rd_u64(b, o + slot::TOKEN))
+                    | (u128::from(rd_u64(b, o + slot::TOKEN + 8)) << 64);
+                (token != 0).then(|| SlotInfo {
+                    index: s,
+                    token,
+                    flags: rd_u32(b, o + slot::FLAGS),
+                    started_ns: rd_u64(b, o + slot::STARTED_NS),
+                    charged: (0..l.gpu_count)
+                        .map(|g| rd_u64(b, o + slot::CHARGED + 8 * g))
+                        .collect(),
+                })
+            })
+            .collect();
+        Ok(Snapshot {
+            layout: l,
+            gpus,
+            slots,
+        })
+    }
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The GPU's usage plus the request exceeds the budget.
+    OverBudget,
+    /// No such GPU or slot index in this region.
+    OutOfRange,
+}
+
+/// A mapped region with the atomic operations the library and the plugin perform.
+pub struct Region {
+    map: Mapping,
+    layout: Layout,
+}
+
+impl Region {
+    /// Maps an open region file (read-write for the library, read-only for metrics).
+    pub fn map(file: &File, writable: bool) -> Result<Self, AbiError> {
+        let map = Mapping::new(file, writable)
+            .map_err(|e| AbiError::BadLayout(format!("cannot map: {e}")))?;
+        let layout = Layout::parse(&map.snapshot()[..])?;
+        if layout.file_size > map.len() {
+            return Err(AbiError::BadLayout(
+                "mapping shorter than the region".into(),
+            ));
+        }
+        Ok(Region { map, layout })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot, AbiError> {
+        Snapshot::parse(&self.map.snapshot())
+    }
+
+    fn gpu_field(&self, g: usize, field: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        (g < self.layout.gpu_count)
+            .then(|| self.map.u64_at(self.layout.gpu_offset(g) + field))
+            .flatten()
+    }
+
+    fn charged(&self, s: usize, g: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        (s < self.layout.slot_count && g < self.layout.gpu_count)
+            .then(|| {
+                self.map
+                    .u64_at(self.layout.slot_offset(s) + slot::CHARGED + 8 * g)
+            })
+            .flatten()
+    }
+
+    /// Index of `uuid` in the GPU table.
+    pub fn gpu_index(&self, uuid: &str) -> Option<usize> {
+        let snap = self.map.snapshot();
+        (0..self.layout.gpu_count).find(|&g| {
+            let o = self.layout.gpu_offset(g) + gpu::UUID;
+            get_uuid(&snap[o..o + UUID_FIELD]) == uuid
+        })
+    }
+
+    /// Reserves `bytes` on GPU `g` for slot `s` under `budget`: an atomic
+    /// compare-and-swap on the GPU's usage, so that no interleaving of processes can
+    /// exceed the budget; then the slot's charge. Usage is raised before the slot is
+    /// charged: a process killed between the two leaks its reservation (the budget
+    /// shrinks until the claim ends) rather than letting usage fall below reality.
+    pub fn reserve(&self, s: usize, g: usize, bytes: u64, budget: u64) -> Result<(), Refusal> {
+        let (Some(used), Some(charged)) = (self.gpu_field(g, gpu::USED), self.charged(s, g)) else {
+            return Err(Refusal::OutOfRange);
+        };
+        let mut cur = used.load(Ordering::Relaxed);
+        loop {
+            let next = match cur.checked_add(bytes) {
+                Some(n) if n <= budget => n,
+                _ => {
+                    if let Some(r) = self.gpu_field(g, gpu::REFUSED) {
+                        r.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(Refusal::OverBudget);
+                }
+            };
+            match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    charged.fetch_add(bytes, Ordering::AcqRel);
+                    if let Some(p) = self.gpu_field(g, gpu::PEAK) {
+                        p.fetch_max(next, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Returns `bytes` charged to slot `s` on GPU `g` (a free, or a rollback after a
+    /// failed allocation). Saturates at zero rather than wrapping.
+    pub fn release(&self, s: usize, g: usize, bytes: u64) {
+        if let Some(c) = self.charged(s, g) {
+            sat_sub(c, bytes);
+        }
+        if let Some(u) = self.gpu_field(g, gpu::USED) {
+            sat_sub(u, bytes);
+        }
+    }
+
+    /// Returns every charge of slot `s` to the GPU totals and frees the slot. Call only
+    /// while holding the slot's OFD lock (after finding it unlocked with a token).
+    pub fn reclaim_slot(&self, s: usize) -> Vec<u64> {
+        let mut returned = Vec::with_capacity(self.layout.gpu_count);
+        for g in 0..self.layout.gpu_count {
+            let n = self
+                .charged(s, g)
+                .map_or(0, |c| c.swap(0, Ordering::AcqRel));
+            if n > 0
+                && let Some(u) = self.gpu_field(g, gpu::USED)
+            {
+                sat_sub(u, n);
+            }
+            returned.push(n);
+        }
+        let o = self.layout.slot_offset(s);
+        for off in [slot::TOKEN, slot::TOKEN + 8, slot::STARTED_NS] {
+            if let Some(a) = self.map.u64_at(o + off) {
+                a.store(0, Ordering::Release);
+            }
+        }
+        if let Some(f) = self.map.u32_at(o + slot::FLAGS) {
+            f.store(0, Ordering::Release);
+        }
+        returned
+    }
+
+    /// Marks slot `s` as owned by `token` (call while holding its lock).
+    pub fn occupy_slot(&self, s: usize, token: u128, flags: u32, started_ns: u64) {
+        let o = self.layout.slot_offset(s);
+        if let (Some(lo), Some(hi), Some(t), Some(f)) = (
+            self.map.u64_at(o + slot::TOKEN),
+            self.map.u64_at(o + slot::TOKEN + 8),
+            self.map.u64_at(o + slot::STARTED_NS),
+            self.map.u32_at(o + slot::FLAGS),
+        ) {
+            t.store(started_ns, Ordering::Relaxed);
+            f.store(flags, Ordering::Relaxed);
+            hi.store((token >> 64) as u64, Ordering::Relaxed);
+            lo.store(token as u64, Ordering::Release);
+        }
+    }
+
+    /// Clears flag bits of slot `s`.
+    pub fn clear_slot_flags(&self, s: usize, bits: u32) {
+        if let Some(f) = self.map.u32_at(self.layout.slot_offset(s) + slot::FLAGS) {
+            f.fetch_and(!bits, Ordering::AcqRel);
+        }
+    }
+
+    /// Finds slots whose token is set but whose lock nobody holds (dead processes),
+    /// takes each lock, returns the charges and frees the slot. Returns the indices
+    /// reclaimed. `file` must be an open description of the region file other than the
+    /// one any live slot lock of this process is held on.
+    pub fn reclaim_dead(&self, file: &File) -> std::io::Result<Vec<usize>> {
+        let mut out = Vec::new();
+        let snap = self.map.snapshot();
+        for s in 0..self.layout.slot_count {
+            let o = self.layout.slot_offset(s);
+            if rd_u64(&snap, o + slot::TOKEN) == 0 && rd_u64(&snap, o + slot::TOKEN + 8) == 0 {
+                continue;
+            }
+            let (start, len) = self.layout.slot_lock_range(s);
+            if map::try_lock_range(file, start, len)? {
+                self.reclaim_slot(s);
+                map::unlock_range(file, start, len)?;
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn sat_sub(a: &std::sync::atomic::AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}

@@ -1,0 +1,280 @@
+//! The region and control ABI as a specification: golden bytes written by hand from
+//! the ARCHITECTURE.md table (not by the crate) must parse, newer layouts must stay
+//! readable, reservations never exceed a budget, and a dead process's slot is
+//! reclaimed through its dropped OFD lock.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+
+use tessera_abi::control::{self, Control, GpuControl};
+use tessera_abi::map::{range_locked, try_lock_range};
+use tessera_abi::region::{self, Layout, Refusal, Region, Snapshot};
+
+fn put32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// A v1 region with 2 GPUs and 3 slots, written from the documented table.
+fn golden_v1() -> Vec<u8> {
+    // header 64; GPU table at 64 (2 × 128) → 320; slot size = 64 + 2×8 → 128;
+    // slot table at 320; 3 slots → 704; file rounded to 4096.
+    let mut b = vec![0u8; 4096];
+    b[..8].copy_from_slice(b"TSRAREG\0");
+    put32(&mut b, 8, 1);
+    put32(&mut b, 12, 64);
+    put64(&mut b, 16, 4096);
+    put32(&mut b, 24, 2);
+    put32(&mut b, 28, 128);
+    put32(&mut b, 32, 64);
+    put32(&mut b, 36, 3);
+    put32(&mut b, 40, 128);
+    put32(&mut b, 44, 320);
+    b[64..64 + 5].copy_from_slice(b"GPU-a");
+    put64(&mut b, 64 + 64, 1000); // used
+    put64(&mut b, 64 + 72, 1500); // peak
+    put64(&mut b, 64 + 80, 2); // refused
+    b[192..192 + 5].copy_from_slice(b"GPU-b");
+    // slot 1: token, flags, started, charged (GPU-a 1000)
+    let s1 = 320 + 128;
+    put64(&mut b, s1, 0xdead);
+    put64(&mut b, s1 + 8, 0xbeef);
+    put32(&mut b, s1 + 16, 1);
+    put64(&mut b, s1 + 24, 77);
+    put64(&mut b, s1 + 64, 1000);
+    b
+}
+
+/// The crate writes exactly the documented bytes, and reads them back.
+#[test]
+fn golden_v1_region_matches_the_documented_layout() {
+    let g = golden_v1();
+    let fresh = region::initial_bytes(&["GPU-a", "GPU-b"], 3).unwrap();
+    // Same header and GPU UUIDs as the hand-written file (counters differ).
+    assert_eq!(fresh[..64], g[..64]);
+    assert_eq!(fresh[64..128], g[64..128]);
+    assert_eq!(fresh[192..256], g[192..256]);
+    let s = Snapshot::parse(&g).unwrap();
+    assert_eq!(s.layout, Layout::v1(2, 3).unwrap());
+    assert_eq!(
+        (
+            s.gpus[0].uuid.as_str(),
+            s.gpus[0].used,
+            s.gpus[0].peak,
+            s.gpus[0].refused
+        ),
+        ("GPU-a", 1000, 1500, 2)
+    );
+    assert_eq!(s.slots.len(), 1);
+    let sl = &s.slots[0];
+    assert_eq!(sl.index, 1);
+    assert_eq!(sl.token, 0xdead | (0xbeef << 64));
+    assert_eq!(
+        (sl.flags, sl.started_ns, sl.charged.clone()),
+        (1, 77, vec![1000, 0])
+    );
+}
+
+/// A region written by a later version that grew the header, the GPU entries and the
+/// slots (appending fields) is still readable by this version: the N → N+1 rule seen
+/// from the reader's side, and a v1 file stays readable by any later reader because the
+/// crate never reads past the sizes in the header.
+#[test]
+fn a_grown_layout_stays_readable() {
+    let (hs, es, ss, gpus, slots) = (128usize, 192usize, 192usize, 1usize, 2usize);
+    let slot_table = hs + gpus * es;
+    let size = 4096;
+    let mut b = vec![0u8; size];
+    b[..8].copy_from_slice(b"TSRAREG\0");
+    put32(&mut b, 8, 2);
+    put32(&mut b, 12, hs as u32);
+    put64(&mut b, 16, size as u64);
+    put32(&mut b, 24, gpus as u32);
+    put32(&mut b, 28, es as u32);
+    put32(&mut b, 32, hs as u32);
+    put32(&mut b, 36, slots as u32);
+    put32(&mut b, 40, ss as u32);
+    put32(&mut b, 44, slot_table as u32);
+    b[64..72].copy_from_slice(&[0xff; 8]); // a v2 header field
+    b[hs..hs + 5].copy_from_slice(b"GPU-z");
+    put64(&mut b, hs + 64, 42);
+    put64(&mut b, hs + 150, 0); // a v2 GPU field
+    let s1 = slot_table + ss;
+    put64(&mut b, s1, 9);
+    put64(&mut b, s1 + 64, 42);
+    let s = Snapshot::parse(&b).unwrap();
+    assert_eq!(s.layout.version, 2);
+    assert_eq!((s.gpus[0].uuid.as_str(), s.gpus[0].used), ("GPU-z", 42));
+    assert_eq!(
+        (s.slots[0].index, s.slots[0].charged.clone()),
+        (1, vec![42])
+    );
+}
+
+#[test]
+fn malformed_regions_are_refused() {
+    let g = golden_v1();
+    assert!(Snapshot::parse(&g[..100]).is_err());
+    let mut bad = g.clone();
+    bad[0] = b'X';
+    assert!(Snapshot::parse(&bad).is_err());
+    let mut bad = g.clone();
+    put32(&mut bad, 36, 1000); // slots beyond the file
+    assert!(Snapshot::parse(&bad).is_err());
+    let mut bad = g;
+    put32(&mut bad, 40, 64); // slot too small for 2 GPUs
+    assert!(Snapshot::parse(&bad).is_err());
+    assert!(Layout::v1(0, 1).is_err());
+}
+
+fn region_file(dir: &tempfile::TempDir, uuids: &[&str], slots: u32) -> std::path::PathBuf {
+    let p = dir.path().join("region");
+    File::create(&p)
+        .unwrap()
+        .write_all(&region::initial_bytes(uuids, slots).unwrap())
+        .unwrap();
+    p
+}
+
+/// Eight threads on eight separate mappings race to reserve 1 MiB pieces of a 100 MiB
+/// budget: exactly 100 succeed, usage never exceeds the budget, refusals are counted.
+#[test]
+fn concurrent_reservations_never_exceed_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a"], 8);
+    let budget = 100 << 20;
+    let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let p = p.clone();
+            let ok = ok.clone();
+            std::thread::spawn(move || {
+                let f = File::options().read(true).write(true).open(&p).unwrap();
+                let r = Region::map(&f, true).unwrap();
+                for _ in 0..50 {
+                    if r.reserve(t, 0, 1 << 20, budget).is_ok() {
+                        ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let f = File::open(&p).unwrap();
+    let s = Region::map(&f, false).unwrap().snapshot().unwrap();
+    assert_eq!(ok.load(std::sync::atomic::Ordering::Relaxed), 100);
+    assert_eq!(s.gpus[0].used, budget);
+    assert_eq!(s.gpus[0].peak, budget);
+    assert_eq!(s.gpus[0].refused, 300);
+}
+
+#[test]
+fn release_returns_and_saturates() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a", "GPU-b"], 2);
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    assert_eq!(r.gpu_index("GPU-b"), Some(1));
+    r.reserve(0, 1, 10, 10).unwrap();
+    assert_eq!(r.reserve(1, 1, 1, 10), Err(Refusal::OverBudget));
+    assert_eq!(r.reserve(5, 1, 1, 10), Err(Refusal::OutOfRange));
+    r.release(0, 1, 4);
+    r.release(0, 1, 100);
+    let s = r.snapshot().unwrap();
+    assert_eq!(s.gpus[1].used, 0);
+}
+
+/// A child process takes slot 0's OFD lock, charges 3 MiB and is SIGKILLed: the lock is
+/// gone the moment it dies, and `reclaim_dead` returns its charge.
+#[test]
+fn a_killed_process_slot_is_reclaimed() {
+    if let Ok(p) = std::env::var("TESSERA_ABI_CHILD_REGION") {
+        let f = File::options().read(true).write(true).open(&p).unwrap();
+        let r = Region::map(&f, true).unwrap();
+        let (start, len) = r.layout().slot_lock_range(0);
+        assert!(try_lock_range(&f, start, len).unwrap());
+        r.occupy_slot(0, 0x1234, 0, 1);
+        r.reserve(0, 0, 3 << 20, 10 << 20).unwrap();
+        println!("READY");
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a"], 4);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_killed_process_slot_is_reclaimed",
+            "--nocapture",
+        ])
+        .env("TESSERA_ABI_CHILD_REGION", &p)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("READY") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
+    }
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    let (start, len) = r.layout().slot_lock_range(0);
+    assert!(range_locked(&f, start, len).unwrap());
+    assert_eq!(r.reclaim_dead(&f).unwrap(), Vec::<usize>::new());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!range_locked(&f, start, len).unwrap());
+    assert_eq!(r.reclaim_dead(&f).unwrap(), vec![0]);
+    let s = r.snapshot().unwrap();
+    assert_eq!(s.gpus[0].used, 0);
+    assert!(s.slots.is_empty());
+}
+
+/// The control file: documented header, seqlocked updates visible to a read-only
+/// mapping, and refusal of out-of-range values.
+#[test]
+fn control_file_updates_are_seen_by_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("control");
+    let gpus = vec![GpuControl {
+        uuid: "GPU-a".into(),
+        share: 25,
+        compute_limit: 100,
+        launch_rate: 0,
+        updates: 0,
+    }];
+    let bytes = control::initial_bytes(&gpus).unwrap();
+    assert_eq!(&bytes[..8], b"TSRACTL\0");
+    assert_eq!(bytes.len(), 4096);
+    assert_eq!(
+        u32::from_le_bytes(bytes[64 + 64..64 + 68].try_into().unwrap()),
+        25
+    );
+    File::create(&p).unwrap().write_all(&bytes).unwrap();
+    let w = Control::map(
+        &File::options().read(true).write(true).open(&p).unwrap(),
+        true,
+    )
+    .unwrap();
+    let r = Control::map(&File::open(&p).unwrap(), false).unwrap();
+    assert!(r.set_launch_rate(0, 5).is_err());
+    w.set_launch_rate(0, 1200).unwrap();
+    assert_eq!(r.launch_rate(0), Some(1200));
+    let all = r.read().unwrap();
+    assert_eq!(
+        (all[0].launch_rate, all[0].updates, all[0].share),
+        (1200, 1, 25)
+    );
+    let mut bad = gpus.clone();
+    bad[0].share = 101;
+    assert!(control::initial_bytes(&bad).is_err());
+    bad[0].share = 0;
+    bad[0].compute_limit = 0;
+    assert!(control::initial_bytes(&bad).is_err());
+}
