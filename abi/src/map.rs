@@ -81,7 +81,7 @@ impl Mapping {
 
     /// The atomic u64 at `off`, if aligned and inside the mapping.
     pub fn u64_at(&self, off: usize) -> Option<&AtomicU64> {
-        if off % 8 != 0 || off.checked_add(8)? > self.len {
+        if !off.is_multiple_of(8) || off.checked_add(8)? > self.len {
             return None;
         }
         // SAFETY: in bounds and aligned (page-aligned base); shared memory is only
@@ -91,7 +91,7 @@ impl Mapping {
 
     /// The atomic u32 at `off`, if aligned and inside the mapping.
     pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
-        if off % 4 != 0 || off.checked_add(4)? > self.len {
+        if !off.is_multiple_of(4) || off.checked_add(4)? > self.len {
             return None;
         }
         // SAFETY: as for `u64_at`.
