@@ -377,6 +377,7 @@ fn pool(node: &MockNode, version: KubeVersion, gates: &FeatureGates) -> Vec<Reso
             version,
             features: ServerFeatures::from_gates(gates),
             layout: SliceLayout::Split,
+            shared_slots: 4,
         },
         &inv,
         &gpus,
@@ -410,6 +411,7 @@ fn pool_build() {
         version,
         features: ServerFeatures::from_gates(&gates),
         layout: SliceLayout::Split,
+        shared_slots: 4,
     };
     let no_mig = BTreeMap::new();
     // What the publisher compares against: the pool it wrote last time.
@@ -570,11 +572,16 @@ fn mig_prepare() {
         boot_id: "bench-boot".into(),
         fail_points: FailPoints::default(),
         unknown_mig: UnknownMig::Destroy,
+        run_dir: root.path().join("run"),
+        shared_slots: 4,
+        interception_source: None,
     };
     let cdi = CdiContext {
         host_dev_root: PathBuf::from("/"),
         majors: inv.char_majors,
         driver_files: Vec::new(),
+        host_run_dir: root.path().join("run"),
+        interception: None,
     };
     let state_dir = cfg.state_dir.clone();
     let (state, _) = DeviceState::open(cfg, gpus, backend.clone(), cdi).expect("open state");

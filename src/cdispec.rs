@@ -52,6 +52,11 @@ pub struct CdiContext {
     pub host_dev_root: PathBuf,
     pub majors: CharMajors,
     pub driver_files: Vec<DriverFile>,
+    /// The run dir as the host sees it (claim files, library, `ld.so.preload`).
+    pub host_run_dir: PathBuf,
+    /// The installed interception library version; `None` if none is installed, in
+    /// which case shared-GPU claims are refused rather than left unenforced.
+    pub interception: Option<String>,
 }
 
 fn host_dev(ctx: &CdiContext, path: &str) -> String {
@@ -128,7 +133,53 @@ pub fn render_claim_spec(
             f.container_path.clone(),
         ));
     }
+    if plan.is_shared() {
+        common = shared_claim_mounts(plan, ctx, common)?;
+    }
     Ok(Spec::new("auto", CDI_KIND, devices).with_container_edits(common))
+}
+
+/// The mounts of a claim with shared-GPU devices: the interception library's directory
+/// and `/etc/ld.so.preload` (identical in every shared claim's spec, so two claims in
+/// one container agree), and the claim's own three files, each mounted as a single
+/// file under `/run/tessera/claims/<uid>/` (never a writable directory): `limits` and
+/// `control` read-only, `region` read-write.
+fn shared_claim_mounts(
+    plan: &ClaimPlan,
+    ctx: &CdiContext,
+    mut edits: ContainerEdits,
+) -> Result<ContainerEdits, String> {
+    use crate::interception as lib;
+    let version = ctx.interception.as_deref().ok_or(
+        "no interception library is installed (see --interception-lib): a shared-GPU claim would not be enforced",
+    )?;
+    let run = &ctx.host_run_dir;
+    edits = edits
+        .with_mount(Mount::bind_ro(
+            join_host(run, &format!("{}/{version}", lib::LIB_DIR)),
+            lib::CONTAINER_LIB_DIR,
+        ))
+        .with_mount(Mount::bind_ro(
+            join_host(run, lib::PRELOAD_FILE),
+            "/etc/ld.so.preload",
+        ));
+    for (name, rw) in [
+        (tessera_abi::LIMITS_FILE, false),
+        (tessera_abi::CONTROL_FILE, false),
+        (tessera_abi::REGION_FILE, true),
+    ] {
+        let host = join_host(
+            run,
+            &format!("{}/{}/{name}", crate::claimfiles::CLAIMS_DIR, plan.uid),
+        );
+        let container = format!("{}/{}/{name}", tessera_abi::CONTAINER_CLAIMS_DIR, plan.uid);
+        edits = edits.with_mount(if rw {
+            Mount::bind_rw(host, container)
+        } else {
+            Mount::bind_ro(host, container)
+        });
+    }
+    Ok(edits)
 }
 
 /// Driver libraries a CUDA container needs, with their sonames. `libcuda` is
@@ -212,6 +263,8 @@ mod tests {
                 host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06".into(),
                 container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
             }],
+            host_run_dir: PathBuf::from("/run/tessera"),
+            interception: Some("0.1.0-abc".into()),
         }
     }
 
@@ -231,6 +284,7 @@ mod tests {
                     gpu_uuid: format!("GPU-{minor}"),
                     config: GpuConfig::default(),
                     mig: None,
+                    budget: None,
                 })
                 .collect(),
         }

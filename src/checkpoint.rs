@@ -57,6 +57,9 @@ pub struct PreparedDevice {
     /// For a MIG partition: what was (or is to be) created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigRecord>,
+    /// For a share of a shared GPU or a fallback slot: the budget it gives the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::claims::Budget>,
 }
 
 /// A MIG device a claim owns, recorded before it is created.
@@ -89,6 +92,12 @@ pub struct ClaimRecord {
     /// The CDI spec file this claim owns (in `--cdi-dir`), recorded before it is written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdi_spec: Option<String>,
+    /// Whether the claim owns `<run-dir>/claims/<uid>/` (recorded before it is created).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub claim_files: bool,
+    /// The interception library version the claim's spec mounts (kept while referenced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lib_version: Option<String>,
     /// Unix seconds when prepare started / completed.
     #[serde(default)]
     pub started_at: u64,
@@ -250,6 +259,8 @@ mod tests {
             name: "c".into(),
             devices: vec![],
             cdi_spec: Some("tessera.dev-gpu-u1.json".into()),
+            claim_files: false,
+            lib_version: None,
             started_at: 1,
             completed_at: None,
         }

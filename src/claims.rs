@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::config::ManagedGpu;
+use crate::config::{GpuMode, ManagedGpu};
 use crate::gpuconfig::{self, GpuConfig};
 use crate::naming::{DeviceRef, parse_device_name};
 
@@ -18,6 +18,25 @@ pub struct MigTarget {
     pub size: u32,
     /// The GI ID NVML gives that placement (heap index), known before creation.
     pub gi_id: u32,
+}
+
+/// What a shared-GPU allocation (a consumed share or a fallback slot) gives the claim:
+/// the memory budget the interception library enforces and the compute share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    pub memory_bytes: u64,
+    /// Percent of the GPU's compute time (0-100).
+    pub compute_percent: u32,
+}
+
+impl Budget {
+    fn add(self, o: Budget) -> Budget {
+        Budget {
+            memory_bytes: self.memory_bytes.saturating_add(o.memory_bytes),
+            compute_percent: self.compute_percent.saturating_add(o.compute_percent),
+        }
+    }
 }
 
 /// One device the claim gets here.
@@ -34,6 +53,8 @@ pub struct PlannedDevice {
     pub config: GpuConfig,
     /// `Some` for a MIG partition (created at prepare), `None` for a whole GPU.
     pub mig: Option<MigTarget>,
+    /// `Some` for a share of a `shared` GPU or a fallback slot: what the claim may use.
+    pub budget: Option<Budget>,
 }
 
 impl PlannedDevice {
@@ -109,6 +130,82 @@ pub enum ClaimError {
     MigInUse { device: String, count: usize },
     #[error("cannot build the CDI spec: {0}")]
     Cdi(String),
+    #[error("device {device} of request {request}: {reason}")]
+    BadShare {
+        request: String,
+        device: String,
+        reason: String,
+    },
+    #[error(
+        "GPU {minor} would be over-committed: {what} of prepared claims plus this one is {total}, more than its {capacity}"
+    )]
+    OverCommitted {
+        minor: u32,
+        what: &'static str,
+        total: u64,
+        capacity: u64,
+    },
+}
+
+/// Bytes of a consumed-capacity quantity, rounded down to whole bytes; `None` if
+/// negative or unparsable.
+fn quantity_floor(q: &str) -> Option<u64> {
+    let p = crate::validation::quantity::ParsedQuantity::parse(q).ok()?;
+    if p.sign() < 0 {
+        return None;
+    }
+    let v = p.to_i64_value()?;
+    // `to_i64_value` rounds away from zero: one less for a fractional positive value.
+    let v = if p.is_integer() { v } else { v - 1 };
+    u64::try_from(v).ok()
+}
+
+/// The budget of a `shared` GPU's allocation: its `consumedCapacity`, which the
+/// scheduler filled after applying the request policies (defaults and rounding to the
+/// step). Memory must be 1 byte to the published total; compute 0 to 100 percent.
+fn consumed_budget(
+    r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+    gpu: &ManagedGpu,
+) -> Result<Budget, ClaimError> {
+    let bad = |reason: String| ClaimError::BadShare {
+        request: r.request.clone(),
+        device: r.device.clone(),
+        reason,
+    };
+    if r.share_id.is_none() {
+        return Err(bad(
+            "a shared GPU allocated without a shareID (the server dropped consumable capacity?)"
+                .into(),
+        ));
+    }
+    let cc = r
+        .consumed_capacity
+        .as_ref()
+        .ok_or_else(|| bad("no consumedCapacity in the allocation result".into()))?;
+    let get = |name: &str| -> Result<u64, ClaimError> {
+        let q = cc
+            .get(name)
+            .ok_or_else(|| bad(format!("consumedCapacity has no {name}")))?;
+        quantity_floor(&q.0)
+            .ok_or_else(|| bad(format!("consumedCapacity {name} {:?} is not a size", q.0)))
+    };
+    let memory_bytes = get("memory")?;
+    let compute = get("compute")?;
+    let total = crate::slices::shared_memory(&gpu.gpu);
+    if memory_bytes == 0 || memory_bytes > total {
+        return Err(bad(format!(
+            "consumed memory {memory_bytes} is outside 1..={total} bytes"
+        )));
+    }
+    if compute > 100 {
+        return Err(bad(format!(
+            "consumed compute {compute} is above 100 percent"
+        )));
+    }
+    Ok(Budget {
+        memory_bytes,
+        compute_percent: compute as u32,
+    })
 }
 
 /// Whether the held device `other` shares hardware with `planned`: the same whole GPU
@@ -142,18 +239,40 @@ fn overlaps(gpus: &[ManagedGpu], other: &str, planned: &PlannedDevice) -> bool {
     }
 }
 
-/// Decides the claim's devices on this node. `held` maps a hold key (see
-/// [`PlannedDevice::hold_key`]) to the UID of the claim holding it. Checks, in order:
-/// UID, allocation, that our results are in our pool, that each device exists, that it
-/// is not held by another claim, and the opaque configs. Deterministic.
+/// This node as claim planning sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a> {
+    pub driver: &'a str,
+    pub pool: &'a str,
+    pub gpus: &'a [ManagedGpu],
+    /// Fallback slots per `shared` GPU (the node config's `sharedSlots`).
+    pub shared_slots: u32,
+}
+
+/// What other prepared claims hold: hold key (see [`PlannedDevice::hold_key`]) to the
+/// holder's UID, and per GPU minor the sum of their shared-GPU budgets.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    pub devices: BTreeMap<String, String>,
+    pub budgets: BTreeMap<u32, Budget>,
+}
+
+/// Decides the claim's devices on this node. Checks, in order: UID, allocation, that
+/// our results are in our pool, that each device exists, the opaque configs, the
+/// shares of shared GPUs, that no device is held by another claim, and that no shared
+/// GPU ends up over-committed. Deterministic.
 pub fn plan_claim(
     claim: &ResourceClaim,
     expected_uid: &str,
-    driver: &str,
-    pool: &str,
-    gpus: &[ManagedGpu],
-    held: &BTreeMap<String, String>,
+    node: NodeView<'_>,
+    held: &Held,
 ) -> Result<ClaimPlan, ClaimError> {
+    let NodeView {
+        driver,
+        pool,
+        gpus,
+        shared_slots,
+    } = node;
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
     let uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -190,13 +309,26 @@ pub fn plan_claim(
             request: r.request.clone(),
             device: r.device.clone(),
         };
-        let (gpu, mig) = match parse_device_name(&r.device) {
-            Some(DeviceRef::Gpu { minor }) => (
-                gpus.iter()
-                    .find(|g| g.gpu.minor == minor)
-                    .ok_or_else(unknown)?,
-                None,
-            ),
+        let find = |minor: u32| gpus.iter().find(|g| g.gpu.minor == minor);
+        let (gpu, mig, budget) = match parse_device_name(&r.device) {
+            Some(DeviceRef::Gpu { minor }) => {
+                let gpu = find(minor).ok_or_else(unknown)?;
+                let budget = match gpu.mode {
+                    GpuMode::Shared => Some(consumed_budget(r, gpu)?),
+                    _ => None,
+                };
+                (gpu, None, budget)
+            }
+            Some(DeviceRef::Slot { minor, slot }) => {
+                let gpu = find(minor)
+                    .filter(|g| g.mode == GpuMode::Shared && slot < shared_slots)
+                    .ok_or_else(unknown)?;
+                let budget = Budget {
+                    memory_bytes: crate::slices::slot_memory(&gpu.gpu, shared_slots),
+                    compute_percent: crate::slices::slot_compute(shared_slots),
+                };
+                (gpu, None, Some(budget))
+            }
             Some(DeviceRef::Mig {
                 minor,
                 profile,
@@ -228,10 +360,10 @@ pub fn plan_claim(
                         size,
                         gi_id,
                     }),
+                    None,
                 )
             }
-            // Slots are not published yet (shared-GPU issue).
-            _ => return Err(unknown()),
+            None => return Err(unknown()),
         };
         let config =
             gpuconfig::effective_config(configs, driver, &r.request).map_err(ClaimError::Config)?;
@@ -249,8 +381,9 @@ pub fn plan_claim(
             gpu_uuid: gpu.gpu.uuid.clone(),
             config,
             mig,
+            budget,
         };
-        if let Some(holder) = held.get(&planned.hold_key())
+        if let Some(holder) = held.devices.get(&planned.hold_key())
             && holder != expected_uid
         {
             return Err(ClaimError::DeviceInUse {
@@ -260,7 +393,7 @@ pub fn plan_claim(
         }
         // Last line of defence behind the scheduler's counters: a whole GPU and its
         // partitions, or two overlapping partitions, are never held at once.
-        for (key, holder) in held {
+        for (key, holder) in &held.devices {
             let other = key.split('#').next().unwrap_or(key);
             if holder != expected_uid && overlaps(gpus, other, &planned) {
                 return Err(ClaimError::DeviceInUse {
@@ -279,6 +412,7 @@ pub fn plan_claim(
         }
         devices.push(planned);
     }
+    check_commitment(gpus, &devices, held)?;
     if devices.is_empty() {
         return Err(ClaimError::NoDevicesHere {
             namespace,
@@ -293,4 +427,65 @@ pub fn plan_claim(
         name,
         devices,
     })
+}
+
+/// Last line of defence behind the scheduler's capacity accounting: the budgets of all
+/// prepared claims on one shared GPU stay within its memory and 100 % compute.
+fn check_commitment(
+    gpus: &[ManagedGpu],
+    devices: &[PlannedDevice],
+    held: &Held,
+) -> Result<(), ClaimError> {
+    let mut mine: BTreeMap<u32, Budget> = BTreeMap::new();
+    for d in devices {
+        if let Some(b) = d.budget {
+            let e = mine.entry(d.gpu_minor).or_default();
+            *e = e.add(b);
+        }
+    }
+    for (minor, b) in mine {
+        let Some(gpu) = gpus.iter().find(|g| g.gpu.minor == minor) else {
+            continue;
+        };
+        let total = b.add(held.budgets.get(&minor).copied().unwrap_or_default());
+        let capacity = crate::slices::shared_memory(&gpu.gpu);
+        if total.memory_bytes > capacity {
+            return Err(ClaimError::OverCommitted {
+                minor,
+                what: "memory (bytes)",
+                total: total.memory_bytes,
+                capacity,
+            });
+        }
+        if total.compute_percent > 100 {
+            return Err(ClaimError::OverCommitted {
+                minor,
+                what: "compute (percent)",
+                total: u64::from(total.compute_percent),
+                capacity: 100,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl ClaimPlan {
+    /// Whether any device is a shared-GPU share or slot (the claim then gets its
+    /// per-claim files and the interception library).
+    pub fn is_shared(&self) -> bool {
+        self.devices.iter().any(|d| d.budget.is_some())
+    }
+
+    /// The claim's budgets per GPU UUID: the sum over its shares of that GPU, sorted by
+    /// UUID (the order of the `limits`, `control` and `region` tables).
+    pub fn budgets_by_uuid(&self) -> Vec<(String, Budget)> {
+        let mut m: BTreeMap<String, Budget> = BTreeMap::new();
+        for d in &self.devices {
+            if let Some(b) = d.budget {
+                let e = m.entry(d.gpu_uuid.clone()).or_default();
+                *e = e.add(b);
+            }
+        }
+        m.into_iter().collect()
+    }
 }

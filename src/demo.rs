@@ -13,9 +13,13 @@
 //! | whole GPUs | `w2` | two Tesla T4 | `gpu-2`, `gpu-3` |
 //! | MIG | `m1`, `m2`, `m3` | a `1g.10gb` each | `gpu-0-mig-1g10gb-19-6`, `-5`, `-4` |
 //! | MIG | `m4` | a `3g.40gb` | `gpu-0-mig-3g40gb-9-0` |
+//! | shared | `s1` | 20 GiB and 25 % compute of a shared H100 | `gpu-1` (share) |
+//! | shared | `s2` | 30 GiB and 40 % compute of a shared H100 | `gpu-1` (share) |
 //!
 //! The MIG phase shows the instances the plugin created through the backend, and that
-//! unprepare destroyed them and switched MIG mode off again.
+//! unprepare destroyed them and switched MIG mode off again. The shared phase shows
+//! each claim's budget (from the allocation's `consumedCapacity`) and the paths of its
+//! `limits`, `control` and `region` files, which the interception library enforces.
 //!
 //! Claims are allocated by the `tessera plan` allocator against the slices the plugin
 //! actually published, as the scheduler would.
@@ -28,6 +32,7 @@ use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
     ResourceClaimSpec, ResourceClaimStatus,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
@@ -52,6 +57,8 @@ pub struct DemoClaim {
     /// Attribute `productName` (whole GPUs) or `profile` (MIG) must equal/contain this.
     pub wants: &'static str,
     pub count: usize,
+    /// For a shared GPU: (memory, compute percent) to consume.
+    pub share: Option<(&'static str, u32)>,
 }
 
 impl DemoClaim {
@@ -84,6 +91,14 @@ pub fn phases() -> Vec<Phase> {
         class,
         wants,
         count,
+        share: None,
+    };
+    let shared = |name, memory, compute| DemoClaim {
+        name,
+        class: "shared.tessera.dev",
+        wants: "H100",
+        count: 1,
+        share: Some((memory, compute)),
     };
     vec![
         Phase {
@@ -102,6 +117,10 @@ pub fn phases() -> Vec<Phase> {
                 c("m4", "mig.tessera.dev", "3g.40gb", 1),
             ],
         },
+        Phase {
+            title: "shared GPU gpu-1: a light and a heavier inference worker",
+            claims: vec![shared("s1", "20Gi", 25), shared("s2", "30Gi", 40)],
+        },
     ]
 }
 
@@ -114,6 +133,10 @@ pub struct DemoReport {
     pub leftover_files: Vec<String>,
     /// MIG devices left after the MIG phase's unprepare (must be 0).
     pub mig_left: usize,
+    /// Shared claims: (claim name, its `limits` file's contents).
+    pub shared_limits: Vec<(String, String)>,
+    /// Entries left in the run dir's `claims/` after the last unprepare (must be empty).
+    pub leftover_claim_dirs: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +167,14 @@ pub fn claim_object(c: &DemoClaim) -> ResourceClaim {
                     exactly: Some(ExactDeviceRequest {
                         device_class_name: c.class.into(),
                         count: Some(c.count as i64),
+                        capacity: c.share.map(|(memory, compute)| {
+                            k8s_openapi::api::resource::v1::CapacityRequirements {
+                                requests: Some(std::collections::BTreeMap::from([
+                                    ("memory".to_string(), Quantity(memory.to_string())),
+                                    ("compute".to_string(), Quantity(compute.to_string())),
+                                ])),
+                            }
+                        }),
                         selectors: Some(vec![k8s_openapi::api::resource::v1::DeviceSelector {
                             cel: Some(k8s_openapi::api::resource::v1::CELDeviceSelector {
                                 expression: c.selector(),
@@ -190,8 +221,13 @@ async fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> Result
     }
 }
 
-/// Runs the demo in `workdir`, writing the readable summary to `out`.
-pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoError> {
+/// Runs the demo in `workdir` with the interception library at `interception_lib`,
+/// writing the readable summary to `out`.
+pub async fn run(
+    workdir: &Path,
+    interception_lib: &Path,
+    out: &mut String,
+) -> Result<DemoReport, DemoError> {
     let setup = |e: std::io::Error| DemoError::Setup(e.to_string());
     let version = KubeVersion::NEWEST;
     let api = FakeApiServer::start(FakeApiConfig::new(version))
@@ -205,6 +241,7 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         cdi_dir: workdir.join("cdi"),
         state_dir: workdir.join("state"),
         run_dir: workdir.join("run"),
+        host_run_dir: workdir.join("run"),
         dev_root: PathBuf::from("/"),
         host_dev_root: PathBuf::from("/"),
         driver_root: workdir.join("driver-root"),
@@ -232,6 +269,7 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
         publish_debounce: Duration::from_millis(100),
         fail_points: FailPoints::default(),
         adopt_unknown_mig: false,
+        interception_lib: Some(interception_lib.to_path_buf()),
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -419,6 +457,34 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
                 spec.display(),
                 if spec.exists() { "written" } else { "MISSING" }
             );
+            if c.share.is_some() {
+                let dir = crate::claimfiles::claim_dir(&paths.run_dir, &kc.uid);
+                let limits = std::fs::read_to_string(dir.join(tessera_abi::LIMITS_FILE))
+                    .map_err(step("reading limits"))?;
+                let parsed =
+                    tessera_abi::limits::Limits::parse(&limits).map_err(step("parsing limits"))?;
+                let control = std::fs::read(dir.join(tessera_abi::CONTROL_FILE))
+                    .map_err(step("reading control"))?;
+                let control =
+                    tessera_abi::control::parse(&control).map_err(step("parsing control"))?;
+                for (g, ctl) in parsed.gpus.iter().zip(&control) {
+                    let _ = writeln!(
+                        out,
+                        "    budget on {}: {:.1} GiB memory, {} % compute reserved",
+                        g.uuid,
+                        g.memory_bytes as f64 / (1u64 << 30) as f64,
+                        ctl.share
+                    );
+                }
+                for f in [
+                    tessera_abi::LIMITS_FILE,
+                    tessera_abi::CONTROL_FILE,
+                    tessera_abi::REGION_FILE,
+                ] {
+                    let _ = writeln!(out, "    {f:<8} {}", dir.join(f).display());
+                }
+                report.shared_limits.push((c.name.to_string(), limits));
+            }
             report
                 .prepared
                 .push((c.name.to_string(), devices, ids, spec));
@@ -487,6 +553,20 @@ pub async fn run(workdir: &Path, out: &mut String) -> Result<DemoReport, DemoErr
             report.mig_left += st.instances.len();
         }
         report.leftover_files = left;
+        report.leftover_claim_dirs = std::fs::read_dir(paths.run_dir.join("claims"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if phase.claims.iter().any(|c| c.share.is_some()) {
+            let _ = writeln!(
+                out,
+                "  claim directories left: {}",
+                report.leftover_claim_dirs.len()
+            );
+        }
     }
     let _ = stop_tx.send(());
     plugin_task

@@ -67,6 +67,9 @@ struct DemoArgs {
     /// Keep the demo's temp directory (specs, checkpoint, sockets) for inspection.
     #[arg(long)]
     keep: bool,
+    /// The interception library; default: next to the binary.
+    #[arg(long)]
+    interception_lib: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -101,6 +104,9 @@ struct PluginArgs {
     /// Per-claim directories and the installed interception library (tmpfs).
     #[arg(long, default_value = "/run/tessera")]
     run_dir: PathBuf,
+    /// The same directory as seen by the host (written into CDI specs); default: --run-dir.
+    #[arg(long)]
+    host_run_dir: Option<PathBuf>,
     /// Where the plugin finds device nodes.
     #[arg(long, default_value = "/")]
     dev_root: PathBuf,
@@ -249,11 +255,23 @@ fn plan(a: PlanArgs) -> Result<()> {
 async fn demo(a: DemoArgs) -> Result<()> {
     let dir = tempfile::Builder::new().prefix("tessera-demo-").tempdir()?;
     let mut out = String::new();
-    let result = tessera::demo::run(dir.path(), &mut out).await;
+    let lib = a
+        .interception_lib
+        .clone()
+        .or_else(tessera::interception::default_source)
+        .filter(|p| p.is_file())
+        .context(
+            "the interception library libtessera_cuda.so is not built next to the binary \
+             (`cargo run` builds it with the workspace; or pass --interception-lib)",
+        )?;
+    let result = tessera::demo::run(dir.path(), &lib, &mut out).await;
     print!("{out}");
     let report = result?;
     if !report.leftover_files.is_empty() {
         bail!("files left in the CDI dir: {:?}", report.leftover_files);
+    }
+    if !report.leftover_claim_dirs.is_empty() {
+        bail!("claim directories left: {:?}", report.leftover_claim_dirs);
     }
     if a.keep {
         let kept = dir.keep();
@@ -301,6 +319,7 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             cdi_dir: a.cdi_dir.clone(),
             state_dir: a.state_dir.clone(),
             run_dir: a.run_dir.clone(),
+            host_run_dir: a.host_run_dir.clone().unwrap_or_else(|| a.run_dir.clone()),
             dev_root: a.dev_root.clone(),
             host_dev_root: a
                 .host_dev_root
@@ -319,6 +338,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         publish_debounce: Duration::from_millis(500),
         fail_points,
         adopt_unknown_mig: a.adopt_unknown_mig,
+        interception_lib: a
+            .interception_lib
+            .clone()
+            .or_else(tessera::interception::default_source),
     };
     tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())

@@ -118,6 +118,7 @@ impl NodeModel {
                 version,
                 features,
                 layout: self.config.slice_layout,
+                shared_slots: self.config.shared_slots,
             },
             &self.inventory,
             &self.gpus,

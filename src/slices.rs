@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -63,6 +64,8 @@ pub struct PoolParams<'a> {
     pub features: ServerFeatures,
     /// The node config's layout choice; `Auto` follows the version.
     pub layout: SliceLayout,
+    /// Fallback slots per `shared` GPU where consumable capacity is dropped.
+    pub shared_slots: u32,
 }
 
 impl PoolParams<'_> {
@@ -205,6 +208,104 @@ pub fn whole_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
         capacity: Some(cap),
         ..Default::default()
     }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A shared GPU's memory as published: the total rounded down to 1 MiB.
+pub fn shared_memory(gpu: &GpuInfo) -> u64 {
+    gpu.memory_bytes / MIB * MIB
+}
+
+/// One fallback slot's memory: total/N rounded down to 1 MiB.
+pub fn slot_memory(gpu: &GpuInfo, slots: u32) -> u64 {
+    gpu.memory_bytes / u64::from(slots.max(1)) / MIB * MIB
+}
+
+/// One fallback slot's compute share in percent (N divides 100: the config checks).
+pub fn slot_compute(slots: u32) -> u32 {
+    100 / slots.max(1)
+}
+
+fn policy_capacity(
+    value: u64,
+    default: u64,
+    min: u64,
+    max: Option<u64>,
+    step: u64,
+) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(value.to_string()),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(Quantity(default.to_string())),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity(min.to_string()),
+                max: max.map(|m| Quantity(m.to_string())),
+                step: Some(Quantity(step.to_string())),
+            }),
+            valid_values: None,
+        }),
+    }
+}
+
+/// A `shared`-mode GPU (`gpu-<minor>`, type `gpu-shared`): many claims consume its
+/// `memory` and `compute` capacities. Both carry request policies, because a
+/// multi-allocatable device consumes every capacity it publishes: a claim that asks for
+/// nothing gets the whole memory and no reserved compute. The SM count is an attribute
+/// here, not a capacity, for the same reason.
+pub fn shared_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
+    let mut attrs = gpu_attributes(gpu, inv, device_type::GPU_SHARED);
+    attrs.insert(
+        "multiprocessors".to_string(),
+        int_attr(i64::from(gpu.multiprocessors)),
+    );
+    let memory = shared_memory(gpu);
+    let cap = BTreeMap::from([
+        (
+            "memory".to_string(),
+            policy_capacity(memory, memory, MIB, None, MIB),
+        ),
+        (
+            "compute".to_string(),
+            policy_capacity(100, 0, 0, Some(100), 1),
+        ),
+    ]);
+    Device {
+        name: naming::gpu_device_name(gpu.minor),
+        attributes: Some(attrs),
+        capacity: Some(cap),
+        allow_multiple_allocations: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The fallback for servers that drop consumable capacity: `slots` devices
+/// `gpu-<minor>-slot-<k>` (type `gpu-slot`), each with the GPU's attributes (uuid
+/// included, so `matchAttribute: uuid` gathers one GPU's slots), a `memory` capacity of
+/// total/N and a `compute` capacity of 100/N, without request policies.
+pub fn slot_devices(gpu: &GpuInfo, inv: &NodeInventory, slots: u32) -> Vec<Device> {
+    let mut attrs = gpu_attributes(gpu, inv, device_type::GPU_SLOT);
+    attrs.insert(
+        "multiprocessors".to_string(),
+        int_attr(i64::from(gpu.multiprocessors)),
+    );
+    attrs.insert("slots".to_string(), int_attr(i64::from(slots)));
+    let cap = BTreeMap::from([
+        ("memory".to_string(), capacity(slot_memory(gpu, slots))),
+        ("compute".to_string(), capacity(slot_compute(slots))),
+    ]);
+    (0..slots)
+        .map(|k| {
+            let mut a = attrs.clone();
+            a.insert("slot".to_string(), int_attr(i64::from(k)));
+            Device {
+                name: naming::slot_device_name(gpu.minor, k),
+                attributes: Some(a),
+                capacity: Some(cap.clone()),
+                ..Default::default()
+            }
+        })
+        .collect()
 }
 
 /// Counter names of a MIG-mode GPU's counter set, in the DNS-label form the API
@@ -375,7 +476,10 @@ fn mig_device_with(
 
 /// The devices one managed GPU contributes, in publish order, and its counter set.
 ///
-/// * `exclusive` (and `shared` until consumable capacity is modelled): the whole GPU.
+/// * `exclusive`: the whole GPU.
+/// * `shared`: one multi-allocatable device with consumable `memory` and `compute`, or
+///   `shared_slots` fallback slots where the server drops consumable capacity. No
+///   counters, no partitions.
 /// * `mig` with partitionable devices: the whole GPU consuming every counter (unless
 ///   Ampere with MIG on, which offers partitions only), then one device per (profile,
 ///   placement) in [`packing_order`], and the GPU's counter set.
@@ -386,7 +490,15 @@ pub fn devices_for(
     inv: &NodeInventory,
     mig: Option<&MigStatus>,
     features: ServerFeatures,
+    shared_slots: u32,
 ) -> (Vec<Device>, Option<CounterSet>) {
+    if gpu.mode == GpuMode::Shared {
+        return if features.consumable_capacity {
+            (vec![shared_gpu_device(&gpu.gpu, inv)], None)
+        } else {
+            (slot_devices(&gpu.gpu, inv, shared_slots), None)
+        };
+    }
     let Some(model) = mig_model(gpu) else {
         return (vec![whole_gpu_device(&gpu.gpu, inv)], None);
     };
@@ -470,7 +582,15 @@ pub fn build_pool(
     ordered.sort_by_key(|g| g.gpu.minor);
     let per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
         .iter()
-        .map(|g| devices_for(g, inv, mig.get(&g.gpu.minor), params.features))
+        .map(|g| {
+            devices_for(
+                g,
+                inv,
+                mig.get(&g.gpu.minor),
+                params.features,
+                params.shared_slots,
+            )
+        })
         .collect();
     let any_counters = per_gpu.iter().any(|(_, c)| c.is_some());
     let mut slices = Vec::new();
@@ -551,6 +671,7 @@ mod tests {
                 version,
                 features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
                 layout: SliceLayout::Auto,
+                shared_slots: 4,
             },
             &inv,
             &gpus,
@@ -634,8 +755,9 @@ mod tests {
         );
     }
 
-    /// Where the server drops counters (1.34/1.35 defaults), a MIG-mode GPU without
-    /// live MIG devices is published whole, with no counters: one slice of four GPUs.
+    /// Where the server drops counters and consumable capacity (1.34/1.35 defaults), a
+    /// MIG-mode GPU without live MIG devices is published whole, with no counters, and
+    /// the shared gpu-1 as its four fallback slots: one slice.
     #[test]
     fn without_partitionable_devices_mig_gpus_are_whole() {
         for v in [34, 35] {
@@ -643,7 +765,15 @@ mod tests {
             assert_eq!(slices.len(), 1, "1.{v}");
             assert_eq!(
                 device_names(&slices[0]),
-                ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+                [
+                    "gpu-0",
+                    "gpu-1-slot-0",
+                    "gpu-1-slot-1",
+                    "gpu-1-slot-2",
+                    "gpu-1-slot-3",
+                    "gpu-2",
+                    "gpu-3"
+                ]
             );
             assert!(slices[0].spec.shared_counters.is_none());
         }
@@ -678,6 +808,79 @@ mod tests {
         let c = d.capacity.as_ref().unwrap();
         assert_eq!(c["memory"].value.0, "16106127360");
         assert_eq!(c["multiprocessors"].value.0, "40");
+    }
+
+    /// A shared GPU on 1.37: one multi-allocatable device whose only capacities are
+    /// `memory` (whole by default, 1 MiB steps) and `compute` (0 by default, 0-100), with
+    /// the SM count as an attribute and no counters.
+    #[test]
+    fn shared_gpu_publishes_consumable_memory_and_compute() {
+        let slices = default_pool(37);
+        let d = slices[1]
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|d| d.name == "gpu-1")
+            .unwrap();
+        assert_eq!(d.allow_multiple_allocations, Some(true));
+        assert!(d.consumes_counters.is_none());
+        let a = d.attributes.as_ref().unwrap();
+        assert_eq!(a["type"].string.as_deref(), Some("gpu-shared"));
+        assert_eq!(a["multiprocessors"].int, Some(132));
+        let c = d.capacity.as_ref().unwrap();
+        assert_eq!(c.keys().collect::<Vec<_>>(), ["compute", "memory"]);
+        let mem = &c["memory"];
+        let total: u64 = mem.value.0.parse().unwrap();
+        assert_eq!(total % (1 << 20), 0);
+        let p = mem.request_policy.as_ref().unwrap();
+        assert_eq!(p.default.as_ref().unwrap().0, mem.value.0);
+        let r = p.valid_range.as_ref().unwrap();
+        assert_eq!(
+            (r.min.0.as_str(), r.step.as_ref().unwrap().0.as_str()),
+            ("1048576", "1048576")
+        );
+        let p = c["compute"].request_policy.as_ref().unwrap();
+        assert_eq!(c["compute"].value.0, "100");
+        assert_eq!(p.default.as_ref().unwrap().0, "0");
+        let r = p.valid_range.as_ref().unwrap();
+        assert_eq!(
+            (r.min.0.as_str(), r.max.as_ref().unwrap().0.as_str()),
+            ("0", "100")
+        );
+    }
+
+    /// Fallback slots carry the GPU's uuid and 1/N of its memory (rounded down to 1 MiB)
+    /// and compute, with no request policy.
+    #[test]
+    fn fallback_slots_split_memory_and_compute() {
+        let node = MockNode::embedded_default().unwrap();
+        let inv = node.inventory();
+        let gpu = ManagedGpu {
+            gpu: GpuInfo {
+                memory_bytes: 10 * (1 << 30) + 12345,
+                ..inv.gpus[1].clone()
+            },
+            mode: GpuMode::Shared,
+        };
+        let features = ServerFeatures {
+            partitionable: false,
+            consumable_capacity: false,
+        };
+        let (devs, set) = devices_for(&gpu, &inv, None, features, 5);
+        assert!(set.is_none());
+        assert_eq!(devs.len(), 5);
+        assert_eq!(devs[4].name, "gpu-1-slot-4");
+        let a = devs[4].attributes.as_ref().unwrap();
+        assert_eq!(a["type"].string.as_deref(), Some("gpu-slot"));
+        assert_eq!(a["uuid"].string.as_deref(), Some(gpu.gpu.uuid.as_str()));
+        assert_eq!(a["slot"].int, Some(4));
+        let c = devs[4].capacity.as_ref().unwrap();
+        assert_eq!(c["memory"].value.0, (2048u64 << 20).to_string());
+        assert_eq!(c["compute"].value.0, "20");
+        assert!(c.values().all(|c| c.request_policy.is_none()));
+        assert!(devs.iter().all(|d| d.allow_multiple_allocations.is_none()));
     }
 
     /// Slice names carry a zero-padded hex index that parses back.
@@ -723,6 +926,7 @@ mod tests {
                 version: KubeVersion::NEWEST,
                 features: ServerFeatures::from_gates(&FeatureGates::defaults(KubeVersion::NEWEST)),
                 layout: SliceLayout::Auto,
+                shared_slots: 4,
             },
             &inv,
             &gpus,

@@ -14,7 +14,7 @@
 //! checkpoint does not know. Named fail points let tests abort the process at each
 //! step boundary.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,7 +29,7 @@ use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome, MigRecord,
     PreparedDevice, unix_now,
 };
-use crate::claims::{ClaimError, plan_claim};
+use crate::claims::{Budget, ClaimError, Held, NodeView, plan_claim};
 use crate::config::ManagedGpu;
 use crate::mig::MigError;
 
@@ -37,10 +37,12 @@ use crate::mig::MigError;
 pub const FAIL_POINTS: &[&str] = &[
     "prepare-after-started",
     "prepare-after-mig-create",
+    "prepare-after-claim-files",
     "prepare-after-cdi-write",
     "prepare-before-completed",
     "unprepare-after-mig-destroy",
     "unprepare-after-cdi-remove",
+    "unprepare-after-claim-files-remove",
 ];
 
 /// The set of armed fail points; empty in production.
@@ -87,6 +89,13 @@ pub struct StateConfig {
     pub fail_points: FailPoints,
     /// What start-up does with MIG instances on `mig`-mode GPUs that no claim accounts for.
     pub unknown_mig: UnknownMig,
+    /// Per-claim directories and the installed interception library (`--run-dir`).
+    pub run_dir: PathBuf,
+    /// Fallback slots per shared GPU (node config `sharedSlots`).
+    pub shared_slots: u32,
+    /// Where the interception library is installed from, to reinstall a version that
+    /// disappeared (an overlapping plugin instance's clean-up during a rolling update).
+    pub interception_source: Option<PathBuf>,
 }
 
 /// Start-up policy for MIG instances the checkpoint does not account for.
@@ -114,6 +123,10 @@ pub enum PrepareError {
     Checkpoint(#[from] CheckpointError),
     #[error("GPU operation failed")]
     Backend(#[from] BackendError),
+    #[error("{0}")]
+    ClaimFiles(String),
+    #[error(transparent)]
+    Library(#[from] crate::interception::InstallError),
     #[error("taking the node lock {path} failed")]
     Lock {
         path: PathBuf,
@@ -145,6 +158,10 @@ pub struct Recovery {
     pub removed_temp_files: Vec<String>,
     /// MIG devices destroyed because no claim accounted for them: (GPU minor, GI ID).
     pub destroyed_mig: Vec<(u32, u32)>,
+    /// Claim directories no claim owned (half-made, half-removed or orphaned).
+    pub removed_claim_dirs: Vec<String>,
+    /// Interception library versions no claim referenced.
+    pub removed_lib_versions: Vec<String>,
 }
 
 /// The prepared claims of this node.
@@ -272,14 +289,24 @@ impl DeviceState {
                 }
             }
         }
+        let owners: BTreeSet<String> = cp
+            .claims
+            .iter()
+            .filter(|(_, r)| r.claim_files)
+            .map(|(u, _)| u.clone())
+            .collect();
+        rec.removed_claim_dirs = crate::claimfiles::sweep(&self.cfg.run_dir, &owners)
+            .map_err(PrepareError::ClaimFiles)?;
+        rec.removed_lib_versions = self.gc_libraries(&cp)?;
         rec.destroyed_mig = self.reconcile_mig(&cp)?;
         self.release_mig_mode(&mut cp)?;
         self.store.store(&cp)?;
         if !rec.rolled_back.is_empty()
             || !rec.removed_specs.is_empty()
             || !rec.destroyed_mig.is_empty()
+            || !rec.removed_claim_dirs.is_empty()
         {
-            info!(rolled_back = ?rec.rolled_back, removed_specs = ?rec.removed_specs, "recovered from an interrupted run");
+            info!(rolled_back = ?rec.rolled_back, removed_specs = ?rec.removed_specs, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
         }
         Ok(rec)
     }
@@ -321,9 +348,55 @@ impl DeviceState {
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
+        if rec.claim_files {
+            crate::claimfiles::remove(&self.cfg.run_dir, uid).map_err(PrepareError::ClaimFiles)?;
+        }
         cp.claims.remove(uid);
         self.release_mig_mode(cp)?;
         self.store.store(cp)?;
+        Ok(())
+    }
+
+    /// Removes interception library versions that are neither the installed one nor
+    /// referenced by a claim in the checkpoint.
+    fn gc_libraries(&self, cp: &Checkpoint) -> Result<Vec<String>, PrepareError> {
+        let mut keep: BTreeSet<String> = cp
+            .claims
+            .values()
+            .filter_map(|r| r.lib_version.clone())
+            .collect();
+        keep.extend(self.cdi.interception.clone());
+        let removed = crate::interception::gc(&self.cfg.run_dir, &keep).map_err(|e| {
+            PrepareError::ClaimFiles(format!("removing unused interception libraries: {e}"))
+        })?;
+        if !removed.is_empty() {
+            info!(versions = ?removed, "removed interception library versions no claim uses");
+        }
+        Ok(removed)
+    }
+
+    /// Makes sure the installed library version is on disk before a spec mounts it.
+    fn ensure_library(&self) -> Result<(), PrepareError> {
+        let (Some(version), Some(source)) = (&self.cdi.interception, &self.cfg.interception_source)
+        else {
+            return Ok(());
+        };
+        let file = self
+            .cfg
+            .run_dir
+            .join(crate::interception::LIB_DIR)
+            .join(version)
+            .join(crate::interception::LIB_FILE);
+        if !file.is_file() {
+            let lib = crate::interception::install(&self.cfg.run_dir, source)?;
+            if &lib.version != version {
+                return Err(PrepareError::ClaimFiles(format!(
+                    "the interception library at {} changed since start-up (now {}, installed {version}); restart the plugin",
+                    source.display(),
+                    lib.version
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -509,25 +582,16 @@ impl DeviceState {
             Some(_) => self.roll_back(&mut cp, uid)?,
             None => {}
         }
-        let held: BTreeMap<String, String> = cp
-            .claims
-            .iter()
-            .flat_map(|(owner, r)| {
-                r.devices.iter().map(move |d| {
-                    let key = match &d.share_id {
-                        Some(s) => format!("{}#{s}", d.device_name),
-                        None => d.device_name.clone(),
-                    };
-                    (key, owner.clone())
-                })
-            })
-            .collect();
+        let held = held_by_others(&cp, uid, &self.gpus);
         let plan = plan_claim(
             claim,
             uid,
-            &self.cfg.driver,
-            &self.cfg.pool,
-            &self.gpus,
+            NodeView {
+                driver: &self.cfg.driver,
+                pool: &self.cfg.pool,
+                gpus: &self.gpus,
+                shared_slots: self.cfg.shared_slots,
+            },
             &held,
         )?;
         for d in plan.devices.iter().filter(|d| d.mig.is_none()) {
@@ -545,6 +609,13 @@ impl DeviceState {
         let names = cdispec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
         tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;
+        let shared = plan.is_shared();
+        let claim_files = if shared {
+            self.ensure_library()?;
+            Some(crate::claimfiles::render(&plan).map_err(ClaimError::Cdi)?)
+        } else {
+            None
+        };
         let devices: Vec<PreparedDevice> = plan
             .devices
             .iter()
@@ -566,6 +637,7 @@ impl DeviceState {
                     uuid: None,
                     created: false,
                 }),
+                budget: d.budget,
             })
             .collect();
         cp.claims.insert(
@@ -576,6 +648,12 @@ impl DeviceState {
                 name: plan.name.clone(),
                 devices: devices.clone(),
                 cdi_spec: Some(names.file_name().to_string()),
+                claim_files: shared,
+                lib_version: if shared {
+                    self.cdi.interception.clone()
+                } else {
+                    None
+                },
                 started_at: unix_now(),
                 completed_at: None,
             },
@@ -584,6 +662,12 @@ impl DeviceState {
         self.cfg.fail_points.hit("prepare-after-started");
         let result = (|| {
             let caps = self.create_mig_devices(&mut cp, uid)?;
+            if let Some(files) = &claim_files {
+                let dir = crate::claimfiles::create(&self.cfg.run_dir, uid, files)
+                    .map_err(PrepareError::ClaimFiles)?;
+                info!(claim = uid, dir = %dir.display(), budgets = ?plan.budgets_by_uuid(), "wrote claim files");
+                self.cfg.fail_points.hit("prepare-after-claim-files");
+            }
             let spec =
                 cdispec::render_claim_spec(&plan, &self.cdi, &caps).map_err(ClaimError::Cdi)?;
             self.writer
@@ -653,9 +737,18 @@ impl DeviceState {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
         self.cfg.fail_points.hit("unprepare-after-cdi-remove");
+        if rec.claim_files {
+            crate::claimfiles::remove(&self.cfg.run_dir, uid).map_err(PrepareError::ClaimFiles)?;
+            self.cfg
+                .fail_points
+                .hit("unprepare-after-claim-files-remove");
+        }
         cp.claims.remove(uid);
         self.release_mig_mode(&mut cp)?;
         self.store.store(&cp)?;
+        if rec.lib_version.is_some() {
+            self.gc_libraries(&cp)?;
+        }
         Ok(())
     }
 
@@ -693,4 +786,30 @@ fn remove_spec_file(cdi_dir: &Path, file_name: &str) -> Result<(), PrepareError>
     SpecWriter::new(cdi_dir.to_path_buf())
         .remove(&names)
         .map_err(PrepareError::CdiRemove)
+}
+
+/// What the other prepared claims hold: their hold keys and, per GPU minor, the sum of
+/// their shared-GPU budgets.
+fn held_by_others(cp: &Checkpoint, uid: &str, gpus: &[ManagedGpu]) -> Held {
+    let mut held = Held::default();
+    for (owner, r) in &cp.claims {
+        for d in &r.devices {
+            let key = match &d.share_id {
+                Some(s) => format!("{}#{s}", d.device_name),
+                None => d.device_name.clone(),
+            };
+            held.devices.insert(key, owner.clone());
+            if owner == uid {
+                continue;
+            }
+            let (Some(b), Some(g)) = (d.budget, gpus.iter().find(|g| g.gpu.uuid == d.gpu_uuid))
+            else {
+                continue;
+            };
+            let e = held.budgets.entry(g.gpu.minor).or_insert(Budget::default());
+            e.memory_bytes = e.memory_bytes.saturating_add(b.memory_bytes);
+            e.compute_percent = e.compute_percent.saturating_add(b.compute_percent);
+        }
+    }
+    held
 }

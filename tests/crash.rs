@@ -31,6 +31,10 @@ struct CrashCase {
 
 /// The MIG partition the MIG crash cases prepare (placement 6 of gpu-0).
 const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
+/// The shared GPU the shared-claim cases take a share of (claim files, library).
+const SHARED_DEVICE: &str = "gpu-1";
+const SHARE_A: &str = "0b9c1f57-5f0e-4d0a-9d36-3c2b8f7e6a10";
+const SHARE_B: &str = "7d4e2a91-3c6b-4f85-a0d2-91e7c5b3f486";
 
 /// Every fail point of `tessera::state::FAIL_POINTS`, with its crash scenario.
 const CASES: &[CrashCase] = &[
@@ -39,7 +43,7 @@ const CASES: &[CrashCase] = &[
         call: Call::Prepare,
         spec_at_crash: false,
         state_at_crash: "PrepareStarted",
-        device: "gpu-1",
+        device: SHARED_DEVICE,
     },
     CrashCase {
         point: "prepare-after-mig-create",
@@ -47,6 +51,13 @@ const CASES: &[CrashCase] = &[
         spec_at_crash: false,
         state_at_crash: "PrepareStarted",
         device: MIG_DEVICE,
+    },
+    CrashCase {
+        point: "prepare-after-claim-files",
+        call: Call::Prepare,
+        spec_at_crash: false,
+        state_at_crash: "PrepareStarted",
+        device: SHARED_DEVICE,
     },
     CrashCase {
         point: "prepare-after-cdi-write",
@@ -60,7 +71,7 @@ const CASES: &[CrashCase] = &[
         call: Call::Prepare,
         spec_at_crash: true,
         state_at_crash: "PrepareStarted",
-        device: "gpu-1",
+        device: SHARED_DEVICE,
     },
     CrashCase {
         point: "unprepare-after-mig-destroy",
@@ -76,7 +87,36 @@ const CASES: &[CrashCase] = &[
         state_at_crash: "UnprepareStarted",
         device: MIG_DEVICE,
     },
+    CrashCase {
+        point: "unprepare-after-claim-files-remove",
+        call: Call::Unprepare,
+        spec_at_crash: false,
+        state_at_crash: "UnprepareStarted",
+        device: SHARED_DEVICE,
+    },
 ];
+
+/// Allocates `device` to a new claim: a 10 GiB / 20 % share of the shared GPU, or the
+/// device itself.
+async fn allocate(h: &Harness, name: &str, device: &str, share: &str) -> KubeletClaim {
+    if device == SHARED_DEVICE {
+        let r = harness::shared_result("gpu", device, share, "10Gi", "20");
+        h.allocated_claim_with(name, vec![r], &[]).await
+    } else {
+        h.allocated_claim(name, &[("gpu", NODE, device, None)], &[])
+            .await
+    }
+}
+
+/// Entries of `<run-dir>/claims` (claim directories and any leftovers).
+fn claim_dirs(h: &Harness) -> Vec<String> {
+    harness::list_files(&h.opts.paths.run_dir.join("claims"))
+}
+
+/// Installed interception library versions (and any leftovers) in `<run-dir>/lib`.
+fn lib_versions(h: &Harness) -> Vec<String> {
+    harness::list_files(&h.opts.paths.run_dir.join("lib"))
+}
 
 /// MIG devices alive on gpu-0 of the simulated node (read from its state file).
 fn live_mig(h: &Harness) -> Vec<(u32, u32)> {
@@ -187,9 +227,7 @@ async fn crash_and_recover(point: &str) {
     let cc = case(point);
     let h = Harness::new().await;
     let mut child = ChildPlugin::start(&h.api, h.dir.path(), point).await;
-    let c = h
-        .allocated_claim("crashing", &[("gpu", NODE, cc.device, None)], &[])
-        .await;
+    let c = allocate(&h, "crashing", cc.device, SHARE_A).await;
     crash_at(&h, &mut child, cc, &c).await;
     drop(child);
     if point == "prepare-after-mig-create" {
@@ -213,6 +251,7 @@ async fn crash_and_recover(point: &str) {
                 "{point}: recovery destroyed the half-prepared MIG device"
             );
             assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
+            assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
                 "{point}: recovery rolled the claim back"
@@ -230,6 +269,7 @@ async fn crash_and_recover(point: &str) {
                 "{point}: spec removed by the retry"
             );
             assert_eq!(live_mig(&h), [], "{point}: no MIG device left");
+            assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
                 "{point}: the retried unprepare forgot the claim"
@@ -255,6 +295,13 @@ async fn crash_and_recover(point: &str) {
             "{point}: the retry created the MIG device"
         );
     }
+    if cc.device == SHARED_DEVICE {
+        assert_eq!(
+            claim_dirs(&h),
+            std::slice::from_ref(&c.uid),
+            "{point}: the retry's claim dir"
+        );
+    }
     unprepare_ok(&k, &c, point).await;
     assert_eq!(live_mig(&h), [], "{point}: no MIG device leaked");
     assert_eq!(
@@ -262,6 +309,8 @@ async fn crash_and_recover(point: &str) {
         Vec::<String>::new(),
         "{point}: CDI dir empty"
     );
+    assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
+    assert_eq!(lib_versions(&h).len(), 1, "{point}: one library version");
     assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
     assert_no_checkpoint_temp(&h, point);
     terminate(&h, child, point).await;
@@ -295,20 +344,28 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
     for point in FAIL_POINTS {
         let cc = case(point);
         let h = Harness::new().await;
-        // A completed whole GPU and a completed MIG device beside the crashing claim.
+        // A completed whole GPU, MIG device and share beside the crashing claim.
+        let whole = |request: &str, device: &str| {
+            k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
+                request: request.into(),
+                driver: harness::DRIVER.into(),
+                pool: NODE.into(),
+                device: device.into(),
+                ..Default::default()
+            }
+        };
         let done = h
-            .allocated_claim(
+            .allocated_claim_with(
                 "done",
-                &[
-                    ("gpu", NODE, "gpu-2", None),
-                    ("mig", NODE, "gpu-0-mig-1g10gb-19-0", None),
+                vec![
+                    whole("gpu", "gpu-2"),
+                    whole("mig", "gpu-0-mig-1g10gb-19-0"),
+                    harness::shared_result("share", SHARED_DEVICE, SHARE_B, "5Gi", "10"),
                 ],
                 &[],
             )
             .await;
-        let crashing = h
-            .allocated_claim("crashing", &[("gpu", NODE, cc.device, None)], &[])
-            .await;
+        let crashing = allocate(&h, "crashing", cc.device, SHARE_A).await;
 
         // Prepared by an earlier, cleanly stopped plugin.
         let child = ChildPlugin::start(&h.api, h.dir.path(), "").await;
@@ -351,6 +408,11 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
             std::slice::from_ref(&done.uid),
             "{point}"
         );
+        assert_eq!(
+            claim_dirs(&h),
+            std::slice::from_ref(&done.uid),
+            "{point}: only the completed claim's directory is left"
+        );
 
         prepare_ok(&k, &crashing, point).await;
         unprepare_ok(&k, &crashing, point).await;
@@ -358,6 +420,7 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
         assert_eq!(live_mig(&h), [], "{point}: no MIG device leaked");
         assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}");
         assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
+        assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}");
         assert_no_checkpoint_temp(&h, point);
         terminate(&h, child, point).await;
         exercised += 1;

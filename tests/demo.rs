@@ -1,5 +1,8 @@
 //! `tessera demo` end to end: the claim table is a contract.
 
+#[path = "support/harness.rs"]
+mod harness;
+
 /// The whole-GPU phase gives w1 gpu-0 and w2 gpu-2 + gpu-3; the MIG phase packs three
 /// 1g.10gb from the end of gpu-0 and a 3g.40gb at its start, creating and destroying the
 /// instances; one spec per claim, and nothing left after unprepare.
@@ -7,7 +10,8 @@
 async fn demo_allocates_the_contract_table_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut out = String::new();
-    let report = tessera::demo::run(dir.path(), &mut out)
+    let lib = harness::interception_stand_in(dir.path());
+    let report = tessera::demo::run(&dir.path().join("demo"), &lib, &mut out)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{out}"));
     let table: Vec<(String, Vec<String>)> = report
@@ -22,6 +26,8 @@ async fn demo_allocates_the_contract_table_and_leaves_nothing() {
         ("m2", vec!["gpu-0-mig-1g10gb-19-5"]),
         ("m3", vec!["gpu-0-mig-1g10gb-19-4"]),
         ("m4", vec!["gpu-0-mig-3g40gb-9-0"]),
+        ("s1", vec!["gpu-1"]),
+        ("s2", vec!["gpu-1"]),
     ];
     let want: Vec<(String, Vec<String>)> = want
         .into_iter()
@@ -42,6 +48,30 @@ async fn demo_allocates_the_contract_table_and_leaves_nothing() {
         report.leftover_files
     );
     assert_eq!(report.mig_left, 0, "unprepare destroyed every MIG device");
+    // The shared claims' budgets come from consumedCapacity: 20 GiB and 30 GiB of gpu-1.
+    let budgets: Vec<(String, u64)> = report
+        .shared_limits
+        .iter()
+        .map(|(n, text)| {
+            let l = tessera_abi::limits::Limits::parse(text).unwrap();
+            assert_eq!(l.gpus.len(), 1, "{n}");
+            (n.clone(), l.gpus[0].memory_bytes)
+        })
+        .collect();
+    assert_eq!(
+        budgets,
+        [
+            ("s1".to_string(), 20u64 << 30),
+            ("s2".to_string(), 30u64 << 30)
+        ]
+    );
+    assert!(out.contains("25 % compute reserved"), "{out}");
+    assert!(out.contains("40 % compute reserved"), "{out}");
+    assert!(
+        report.leftover_claim_dirs.is_empty(),
+        "{:?}",
+        report.leftover_claim_dirs
+    );
     assert!(out.contains("MIG mode on, 4 MIG device(s)"), "{out}");
     assert!(out.contains("MIG mode off, 0 MIG device(s) left"), "{out}");
 }

@@ -49,6 +49,7 @@ fn pool(
                 consumable_capacity: true,
             },
             layout,
+            shared_slots: 4,
         },
         &inv,
         &gpus,
@@ -314,17 +315,15 @@ fn mig_and_whole_gpu_exclude_each_other() {
             .is_err()
     );
     a.release("default", "whole");
-    // A partition first: the next whole-H100 claim gets gpu-1 instead.
+    // A partition first: no whole H100 is left (gpu-1 is shared, not a `gpu`).
     assert_eq!(
         got(&a
             .allocate(&mig_claim("part", "mig.tessera.dev", any_mig))
             .unwrap()),
         "gpu-0-mig-1g10gb-19-6"
     );
-    assert_eq!(
-        got(&a
-            .allocate(&mig_claim("whole", "gpu.tessera.dev", h100))
-            .unwrap()),
-        "gpu-1"
+    assert!(
+        a.allocate(&mig_claim("whole", "gpu.tessera.dev", h100))
+            .is_err()
     );
 }

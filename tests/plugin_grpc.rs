@@ -181,7 +181,7 @@ async fn prepare_is_idempotent() {
     let p = h.start_plugin().await;
     let k = h.kubelet().await;
     let c = h
-        .allocated_claim("w1", &[("gpu", NODE, "gpu-1", None)], &[])
+        .allocated_claim("w1", &[("gpu", NODE, "gpu-2", None)], &[])
         .await;
     let first = k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     let cp = h.opts.paths.state_dir.join("checkpoint.json");
@@ -234,12 +234,21 @@ async fn concurrent_prepares() {
     let p = h.start_plugin().await;
     let k = h.kubelet().await;
     let mut claims = Vec::new();
-    for (i, dev) in ["gpu-0", "gpu-1", "gpu-2", "gpu-3"].iter().enumerate() {
+    for (i, dev) in ["gpu-0", "gpu-2", "gpu-3"].iter().enumerate() {
         claims.push(
             h.allocated_claim(&format!("c{i}"), &[("gpu", NODE, dev, None)], &[])
                 .await,
         );
     }
+    // And a share of the shared gpu-1.
+    let share = harness::shared_result(
+        "gpu",
+        "gpu-1",
+        "5a0c2f7e-8b1d-4e39-a6c4-2f9d0b7e1a53",
+        "8Gi",
+        "10",
+    );
+    claims.push(h.allocated_claim_with("c3", vec![share], &[]).await);
     let calls = claims.iter().map(|c| {
         let k = k.clone();
         let c = c.clone();
@@ -253,7 +262,7 @@ async fn concurrent_prepares() {
     k.unprepare_v1(&claims).await.unwrap();
 
     let same = h
-        .allocated_claim("same", &[("gpu", NODE, "gpu-1", None)], &[])
+        .allocated_claim("same", &[("gpu", NODE, "gpu-2", None)], &[])
         .await;
     let (a, b) = tokio::join!(
         k.prepare_v1(std::slice::from_ref(&same)),
@@ -411,7 +420,7 @@ async fn bad_claims_fail_alone_and_leave_nothing() {
     let bad_value = h
         .allocated_claim(
             "badcfg",
-            &[("gpu", NODE, "gpu-1", None)],
+            &[("gpu", NODE, "gpu-2", None)],
             &[("FromClaim", &[], json!({"apiVersion": "resource.tessera.dev/v1alpha1", "kind": "GpuConfig", "computeLimit": 0}))],
         )
         .await;
@@ -420,7 +429,7 @@ async fn bad_claims_fail_alone_and_leave_nothing() {
     let unknown_field = h
         .allocated_claim(
             "unknownfield",
-            &[("gpu", NODE, "gpu-1", None)],
+            &[("gpu", NODE, "gpu-2", None)],
             &[("FromClass", &["gpu"], json!({"apiVersion": "resource.tessera.dev/v1alpha1", "kind": "GpuConfig", "colour": "blue"}))],
         )
         .await;
@@ -430,7 +439,7 @@ async fn bad_claims_fail_alone_and_leave_nothing() {
     let good = h
         .allocated_claim(
             "good",
-            &[("gpu", NODE, "gpu-1", None)],
+            &[("gpu", NODE, "gpu-2", None)],
             &[("FromClaim", &[], json!({"apiVersion": "resource.tessera.dev/v1alpha1", "kind": "GpuConfig", "scrubOnFree": true, "computeLimit": 50}))],
         )
         .await;

@@ -38,6 +38,7 @@ pub fn paths(root: &Path) -> PluginPaths {
         cdi_dir: root.join("cdi"),
         state_dir: root.join("state"),
         run_dir: root.join("run"),
+        host_run_dir: root.join("run"),
         dev_root: PathBuf::from("/"),
         host_dev_root: PathBuf::from("/"),
         driver_root: root.join("driver-root"),
@@ -57,6 +58,56 @@ pub fn options(root: &Path) -> PluginOptions {
         publish_debounce: Duration::from_millis(50),
         fail_points: FailPoints::default(),
         adopt_unknown_mig: false,
+        interception_lib: Some(interception_stand_in(root)),
+    }
+}
+
+/// A shared object standing in for the interception library where a test checks how
+/// the plugin installs and mounts it (enforcement is tested in the `cuda` crate):
+/// an empty ELF `.so` built with the C compiler, under `<root>/stand-in/`.
+pub fn interception_stand_in(root: &Path) -> PathBuf {
+    let dir = root.join("stand-in");
+    let out = dir.join("libtessera_cuda.so");
+    if out.is_file() {
+        return out;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("empty.c");
+    std::fs::write(&src, "int tessera_stand_in;\n").unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc) builds the stand-in library");
+    assert!(status.success(), "building the stand-in library failed");
+    out
+}
+
+/// An allocation result for a share of a shared GPU, with the `consumedCapacity` the
+/// scheduler would have computed.
+pub fn shared_result(
+    request: &str,
+    device: &str,
+    share_id: &str,
+    memory: &str,
+    compute: &str,
+) -> DeviceRequestAllocationResult {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    DeviceRequestAllocationResult {
+        request: request.into(),
+        driver: DRIVER.into(),
+        pool: NODE.into(),
+        device: device.into(),
+        share_id: Some(share_id.into()),
+        consumed_capacity: Some(
+            [("memory", memory), ("compute", compute)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        ),
+        ..Default::default()
     }
 }
 
@@ -193,12 +244,36 @@ impl Harness {
         results: &[(&str, &str, &str, Option<&str>)],
         configs: &[(&str, &[&str], serde_json::Value)],
     ) -> KubeletClaim {
+        let results: Vec<DeviceRequestAllocationResult> = results
+            .iter()
+            .map(
+                |(request, pool, device, share)| DeviceRequestAllocationResult {
+                    request: request.to_string(),
+                    driver: DRIVER.into(),
+                    pool: pool.to_string(),
+                    device: device.to_string(),
+                    share_id: share.map(str::to_string),
+                    ..Default::default()
+                },
+            )
+            .collect();
+        self.allocated_claim_with(name, results, configs).await
+    }
+
+    /// Like [`Harness::allocated_claim`], with full allocation results (for example
+    /// [`shared_result`]s carrying `consumedCapacity`).
+    pub async fn allocated_claim_with(
+        &self,
+        name: &str,
+        results: Vec<DeviceRequestAllocationResult>,
+        configs: &[(&str, &[&str], serde_json::Value)],
+    ) -> KubeletClaim {
         // `req/sub` results need a firstAvailable request with that subrequest.
         let mut requests: Vec<(String, Option<String>)> = results
             .iter()
-            .map(|(r, ..)| match r.split_once('/') {
+            .map(|r| match r.request.split_once('/') {
                 Some((req, sub)) => (req.to_string(), Some(sub.to_string())),
-                None => (r.to_string(), None),
+                None => (r.request.clone(), None),
             })
             .collect();
         requests.dedup();
@@ -244,21 +319,7 @@ impl Harness {
         created.status = Some(ResourceClaimStatus {
             allocation: Some(AllocationResult {
                 devices: Some(DeviceAllocationResult {
-                    results: Some(
-                        results
-                            .iter()
-                            .map(
-                                |(request, pool, device, share)| DeviceRequestAllocationResult {
-                                    request: request.to_string(),
-                                    driver: DRIVER.into(),
-                                    pool: pool.to_string(),
-                                    device: device.to_string(),
-                                    share_id: share.map(str::to_string),
-                                    ..Default::default()
-                                },
-                            )
-                            .collect(),
-                    ),
+                    results: Some(results),
                     config: Some(
                         configs
                             .iter()
@@ -359,6 +420,8 @@ impl ChildPlugin {
             .arg(&p.state_dir)
             .arg("--run-dir")
             .arg(&p.run_dir)
+            .arg("--interception-lib")
+            .arg(interception_stand_in(root))
             .arg("--driver-root")
             .arg(&p.driver_root)
             .env("TESSERA_FAILPOINTS", fail_points)

@@ -1,0 +1,189 @@
+//! Installing the interception library into the run dir, which containers of shared
+//! claims mount: `<run-dir>/lib/<version>/libtessera_cuda.so` and the one-line
+//! `<run-dir>/ld.so.preload` naming its container path.
+//!
+//! The version is the crate version plus a content hash, so an upgraded plugin installs
+//! beside the old library instead of replacing a file that running containers have
+//! mapped. Installation is atomic (a `.tmp` directory renamed into place); versions no
+//! prepared claim references are removed at start-up and after each unprepare.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The library's file name, in the run dir and in containers.
+pub const LIB_FILE: &str = "libtessera_cuda.so";
+/// Where the library directory is mounted in containers (read-only).
+pub const CONTAINER_LIB_DIR: &str = "/usr/local/tessera/lib";
+/// `lib/` under the run dir.
+pub const LIB_DIR: &str = "lib";
+/// `<run-dir>/ld.so.preload`, mounted at `/etc/ld.so.preload`.
+pub const PRELOAD_FILE: &str = "ld.so.preload";
+
+/// An installed library version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstalledLib {
+    /// `<crate version>-<first 12 hex digits of sha256>`.
+    pub version: String,
+    /// `<run-dir>/lib/<version>`.
+    pub dir: PathBuf,
+}
+
+/// Why installing failed.
+#[derive(Debug, thiserror::Error)]
+#[error("installing the interception library from {source_path}: {what}")]
+pub struct InstallError {
+    pub source_path: PathBuf,
+    pub what: String,
+}
+
+/// The contents of `ld.so.preload`.
+pub fn preload_contents() -> String {
+    format!("{CONTAINER_LIB_DIR}/{LIB_FILE}\n")
+}
+
+/// The version name of a library with these bytes.
+pub fn version_of(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hex}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Installs `source` (an ELF shared object) into `<run_dir>/lib/<version>/` unless that
+/// version is already there, and (re)writes `ld.so.preload`. Both atomic.
+pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallError> {
+    let fail = |what: String| InstallError {
+        source_path: source.to_path_buf(),
+        what,
+    };
+    let bytes = fs::read(source).map_err(|e| fail(e.to_string()))?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Err(fail("not an ELF file".into()));
+    }
+    let version = version_of(&bytes);
+    let libs = run_dir.join(LIB_DIR);
+    fs::create_dir_all(&libs).map_err(|e| fail(format!("{}: {e}", libs.display())))?;
+    let dir = libs.join(&version);
+    let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes);
+    if !installed {
+        let tmp = libs.join(format!(".{version}.tmp"));
+        let _ = fs::remove_dir_all(&tmp);
+        let _ = fs::remove_dir_all(&dir);
+        let r = (|| -> std::io::Result<()> {
+            fs::create_dir(&tmp)?;
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
+            let mut f = fs::File::create_new(tmp.join(LIB_FILE))?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::set_permissions(tmp.join(LIB_FILE), fs::Permissions::from_mode(0o755))?;
+            tessera_cdi::atomic::sync_dir(&tmp)?;
+            fs::rename(&tmp, &dir)?;
+            tessera_cdi::atomic::sync_dir(&libs)
+        })();
+        if let Err(e) = r {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(fail(format!("{}: {e}", dir.display())));
+        }
+    }
+    let preload = preload_contents();
+    if fs::read_to_string(run_dir.join(PRELOAD_FILE))
+        .ok()
+        .as_deref()
+        != Some(preload.as_str())
+    {
+        tessera_cdi::atomic::write_atomic(
+            run_dir,
+            PRELOAD_FILE,
+            ".ld.so.preload.tmp",
+            preload.as_bytes(),
+        )
+        .map_err(|e| fail(format!("{PRELOAD_FILE}: {e}")))?;
+        fs::set_permissions(
+            run_dir.join(PRELOAD_FILE),
+            fs::Permissions::from_mode(0o644),
+        )
+        .map_err(|e| fail(format!("{PRELOAD_FILE}: {e}")))?;
+    }
+    Ok(InstalledLib { version, dir })
+}
+
+/// Removes library versions outside `keep` and leftover `.tmp` directories. Returns
+/// what it removed.
+pub fn gc(run_dir: &Path, keep: &BTreeSet<String>) -> std::io::Result<Vec<String>> {
+    let libs = run_dir.join(LIB_DIR);
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(&libs) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(e),
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if keep.contains(&name) {
+            continue;
+        }
+        fs::remove_dir_all(e.path())?;
+        removed.push(name);
+    }
+    if !removed.is_empty() {
+        tessera_cdi::atomic::sync_dir(&libs)?;
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// The library next to the running binary (`--interception-lib` default).
+pub fn default_source() -> Option<PathBuf> {
+    std::env::current_exe()
+        .ok()?
+        .parent()
+        .map(|d| d.join(LIB_FILE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_lib(dir: &Path, tag: &[u8]) -> PathBuf {
+        let p = dir.join(format!("lib-{}.so", tag[0]));
+        let mut b = b"\x7fELF".to_vec();
+        b.extend_from_slice(tag);
+        fs::write(&p, b).unwrap();
+        p
+    }
+
+    /// Installing twice is a no-op; a new build installs beside the old; gc keeps what
+    /// it is told to and removes temp leftovers.
+    #[test]
+    fn install_is_idempotent_and_versions_coexist() {
+        let src = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let a = install(run.path(), &fake_lib(src.path(), b"a")).unwrap();
+        assert_eq!(install(run.path(), &fake_lib(src.path(), b"a")).unwrap(), a);
+        let b = install(run.path(), &fake_lib(src.path(), b"b")).unwrap();
+        assert_ne!(a.version, b.version);
+        assert!(a.dir.join(LIB_FILE).is_file() && b.dir.join(LIB_FILE).is_file());
+        assert_eq!(
+            fs::read_to_string(run.path().join(PRELOAD_FILE)).unwrap(),
+            "/usr/local/tessera/lib/libtessera_cuda.so\n"
+        );
+        fs::create_dir(run.path().join("lib/.x.tmp")).unwrap();
+        let removed = gc(run.path(), &BTreeSet::from([b.version.clone()])).unwrap();
+        assert_eq!(removed, [".x.tmp".to_string(), a.version.clone()]);
+        assert!(!a.dir.exists() && b.dir.exists());
+    }
+
+    #[test]
+    fn refuses_a_non_elf_file() {
+        let src = tempfile::tempdir().unwrap();
+        let p = src.path().join("x.so");
+        fs::write(&p, b"#!/bin/sh").unwrap();
+        let e = install(tempfile::tempdir().unwrap().path(), &p).unwrap_err();
+        assert!(e.to_string().contains("not an ELF"), "{e}");
+        assert!(install(src.path(), &src.path().join("missing.so")).is_err());
+    }
+}
