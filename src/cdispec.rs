@@ -327,9 +327,9 @@ mod tests {
         assert!(common.mounts[0].options.contains(&"ro".to_string()));
     }
 
-    /// Shared allocations carry the first 8 characters of the shareID in the CDI name.
+    /// Shared allocations carry their shareID in the CDI name.
     #[test]
-    fn shared_allocations_carry_the_share_prefix() {
+    fn shared_allocations_carry_the_share_id() {
         let spec = render_claim_spec(
             &plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]),
             &ctx(),
@@ -338,7 +338,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             spec.devices[0].name,
-            "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e"
+            "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"
         );
     }
 

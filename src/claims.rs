@@ -68,10 +68,11 @@ impl PlannedDevice {
     }
 
     /// The CDI device name inside the claim's spec: `<claimUID>-<device>`, or
-    /// `<claimUID>-<device>-<first 8 of shareID>` for shared allocations.
+    /// `<claimUID>-<device>-<shareID>` for shared allocations. The whole shareID: two
+    /// shares of one device in one claim may have shareIDs with a common prefix.
     pub fn cdi_name(&self, claim_uid: &str) -> String {
         match &self.share_id {
-            Some(s) => format!("{claim_uid}-{}-{}", self.device, &s[..s.len().min(8)]),
+            Some(s) => format!("{claim_uid}-{}-{s}", self.device),
             None => format!("{claim_uid}-{}", self.device),
         }
     }

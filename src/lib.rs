@@ -20,6 +20,7 @@ pub mod naming;
 pub mod node;
 pub mod plan;
 pub mod plugin;
+pub mod procmap;
 pub mod proto;
 pub mod publish;
 pub mod slices;

@@ -238,6 +238,20 @@ pub async fn run(
     // the server keeps counters.
     let publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
     let features = publisher.probe_features().await?;
+    let shared_gpus = model
+        .gpus
+        .iter()
+        .filter(|g| g.mode == crate::config::GpuMode::Shared)
+        .count();
+    if shared_gpus > 0 && !features.consumable_capacity {
+        info!(
+            kubernetes = %publisher.version(),
+            shared_gpus,
+            slots_per_gpu = model.config.shared_slots,
+            compute_per_slot = crate::slices::slot_compute(model.config.shared_slots),
+            "the API server drops consumable capacity (DRAConsumableCapacity off; a dry-run create lost allowMultipleAllocations): shared GPUs are published as fallback slots gpu-<minor>-slot-<k>"
+        );
+    }
     let state_opts = opts.clone();
     let state_model = model.clone();
     let state = Arc::new(

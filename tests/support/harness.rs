@@ -197,9 +197,12 @@ pub struct Harness {
 
 impl Harness {
     pub async fn new() -> Self {
-        let api = FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST))
-            .await
-            .unwrap();
+        Self::with_config(FakeApiConfig::new(KubeVersion::NEWEST)).await
+    }
+
+    /// A harness whose fake API server runs with these gates (version included).
+    pub async fn with_config(config: FakeApiConfig) -> Self {
+        let api = FakeApiServer::start(config).await.unwrap();
         api.add_node(NODE);
         let dir = tempfile::tempdir().unwrap();
         make_driver_root(dir.path());
