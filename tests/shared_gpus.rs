@@ -662,3 +662,54 @@ async fn without_the_library_shares_are_refused() {
     assert_eq!(h.checkpoint_claims(), std::slice::from_ref(&whole.uid));
     p.stop().await;
 }
+
+/// An upgraded plugin installs its library beside the old one; the old version stays
+/// while a prepared claim's spec mounts it and goes with that claim's unprepare.
+#[tokio::test]
+async fn library_versions_stay_while_a_claim_references_them() {
+    let mut h = Harness::new().await;
+    let (p, _) = published(&h).await;
+    let k = h.kubelet().await;
+    let c = h
+        .allocated_claim_with(
+            "old-lib",
+            vec![harness::shared_result(
+                "gpu",
+                "gpu-1",
+                "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa",
+                "2Gi",
+                "0",
+            )],
+            &[],
+        )
+        .await;
+    prepare(&k, &c).await;
+    p.stop().await;
+    let libs = || harness::list_files(&h.opts.paths.run_dir.join("lib"));
+    let old = libs();
+    assert_eq!(old.len(), 1);
+
+    // A new build of the library: same file, other bytes.
+    let newer = h.dir.path().join("newer/libtessera_cuda.so");
+    std::fs::create_dir_all(newer.parent().unwrap()).unwrap();
+    let mut bytes = std::fs::read(h.opts.interception_lib.as_ref().unwrap()).unwrap();
+    bytes.extend_from_slice(b"v2");
+    std::fs::write(&newer, bytes).unwrap();
+    h.opts.interception_lib = Some(newer);
+    let (p, _) = published(&h).await;
+    let k = h.kubelet().await;
+    let both = libs();
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(both.contains(&old[0]));
+    let spec = std::fs::read_to_string(h.spec_path(&c.uid)).unwrap();
+    assert!(
+        spec.contains(&format!("lib/{}", old[0])),
+        "the spec mounts the old version"
+    );
+
+    k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    let now = libs();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now, old, "the old version went with its last claim");
+    p.stop().await;
+}
