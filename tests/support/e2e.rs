@@ -1,0 +1,344 @@
+//! End-to-end support for the container-runtime tests: prerequisites (skipped only
+//! when `CI` is unset), a registry-free rootfs (static busybox plus the host's glibc
+//! and the test programs), a node's device nodes made with mknod under a private
+//! `--dev-root`, fake driver files, and podman driven inside a private mount
+//! namespace whose `/etc/cdi` and `/var/run/cdi` are the plugin's CDI dir.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// Whether missing prerequisites fail (CI) or skip (a developer's machine).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Checks the prerequisites of a runtime suite. `Ok(())` to run; `Err(reason)` to
+/// skip (printed by the caller). With `CI` set, a missing prerequisite panics.
+pub fn prerequisites(suite: &str, commands: &[&str]) -> Result<(), String> {
+    let mut missing: Vec<String> = commands
+        .iter()
+        .filter(|c| !have(c))
+        .map(|c| c.to_string())
+        .collect();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root".into());
+    }
+    if !Path::new("/bin/busybox").is_file() {
+        missing.push("/bin/busybox (busybox-static)".into());
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let reason = format!("{suite}: missing {}", missing.join(", "));
+    assert!(
+        !in_ci(),
+        "{reason} (CI=true: a missing prerequisite is a failure; .ci/run installs them)"
+    );
+    eprintln!("SKIPPED {reason}");
+    Err(reason)
+}
+
+fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Test programs and fake libraries, built once per test binary.
+pub struct Built {
+    pub dir: PathBuf,
+    /// The stand-in `libcuda.so.1` (soname libcuda.so.1).
+    pub libcuda: PathBuf,
+    /// A program linked with `-lcuda`.
+    pub cudaprobe: PathBuf,
+}
+
+fn fakes() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/e2e")
+}
+
+/// Builds the fakes into `dir`.
+pub fn build(dir: &Path) -> Built {
+    std::fs::create_dir_all(dir).unwrap();
+    let libcuda = dir.join("libcuda.so.1");
+    run_ok(
+        Command::new(cc())
+            .args(["-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+            .arg(&libcuda)
+            .arg(fakes().join("libcuda_probe.c"))
+            .arg("-ldl"),
+        "building the stand-in libcuda",
+    );
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).ok();
+    let cudaprobe = dir.join("cudaprobe");
+    run_ok(
+        Command::new(cc())
+            .args(["-O2", "-o"])
+            .arg(&cudaprobe)
+            .arg(fakes().join("cudaprobe.c"))
+            .arg("-L")
+            .arg(dir)
+            .arg("-lcuda"),
+        "building cudaprobe",
+    );
+    Built {
+        dir: dir.to_path_buf(),
+        libcuda,
+        cudaprobe,
+    }
+}
+
+/// A minimal root filesystem: static busybox (every applet), the host's glibc and
+/// loader, and `programs` in `/usr/local/bin`. Containers use it as `--rootfs DIR:O`
+/// (an overlay), so runs never modify it.
+pub fn rootfs(dir: &Path, programs: &[&Path]) -> PathBuf {
+    let r = dir.join("rootfs");
+    for d in [
+        "bin",
+        "etc",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "root",
+        "run",
+        "lib64",
+        "lib/x86_64-linux-gnu",
+        "usr/lib/x86_64-linux-gnu",
+        "usr/local/bin",
+        "usr/bin",
+    ] {
+        std::fs::create_dir_all(r.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", r.join("bin/busybox")).unwrap();
+    let list = Command::new(r.join("bin/busybox"))
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", r.join("bin").join(applet)).ok();
+        }
+    }
+    for lib in ["libc.so.6", "ld-linux-x86-64.so.2"] {
+        let src = Path::new("/lib/x86_64-linux-gnu").join(lib);
+        // `copy` keeps the mode: the loader must stay executable.
+        std::fs::copy(&src, r.join("lib/x86_64-linux-gnu").join(lib))
+            .unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    }
+    std::os::unix::fs::symlink(
+        "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        r.join("lib64/ld-linux-x86-64.so.2"),
+    )
+    .ok();
+    for p in programs {
+        let dst = r.join("usr/local/bin").join(p.file_name().unwrap());
+        std::fs::copy(p, &dst).unwrap();
+    }
+    std::fs::write(r.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(r.join("etc/group"), "root:x:0:\n").unwrap();
+    r
+}
+
+/// One character device to create under the dev root.
+pub fn mknod(dev_root: &Path, path: &str, major: u32, minor: u32) {
+    let p = dev_root.join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid path; makedev/mknod have no other preconditions.
+    let r = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert!(
+        r == 0 || std::io::Error::last_os_error().kind() == std::io::ErrorKind::AlreadyExists,
+        "mknod {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The mock node's device nodes, as a real node has them (majors from its
+/// description): `nvidia<minor>` per GPU, `nvidiactl`, the two uvm nodes, and every
+/// MIG capability node of the MIG-capable GPUs (what nvidia-modprobe creates).
+pub fn make_dev_root(dev_root: &Path, inv: &tessera::backend::NodeInventory) {
+    let m = inv.char_majors;
+    for g in &inv.gpus {
+        mknod(
+            dev_root,
+            &format!("/dev/nvidia{}", g.minor),
+            m.nvidia,
+            g.minor,
+        );
+        if g.mig_capable
+            && let Some(caps) = m.nvidia_caps
+        {
+            for gi in 0..15 {
+                let gm = tessera::mig::geometry::gi_cap_minor(g.minor, gi);
+                mknod(
+                    dev_root,
+                    &format!("/dev/nvidia-caps/nvidia-cap{gm}"),
+                    caps,
+                    gm,
+                );
+                for ci in 0..8 {
+                    let cm = tessera::mig::geometry::ci_cap_minor(g.minor, gi, ci);
+                    mknod(
+                        dev_root,
+                        &format!("/dev/nvidia-caps/nvidia-cap{cm}"),
+                        caps,
+                        cm,
+                    );
+                }
+            }
+        }
+    }
+    mknod(dev_root, "/dev/nvidiactl", m.nvidia, 255);
+    mknod(dev_root, "/dev/nvidia-uvm", m.nvidia_uvm, 0);
+    mknod(dev_root, "/dev/nvidia-uvm-tools", m.nvidia_uvm, 1);
+}
+
+/// podman 4.3.1 (Debian bookworm) configured for this sandbox: runc (crun refuses the
+/// hybrid cgroup layout), ulimits within the sandbox's hard limits, no network, vfs
+/// storage and all state under `dir`.
+pub struct Podman {
+    dir: PathBuf,
+    cdi_dir: PathBuf,
+    empty_dir: PathBuf,
+}
+
+/// The result of one container run.
+#[derive(Debug)]
+pub struct Run {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(o: Output) -> Self {
+        Run {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// Whether a stdout line equals `line`.
+    pub fn has_line(&self, line: &str) -> bool {
+        self.stdout.lines().any(|l| l.trim_end() == line)
+    }
+}
+
+impl Podman {
+    pub fn new(dir: &Path, cdi_dir: &Path) -> Self {
+        let conf = dir.join("conf");
+        std::fs::create_dir_all(&conf).unwrap();
+        // SAFETY: getrlimit on a valid struct.
+        let nofile = unsafe {
+            let mut r: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+            r.rlim_max
+        };
+        std::fs::write(
+            conf.join("containers.conf"),
+            format!(
+                "[containers]\ndefault_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc=32768:32768\"]\nnetns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            conf.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+                dir.join("storage").display(),
+                dir.join("runroot").display()
+            ),
+        )
+        .unwrap();
+        let empty_dir = dir.join("empty-cdi");
+        std::fs::create_dir_all(&empty_dir).unwrap();
+        // Mount points only: their contents are never touched, the private namespace
+        // shadows them.
+        for d in ["/etc/cdi", "/var/run/cdi"] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        Podman {
+            dir: dir.to_path_buf(),
+            cdi_dir: cdi_dir.to_path_buf(),
+            empty_dir,
+        }
+    }
+
+    /// `podman --log-level=debug run --rm --rootfs ROOTFS:O [args] -- /bin/sh -c SCRIPT`
+    /// in a private mount namespace where `/var/run/cdi` is the plugin's CDI dir and
+    /// `/etc/cdi` is empty.
+    pub fn run(&self, rootfs: &Path, args: &[String], script: &str) -> Run {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount --bind \"$0\" /var/run/cdi && mount --bind \"$1\" /etc/cdi && shift 2 && exec podman \"$@\"",
+            )
+            .arg(&self.cdi_dir)
+            .arg(&self.empty_dir)
+            .args(["--log-level=debug", "run", "--rm"])
+            .args(args)
+            .arg("--rootfs")
+            .arg(format!("{}:O", rootfs.display()))
+            .args(["/bin/sh", "-c", script])
+            .env("CONTAINERS_CONF", self.dir.join("conf/containers.conf"))
+            .env(
+                "CONTAINERS_STORAGE_CONF",
+                self.dir.join("conf/storage.conf"),
+            );
+        Run::from(cmd.output().expect("unshare + podman"))
+    }
+
+    /// The CDI registry's own complaints in podman's debug log (why a spec was not
+    /// loaded), for failure messages.
+    pub fn cdi_errors(run: &Run) -> String {
+        run.stderr
+            .lines()
+            .filter(|l| {
+                l.contains("CDI") || l.contains("cdi") || l.contains("Error") || l.contains("error")
+            })
+            .filter(|l| !l.contains("level=debug msg=\"Using"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Built fakes shared by the tests of one binary (built once).
+pub fn shared_build() -> &'static Built {
+    static BUILT: OnceLock<(tempfile::TempDir, Built)> = OnceLock::new();
+    &BUILT
+        .get_or_init(|| {
+            let d = tempfile::tempdir().unwrap();
+            let b = build(d.path());
+            (d, b)
+        })
+        .1
+}
