@@ -14,6 +14,7 @@
 //! - uuid: GPU-6c1f0d52-93a4-4e0b-8a27-51de3b9c7e44
 //! sliceLayout: auto     # auto | split | combined
 //! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
+//! defaultMode: shared   # mode of unmatched GPUs (default: mig if MIG-capable, else exclusive)
 //! ```
 //!
 //! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
@@ -117,6 +118,9 @@ pub struct NodeConfig {
     pub slice_layout: SliceLayout,
     #[serde(default = "default_shared_slots")]
     pub shared_slots: u32,
+    /// Mode of GPUs no rule matches; absent: `mig` if MIG-capable, else `exclusive`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_mode: Option<GpuMode>,
 }
 
 impl Default for NodeConfig {
@@ -128,6 +132,7 @@ impl Default for NodeConfig {
             exclude: Vec::new(),
             slice_layout: SliceLayout::Auto,
             shared_slots: default_shared_slots(),
+            default_mode: None,
         }
     }
 }
@@ -251,8 +256,12 @@ impl NodeConfig {
                     }
                     r.mode
                 }
-                None if gpu.mig_capable => GpuMode::Mig,
-                None => GpuMode::Exclusive,
+                // `defaultMode: mig` applies to MIG-capable GPUs only; the rest are whole.
+                None => match self.default_mode {
+                    Some(GpuMode::Mig) | None if gpu.mig_capable => GpuMode::Mig,
+                    Some(GpuMode::Mig) | None => GpuMode::Exclusive,
+                    Some(m) => m,
+                },
             };
             out.push(ManagedGpu {
                 gpu: gpu.clone(),
@@ -327,6 +336,35 @@ mod tests {
     fn invalid_yaml_is_an_error_about_the_document() {
         let err = NodeConfig::from_yaml("gpus: [", "x").unwrap_err();
         assert_eq!(err.field, ".");
+    }
+
+    /// `defaultMode` sets unmatched GPUs' mode; `mig` still only on MIG-capable GPUs.
+    #[test]
+    fn default_mode_applies_to_unmatched_gpus() {
+        let inv = MockNode::embedded_default().unwrap().inventory();
+        let modes = |yaml: &str| -> Vec<GpuMode> {
+            NodeConfig::from_yaml(&format!("{HEAD}{yaml}"), "t")
+                .unwrap()
+                .resolve(&inv, "t")
+                .unwrap()
+                .iter()
+                .map(|m| m.mode)
+                .collect()
+        };
+        use GpuMode::*;
+        assert_eq!(
+            modes("defaultMode: shared\n"),
+            [Shared, Shared, Shared, Shared]
+        );
+        assert_eq!(
+            modes("defaultMode: exclusive\ngpus:\n- match: {minor: 1}\n  mode: shared\n"),
+            [Exclusive, Shared, Exclusive, Exclusive]
+        );
+        assert_eq!(
+            modes("defaultMode: mig\n"),
+            [Mig, Mig, Exclusive, Exclusive]
+        );
+        assert!(NodeConfig::from_yaml(&format!("{HEAD}defaultMode: half\n"), "t").is_err());
     }
 
     /// Modes resolve: first matching rule wins, exclusions drop GPUs, defaults follow

@@ -270,6 +270,7 @@ pub async fn run(
         fail_points: FailPoints::default(),
         adopt_unknown_mig: false,
         interception_lib: Some(interception_lib.to_path_buf()),
+        metrics_addr: None,
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

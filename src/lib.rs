@@ -12,6 +12,7 @@ pub mod demo;
 pub mod driver;
 pub mod fakeapi;
 pub mod gpuconfig;
+pub mod health;
 pub mod interception;
 pub mod kubelet;
 pub mod kubever;

@@ -131,6 +131,9 @@ struct PluginArgs {
     /// Leave MIG devices that no claim accounts for instead of destroying them at start-up.
     #[arg(long)]
     adopt_unknown_mig: bool,
+    /// Where /healthz and /readyz are served (host:port or :port); "off" to disable.
+    #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = ":9464")]
+    metrics_addr: String,
     /// Seconds between checks of prepared claims against the API server.
     #[arg(long, default_value = "600")]
     stale_claim_check_seconds: u64,
@@ -342,6 +345,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             .interception_lib
             .clone()
             .or_else(tessera::interception::default_source),
+        metrics_addr: match a.metrics_addr.as_str() {
+            "off" | "" => None,
+            s => Some(tessera::health::parse_addr(s).map_err(anyhow::Error::msg)?),
+        },
     };
     tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())

@@ -14,8 +14,9 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
+    DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceClaimTemplate, ResourceSlice,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use crate::allocator::{AllocError, Allocator, SkippedPool};
@@ -158,7 +159,20 @@ pub fn read_classes(path: Option<&Path>) -> Result<Vec<DeviceClass>, PlanError> 
     Ok(out)
 }
 
-/// Claims and release steps from files or directories, in order.
+/// Kinds that may sit beside claims in a file (an example's Pod or Deployment) and are
+/// skipped.
+const WORKLOAD_KINDS: &[&str] = &[
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+];
+
+/// Claims and release steps from files or directories, in order. A
+/// ResourceClaimTemplate stands for one claim named after it; workloads are skipped.
 pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
     let mut out = Vec::new();
     for p in paths {
@@ -179,13 +193,36 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
                         })
                         .unwrap_or_default();
                     out.push(Step::Release(claims));
-                } else {
+                } else if v["kind"] == "ResourceClaimTemplate" {
+                    // One claim as the template would stamp out, named after it.
+                    let t: ResourceClaimTemplate = decode(v, &name, i)?;
+                    let claim = ResourceClaim {
+                        metadata: ObjectMeta {
+                            name: t.metadata.name,
+                            namespace: t.metadata.namespace.or_else(|| Some("default".into())),
+                            ..Default::default()
+                        },
+                        spec: t.spec.and_then(|s| s.spec),
+                        status: None,
+                    };
+                    out.push(Step::Allocate(Box::new(claim)));
+                } else if v["kind"] == "ResourceClaim" || v.get("kind").is_none() {
                     let mut claim: ResourceClaim = decode(v, &name, i)?;
                     if claim.metadata.namespace.is_none() {
                         claim.metadata.namespace = Some("default".into());
                     }
                     out.push(Step::Allocate(Box::new(claim)));
+                } else if !WORKLOAD_KINDS.contains(&v["kind"].as_str().unwrap_or_default()) {
+                    return Err(PlanError::Decode {
+                        source_name: name.clone(),
+                        index: i,
+                        reason: format!(
+                            "kind {} is not a ResourceClaim, ResourceClaimTemplate, Release or workload",
+                            v["kind"]
+                        ),
+                    });
                 }
+                // Workloads (the Pods and Deployments of an example) are not steps.
             }
         }
     }

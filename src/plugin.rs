@@ -61,6 +61,8 @@ pub struct PluginOptions {
     pub adopt_unknown_mig: bool,
     /// The interception library to install for shared-GPU claims.
     pub interception_lib: Option<PathBuf>,
+    /// Where `/healthz` and `/readyz` are served (`--metrics-addr`); `None`: nowhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl PluginOptions {
@@ -236,7 +238,25 @@ pub async fn run(
 ) -> Result<(), PluginError> {
     // Gate detection comes first: whether Tessera owns MIG state depends on whether
     // the server keeps counters.
-    let publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
+    let health = Arc::new(crate::health::Health::default());
+    let (health_stop_tx, health_stop_rx) = oneshot::channel::<()>();
+    let health_task = match opts.metrics_addr {
+        Some(addr) => {
+            let (bound, serve) = crate::health::bind(addr, health.clone(), async {
+                let _ = health_stop_rx.await;
+            })
+            .await
+            .map_err(|source| PluginError::Listen {
+                path: PathBuf::from(addr.to_string()),
+                source,
+            })?;
+            info!(addr = %bound, "serving /healthz and /readyz");
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
+    let mut publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
+    publisher.report_to(health.clone());
     let features = publisher.probe_features().await?;
     let shared_gpus = model
         .gpus
@@ -300,6 +320,7 @@ pub async fn run(
         });
     let reg_task = tokio::spawn(reg_server);
     info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
+    health.set_serving(true);
 
     let (bg_stop_tx, bg_stop_rx) = watch::channel(false);
     let slices = model.pool(
@@ -324,6 +345,11 @@ pub async fn run(
 
     shutdown.await;
     info!("shutting down");
+    health.set_serving(false);
+    let _ = health_stop_tx.send(());
+    if let Some(t) = health_task {
+        let _ = t.await;
+    }
     let _ = reg_stop_tx.send(());
     let _ = dra_stop_tx.send(());
     let _ = bg_stop_tx.send(true);

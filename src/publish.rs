@@ -106,6 +106,8 @@ pub struct Publisher {
     /// The server may drop gated fields, so "unchanged" means "the server still has
     /// what it made of our last write", not "equal to what we want".
     written: HashMap<usize, (ResourceSliceSpec, ResourceSliceSpec)>,
+    /// Where `run` reports each publication's outcome (readiness).
+    health: Option<std::sync::Arc<crate::health::Health>>,
 }
 
 impl Publisher {
@@ -135,7 +137,13 @@ impl Publisher {
             version,
             owner,
             written: HashMap::new(),
+            health: None,
         })
+    }
+
+    /// Reports each publication's outcome to `health` (the `/readyz` endpoint).
+    pub fn report_to(&mut self, health: std::sync::Arc<crate::health::Health>) {
+        self.health = Some(health);
     }
 
     /// The API server's release.
@@ -452,7 +460,11 @@ impl Publisher {
                     Err(e) => warn!(error = %e, "dry-run probe for dropped fields failed"),
                 }
             }
-            let retry = match self.sync(&want).await {
+            let result = self.sync(&want).await;
+            if let Some(h) = &self.health {
+                h.set_published(result.as_ref().map(drop).map_err(|e| e.to_string()));
+            }
+            let retry = match result {
                 Ok(_) => {
                     backoff = Duration::from_millis(200);
                     None

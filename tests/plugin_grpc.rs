@@ -476,10 +476,13 @@ fn rolling_update_socket_names() {
     );
 }
 
-/// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/rbac.yaml` allows.
+/// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/base/rbac.yaml` allows.
 fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/rbac.yaml"
+    ))
+    .unwrap();
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let v = serde_yaml::Value::deserialize(doc).unwrap();
@@ -543,7 +546,7 @@ async fn plugin_requests_stay_within_its_cluster_role() {
     for u in &used {
         assert!(
             allowed.contains(u),
-            "request {u:?} is not allowed by deploy/rbac.yaml"
+            "request {u:?} is not allowed by deploy/base/rbac.yaml"
         );
     }
     assert!(used.contains(&(
@@ -556,4 +559,56 @@ async fn plugin_requests_stay_within_its_cluster_role() {
         "resourceslices".into(),
         "create".into()
     )));
+}
+
+/// A plain HTTP GET; the status code, or `None` when nothing listens.
+fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `--metrics-addr` serves `/healthz` (alive) and `/readyz` (sockets served and the
+/// pool published), which the DaemonSet probes; nothing listens after shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_follow_the_plugin() {
+    let mut h = Harness::new().await;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    h.opts.metrics_addr = Some(addr);
+    let p = h.start_plugin().await;
+    let ready = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if http_status(addr, "/readyz") == Some(200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    })
+    .await
+    .unwrap();
+    assert!(ready, "/readyz turns 200 once the pool is published");
+    assert!(!h.api.resource_slices().is_empty());
+    let (live, missing) = tokio::task::spawn_blocking(move || {
+        (http_status(addr, "/healthz"), http_status(addr, "/nope"))
+    })
+    .await
+    .unwrap();
+    assert_eq!((live, missing), (Some(200), Some(404)));
+    p.stop().await;
+    let after = tokio::task::spawn_blocking(move || http_status(addr, "/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(after, None, "the endpoint closes with the plugin");
 }

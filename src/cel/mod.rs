@@ -46,6 +46,7 @@
 //!   significant digits (see [`crate::validation::quantity`]). Runtime error texts come
 //!   from the `cel` crate and differ from cel-go's.
 
+pub mod admission;
 mod device;
 mod env;
 mod quantity;

@@ -59,6 +59,7 @@ pub fn options(root: &Path) -> PluginOptions {
         fail_points: FailPoints::default(),
         adopt_unknown_mig: false,
         interception_lib: Some(interception_stand_in(root)),
+        metrics_addr: None,
     }
 }
 
@@ -425,6 +426,7 @@ impl ChildPlugin {
             .arg(&p.run_dir)
             .arg("--interception-lib")
             .arg(interception_stand_in(root))
+            .args(["--metrics-addr", "off"])
             .arg("--driver-root")
             .arg(&p.driver_root)
             .env("TESSERA_FAILPOINTS", fail_points)

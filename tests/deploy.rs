@@ -1,0 +1,513 @@
+//! What users apply, proved without a cluster: every kustomize overlay renders and
+//! survives a round trip through its k8s-openapi type (no field is silently lost),
+//! the admission policies' CEL decides as intended (evaluated by Tessera's CEL engine
+//! with the admission variables), and every example is allocated by `tessera plan`
+//! to exactly the devices its comment promises.
+
+#[path = "support/e2e.rs"]
+mod e2e;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use serde_json::{Value, json};
+use tessera::cel::admission::{AdmissionPolicy, Decision};
+use tessera::kubever::{FeatureGates, KubeVersion};
+use tessera::plan::{self, Outcome};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `deploy/base` and every overlay.
+fn kustomizations() -> Vec<PathBuf> {
+    let mut v = vec![root().join("deploy/base")];
+    let mut overlays: Vec<PathBuf> = std::fs::read_dir(root().join("deploy/overlays"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    overlays.sort();
+    v.extend(overlays);
+    v
+}
+
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    plan::documents(
+        &String::from_utf8_lossy(&out.stdout),
+        &dir.display().to_string(),
+    )
+    .unwrap()
+}
+
+fn kubectl_available() -> bool {
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return true;
+    }
+    assert!(
+        !e2e::in_ci(),
+        "kubectl is missing (CI=true: a missing prerequisite is a failure)"
+    );
+    eprintln!("SKIPPED: kubectl is missing");
+    false
+}
+
+/// Deserializes into `T` and serializes back; the result must equal the input.
+fn round_trip_as<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Value {
+    let typed: T = serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", v["kind"], v["metadata"]["name"]));
+    serde_json::to_value(typed).unwrap()
+}
+
+fn round_trip(v: &Value) -> Value {
+    use k8s_openapi::api::{admissionregistration, apps, core, rbac, resource};
+    match v["kind"].as_str().unwrap_or_default() {
+        "Namespace" => round_trip_as::<core::v1::Namespace>(v),
+        "ServiceAccount" => round_trip_as::<core::v1::ServiceAccount>(v),
+        "ConfigMap" => round_trip_as::<core::v1::ConfigMap>(v),
+        "Pod" => round_trip_as::<core::v1::Pod>(v),
+        "ClusterRole" => round_trip_as::<rbac::v1::ClusterRole>(v),
+        "ClusterRoleBinding" => round_trip_as::<rbac::v1::ClusterRoleBinding>(v),
+        "DaemonSet" => round_trip_as::<apps::v1::DaemonSet>(v),
+        "Deployment" => round_trip_as::<apps::v1::Deployment>(v),
+        "DeviceClass" => round_trip_as::<resource::v1::DeviceClass>(v),
+        "ResourceClaimTemplate" => round_trip_as::<resource::v1::ResourceClaimTemplate>(v),
+        "ValidatingAdmissionPolicy" => {
+            round_trip_as::<admissionregistration::v1::ValidatingAdmissionPolicy>(v)
+        }
+        "ValidatingAdmissionPolicyBinding" => {
+            round_trip_as::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(v)
+        }
+        other => panic!("no typed round trip for kind {other}"),
+    }
+}
+
+/// Every overlay renders, and every object keeps every field through its typed form
+/// (k8s-openapi ignores unknown fields, so a typo like `hostPid` would vanish here).
+#[test]
+fn every_overlay_renders_and_keeps_every_field() {
+    if !kubectl_available() {
+        return;
+    }
+    let mut objects = 0;
+    for dir in kustomizations() {
+        let docs = kustomize(&dir);
+        assert!(
+            docs.len() >= 14,
+            "{}: {} objects",
+            dir.display(),
+            docs.len()
+        );
+        for d in &docs {
+            assert_eq!(
+                &round_trip(d),
+                d,
+                "{}: {} {}",
+                dir.display(),
+                d["kind"],
+                d["metadata"]["name"]
+            );
+            objects += 1;
+        }
+    }
+    eprintln!("objects round-tripped: {objects}");
+}
+
+/// The examples' objects round-trip too.
+#[test]
+fn every_example_object_keeps_every_field() {
+    for f in examples() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for d in plan::documents(&text, &f.display().to_string()).unwrap() {
+            assert_eq!(round_trip(&d), d, "{}: {}", f.display(), d["kind"]);
+        }
+    }
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The slice policy names the DaemonSet's own ServiceAccount, in its namespace, in
+/// every overlay (the NVIDIA chart's policy names the wrong one); the binding and
+/// the ClusterRoleBinding agree.
+#[test]
+fn the_slice_policy_names_the_plugins_service_account() {
+    if !kubectl_available() {
+        return;
+    }
+    for dir in kustomizations() {
+        let docs = kustomize(&dir);
+        let ds = find(&docs, "DaemonSet", "tessera-plugin");
+        let ns = ds["metadata"]["namespace"].as_str().unwrap();
+        let sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap();
+        let user = format!("system:serviceaccount:{ns}:{sa}");
+        find(&docs, "ServiceAccount", sa);
+        let crb = find(&docs, "ClusterRoleBinding", "tessera-plugin");
+        assert_eq!(crb["subjects"][0]["name"], sa);
+        assert_eq!(crb["subjects"][0]["namespace"], ns);
+        let vap = find(
+            &docs,
+            "ValidatingAdmissionPolicy",
+            "tessera-resourceslices-own-node",
+        );
+        let cond = vap["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(
+            cond.contains(&format!("\"{user}\"")),
+            "{}: {cond}",
+            dir.display()
+        );
+        let b = find(
+            &docs,
+            "ValidatingAdmissionPolicyBinding",
+            "tessera-resourceslices-own-node",
+        );
+        assert_eq!(b["spec"]["policyName"], "tessera-resourceslices-own-node");
+        assert_eq!(b["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(ds["spec"]["template"]["spec"]["hostPID"], true);
+    }
+}
+
+fn policy(name: &str) -> AdmissionPolicy {
+    let file = match name {
+        "tessera-resourceslices-own-node" => "deploy/base/admission-resourceslices.yaml",
+        _ => "deploy/base/admission-gpuconfig.yaml",
+    };
+    let text = std::fs::read_to_string(root().join(file)).unwrap();
+    let doc = plan::documents(&text, file)
+        .unwrap()
+        .into_iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let vap: ValidatingAdmissionPolicy = serde_json::from_value(doc).unwrap();
+    assert_eq!(vap.metadata.name.as_deref(), Some(name));
+    AdmissionPolicy::compile(&vap).unwrap()
+}
+
+const PLUGIN: &str = "system:serviceaccount:tessera-system:tessera-plugin";
+
+fn slice(node: &str, driver: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("00000-{driver}-{node}-abcde")},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}
+    })
+}
+
+fn request(op: &str, user: &str, node: Option<&str>, resource: &str) -> Value {
+    let mut r = json!({
+        "operation": op,
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": resource},
+        "userInfo": {"username": user, "groups": ["system:serviceaccounts"]}
+    });
+    if let Some(n) = node {
+        r["userInfo"]["extra"] = json!({"authentication.kubernetes.io/node-name": [n]});
+    }
+    r
+}
+
+/// The slice policy: the plugin writes only its own driver's slices of its own node,
+/// on create, update (including a nodeName change either way) and delete (where
+/// `object` is null); other users are not matched.
+#[test]
+fn slice_policy_keeps_the_plugin_on_its_own_node() {
+    let p = policy("tessera-resourceslices-own-node");
+    let own = slice("node-a", "gpu.tessera.dev");
+    let other = slice("node-b", "gpu.tessera.dev");
+    let foreign = slice("node-a", "other.example.com");
+    let null = Value::Null;
+    let rs = "resourceslices";
+    let me = |op| request(op, PLUGIN, Some("node-a"), rs);
+    use Expect::*;
+    let cases: Vec<(&str, Decision, Expect)> = vec![
+        ("create own", p.evaluate(&me("CREATE"), &own, &null), Allow),
+        (
+            "create on another node",
+            p.evaluate(&me("CREATE"), &other, &null),
+            Deny("its own node"),
+        ),
+        (
+            "create of another driver",
+            p.evaluate(&me("CREATE"), &foreign, &null),
+            Deny("driver gpu.tessera.dev"),
+        ),
+        ("update own", p.evaluate(&me("UPDATE"), &own, &own), Allow),
+        (
+            "update moving another node's slice here",
+            p.evaluate(&me("UPDATE"), &own, &other),
+            Deny("nodeName"),
+        ),
+        (
+            "update moving own slice away",
+            p.evaluate(&me("UPDATE"), &other, &own),
+            Deny("its own node"),
+        ),
+        ("delete own", p.evaluate(&me("DELETE"), &null, &own), Allow),
+        (
+            "delete another node's",
+            p.evaluate(&me("DELETE"), &null, &other),
+            Deny("its own node"),
+        ),
+        (
+            "token without a node name",
+            p.evaluate(&request("CREATE", PLUGIN, None, rs), &own, &null),
+            Deny("no node name"),
+        ),
+        (
+            "another user",
+            p.evaluate(
+                &request("CREATE", "kubernetes-admin", Some("node-b"), rs),
+                &own,
+                &null,
+            ),
+            Skip,
+        ),
+        (
+            "a tessera-plugin account in another namespace",
+            p.evaluate(
+                &request(
+                    "CREATE",
+                    "system:serviceaccount:evil:tessera-plugin",
+                    Some("node-b"),
+                    rs,
+                ),
+                &own,
+                &null,
+            ),
+            Skip,
+        ),
+    ];
+    for (name, got, want) in cases {
+        let ok = match (&want, &got) {
+            (Allow, Decision::Allowed) | (Skip, Decision::NotMatched) => true,
+            (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
+            _ => false,
+        };
+        assert!(ok, "{name}: want {want:?}, got {got:?}");
+    }
+}
+
+#[derive(Debug)]
+enum Expect {
+    Allow,
+    /// Denied with a message containing this.
+    Deny(&'static str),
+    /// The policy does not apply.
+    Skip,
+}
+
+#[derive(serde::Deserialize)]
+struct ConfigCase {
+    name: String,
+    parameters: Value,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// The claim policy accepts and rejects exactly what the plugin's decoder does, on
+/// the decoder's own cases, for claims and claim templates, naming the same field.
+#[test]
+fn gpuconfig_policy_agrees_with_the_decoder() {
+    let p = policy("tessera-gpuconfig");
+    let text = std::fs::read_to_string(root().join("tests/data/gpuconfig-cases.yaml")).unwrap();
+    let cases: Vec<ConfigCase> = serde_yaml::from_str(&text).unwrap();
+    assert!(cases.len() >= 14);
+    for c in &cases {
+        let config = json!([
+            {"opaque": {"driver": "other.example.com", "parameters": {"anything": "goes"}}},
+            {"requests": ["gpu"], "opaque": {"driver": "gpu.tessera.dev", "parameters": c.parameters}}
+        ]);
+        let devices = json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}], "config": config});
+        let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}});
+        let template = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": {"devices": devices}}});
+        let decoder_ok = tessera::gpuconfig::decode(&c.parameters).is_ok();
+        assert_eq!(
+            decoder_ok,
+            c.error.is_none(),
+            "{}: the case file and the decoder",
+            c.name
+        );
+        for (resource, obj) in [
+            ("resourceclaims", &claim),
+            ("resourceclaimtemplates", &template),
+        ] {
+            let d = p.evaluate(
+                &request("CREATE", "alice", None, resource),
+                obj,
+                &Value::Null,
+            );
+            match (&c.error, &d) {
+                (None, Decision::Allowed) => {}
+                (Some(field), Decision::Denied { message, .. }) => assert!(
+                    message.starts_with(&format!("{field}:")),
+                    "{} ({resource}): names {field}: {message}",
+                    c.name
+                ),
+                _ => panic!(
+                    "{} ({resource}): decoder ok={decoder_ok}, policy {d:?}",
+                    c.name
+                ),
+            }
+        }
+    }
+    // No config at all, and a claim with only another driver's config, are allowed.
+    let bare = json!({"spec": {"devices": {"requests": []}}});
+    assert_eq!(
+        p.evaluate(
+            &request("CREATE", "alice", None, "resourceclaims"),
+            &bare,
+            &Value::Null
+        ),
+        Decision::Allowed
+    );
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("examples/workloads"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    assert!(v.len() >= 8);
+    v
+}
+
+/// The default mock node's pool on `version` with its default gates.
+fn pool(
+    version: KubeVersion,
+) -> (
+    Vec<k8s_openapi::api::resource::v1::ResourceSlice>,
+    FeatureGates,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tessera::node::load_node(
+        &tessera::node::BackendSpec::Mock(None),
+        None,
+        &tessera::node::BackendPaths {
+            state_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        },
+        tessera::backend::mock::StateAccess::ReadOnly,
+    )
+    .unwrap();
+    let gates = FeatureGates::defaults(version);
+    let slices = model.pool(
+        "gpu.tessera.dev",
+        "node-a",
+        version,
+        tessera::slices::ServerFeatures::from_gates(&gates),
+    );
+    (slices, gates)
+}
+
+/// `(claim, devices)` allocated by `tessera plan`, failures as `Err(reason)`.
+fn plan_file(f: &Path, version: KubeVersion) -> Vec<(String, Result<Vec<String>, String>)> {
+    let (slices, gates) = pool(version);
+    let steps = plan::read_steps(&[f.to_path_buf()]).unwrap();
+    let r = plan::run(&slices, &plan::read_classes(None).unwrap(), &steps, &gates).unwrap();
+    r.outcomes
+        .into_iter()
+        .filter_map(|o| match o {
+            Outcome::Allocated(c) => {
+                let devs = c
+                    .status
+                    .and_then(|s| s.allocation)
+                    .and_then(|a| a.devices)
+                    .and_then(|d| d.results)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| r.device)
+                    .collect();
+                Some((c.metadata.name.unwrap(), Ok(devs)))
+            }
+            Outcome::Failed { claim, reason } => Some((claim.metadata.name.unwrap(), Err(reason))),
+            Outcome::Released { .. } => None,
+        })
+        .collect()
+}
+
+/// Every example is allocated, at the version its comment names, to exactly the
+/// devices its comment promises.
+#[test]
+fn every_example_gets_what_its_comment_promises() {
+    for f in examples() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let version = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# plan: k8s 1."))
+            .and_then(|m| KubeVersion::new(m.trim().parse().unwrap()))
+            .unwrap_or_else(|| panic!("{}: no `# plan: k8s 1.N` line", f.display()));
+        let want: Vec<(String, Result<Vec<String>, String>)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .map(|l| {
+                let (name, devs) = l.split_once(": ").unwrap();
+                (
+                    name.to_string(),
+                    Ok(devs.split(", ").map(str::to_string).collect()),
+                )
+            })
+            .collect();
+        assert!(!want.is_empty(), "{}: no `# expect:` line", f.display());
+        assert_eq!(plan_file(&f, version), want, "{}", f.display());
+    }
+}
+
+/// A claim that cannot fit says why: a second big-memory GPU on the default node
+/// (gpu-0 is taken; gpu-1 is shared, not a `gpu`; the T4s are too small).
+#[test]
+fn a_claim_that_cannot_fit_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("twice.yaml");
+    let one =
+        std::fs::read_to_string(root().join("examples/workloads/03-gpu-memory-at-least.yaml"))
+            .unwrap();
+    std::fs::write(
+        &f,
+        format!(
+            "{one}\n---\n{}",
+            one.replace(
+                "name: big-memory\nspec:\n  spec",
+                "name: big-memory-2\nspec:\n  spec"
+            )
+        ),
+    )
+    .unwrap();
+    let got = plan_file(&f, KubeVersion::NEWEST);
+    assert_eq!(
+        got[0],
+        ("big-memory".to_string(), Ok(vec!["gpu-0".to_string()]))
+    );
+    let (name, second) = &got[1];
+    assert_eq!(name, "big-memory-2");
+    let reason = second.as_ref().unwrap_err();
+    assert!(
+        reason.contains("1 device(s) match, 0 available, 1 needed"),
+        "{reason}"
+    );
+}
