@@ -15,5 +15,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
+
+    // A minimal CRI `runtime.v1` subset: the containerd end-to-end test's client.
+    let cri = "proto/cri/runtime_v1.proto";
+    println!("cargo:rerun-if-changed={cri}");
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(true)
+        .compile_fds(protox::compile([cri], ["proto"])?)?;
     Ok(())
 }

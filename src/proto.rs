@@ -22,3 +22,8 @@ pub mod registration {
 pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
+
+/// A minimal CRI `runtime.v1` client subset (containerd end-to-end tests only).
+pub mod cri {
+    tonic::include_proto!("runtime.v1");
+}
