@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod claimfiles;
 pub mod claims;
 pub mod config;
+pub mod conflicts;
 pub mod demo;
 pub mod driver;
 pub mod fakeapi;

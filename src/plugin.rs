@@ -258,6 +258,15 @@ pub async fn run(
     let mut publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
     publisher.report_to(health.clone());
     let features = publisher.probe_features().await?;
+    let uuids: Vec<String> = model.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
+    match publisher.conflicts(&uuids).await {
+        Ok(found) => {
+            for c in found {
+                tracing::error!(conflict = %c.0, "another component manages this node's GPUs");
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot check for other GPU drivers on this node"),
+    }
     let shared_gpus = model
         .gpus
         .iter()

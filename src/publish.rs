@@ -108,6 +108,8 @@ pub struct Publisher {
     written: HashMap<usize, (ResourceSliceSpec, ResourceSliceSpec)>,
     /// Where `run` reports each publication's outcome (readiness).
     health: Option<std::sync::Arc<crate::health::Health>>,
+    /// The NVIDIA device plugin's resources on our Node, seen at start-up.
+    device_plugin: Option<crate::conflicts::Conflict>,
 }
 
 impl Publisher {
@@ -122,6 +124,7 @@ impl Publisher {
             KubeVersion::from_server(&info.major, &info.minor).map_err(PublishError::Version)?;
         let nodes: Api<Node> = Api::all(client.clone());
         let n = nodes.get(node).await.map_err(api("get node"))?;
+        let device_plugin = crate::conflicts::device_plugin(&n);
         let owner = OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),
@@ -138,7 +141,29 @@ impl Publisher {
             owner,
             written: HashMap::new(),
             health: None,
+            device_plugin,
         })
+    }
+
+    /// Other owners of our GPUs on this node: the NVIDIA device plugin (seen in the
+    /// Node's allocatable at start-up) and other DRA drivers' slices naming our GPU
+    /// UUIDs.
+    pub async fn conflicts(
+        &self,
+        uuids: &[String],
+    ) -> Result<Vec<crate::conflicts::Conflict>, PublishError> {
+        let all = self
+            .slices
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
+            .await
+            .map_err(api("list resourceslices"))?;
+        let mut out: Vec<_> = self.device_plugin.iter().cloned().collect();
+        out.extend(crate::conflicts::other_dra_drivers(
+            &all.items,
+            &self.driver,
+            uuids,
+        ));
+        Ok(out)
     }
 
     /// Reports each publication's outcome to `health` (the `/readyz` endpoint).
