@@ -204,6 +204,17 @@ async fn whole_gpu_claim(n: &mut Node) {
         open_script("/dev/nvidia-uvm"),
     );
     let out = n.run_ok(&ids, &script).await;
+    // containerd took the devices from the typed CRI field (17), not from annotations.
+    let field = format!(
+        "CDI devices from CRI Config.CDIDevices: [{}]",
+        ids.join(" ")
+    );
+    assert!(
+        std::fs::read_to_string(&n.containerd.log)
+            .unwrap()
+            .contains(&field),
+        "containerd's log lacks {field:?}"
+    );
     assert_nodes(&out, &present, &absent);
     assert_open_allowed(&out, "/dev/nvidia2");
     assert_open_allowed(&out, "/dev/nvidia-uvm");
@@ -404,6 +415,12 @@ async fn containerd_cri_applies_tessera_cdi_specs() {
     let t = Instant::now();
     shared_claim_files(&mut n).await;
     eprintln!("passed: shared claim files and mounts in {:?}", t.elapsed());
+    let complaints = n.containerd.cdi_registry_complaints();
+    assert!(
+        complaints.is_empty(),
+        "containerd's CDI registry complained about Tessera's specs:\n{complaints}"
+    );
+    eprintln!("passed: containerd's CDI registry loaded every spec without a complaint");
     n.stop().await;
     eprintln!("containerd suite: total {:?}", t0.elapsed());
 }

@@ -394,6 +394,22 @@ exec chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root c
             .join("\n")
     }
 
+    /// What containerd's CDI registry said about the spec files (refresh errors, specs
+    /// it could not load): empty when it accepted every spec it read.
+    pub fn cdi_registry_complaints(&self) -> String {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let lower = l.to_lowercase();
+                lower.contains("cdi")
+                    && (lower.contains("level=error") || lower.contains("level=warn"))
+                    && !lower.contains("unresolvable cdi devices")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn log_len(&self) -> usize {
         std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize)
     }
