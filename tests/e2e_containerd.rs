@@ -378,7 +378,15 @@ async fn containerd_cri_applies_tessera_cdi_specs() {
         return;
     }
     let t0 = Instant::now();
-    let (chroot, fresh) = cri::chroot();
+    let (chroot, fresh) = match cri::chroot() {
+        Ok(c) => c,
+        Err(e) => {
+            // The Debian mirror is a prerequisite too.
+            assert!(!e2e::in_ci(), "containerd suite: {e}");
+            eprintln!("SKIPPED containerd suite: {e}");
+            return;
+        }
+    };
     eprintln!(
         "containerd suite: chroot {} ({}) in {:?}",
         chroot.display(),

@@ -82,13 +82,14 @@ fn cache_parent() -> PathBuf {
 const STAMP: &str = ".tessera-e2e-complete";
 
 /// The cached trixie chroot with containerd and runc, built on first use (under a lock,
-/// into a temp dir renamed when complete). Returns its path and whether it was built now.
-pub fn chroot() -> (PathBuf, bool) {
+/// into a temp dir renamed when complete). Returns its path and whether it was built now,
+/// or debootstrap's error (e.g. no mirror reachable).
+pub fn chroot() -> Result<(PathBuf, bool), String> {
     let parent = cache_parent();
     let root = parent.join("trixie-containerd");
     if root.join(STAMP).is_file() {
         complete(&root);
-        return (root, false);
+        return Ok((root, false));
     }
     std::fs::create_dir_all(&parent).unwrap();
     let lock = std::fs::File::create(parent.join("trixie-containerd.lock")).unwrap();
@@ -99,7 +100,7 @@ pub fn chroot() -> (PathBuf, bool) {
     }
     if root.join(STAMP).is_file() {
         complete(&root);
-        return (root, false);
+        return Ok((root, false));
     }
     let tmp = parent.join(format!("trixie-containerd.tmp{}", std::process::id()));
     let mirror = debian_mirror();
@@ -116,13 +117,14 @@ pub fn chroot() -> (PathBuf, bool) {
         .arg(&mirror)
         .output()
         .expect("debootstrap");
-    assert!(
-        out.status.success(),
-        "debootstrap --variant=minbase --include={CHROOT_PACKAGES} trixie {} {mirror} failed (left for inspection):\n{}\n{}",
-        tmp.display(),
-        tail(&String::from_utf8_lossy(&out.stdout), 20),
-        tail(&String::from_utf8_lossy(&out.stderr), 20)
-    );
+    if !out.status.success() {
+        return Err(format!(
+            "debootstrap --variant=minbase --include={CHROOT_PACKAGES} trixie {} {mirror} failed (left for inspection):\n{}\n{}",
+            tmp.display(),
+            tail(&String::from_utf8_lossy(&out.stdout), 20),
+            tail(&String::from_utf8_lossy(&out.stderr), 20)
+        ));
+    }
     // The downloaded packages are not needed to run.
     if let Ok(rd) = std::fs::read_dir(tmp.join("var/cache/apt/archives")) {
         for e in rd.flatten() {
@@ -149,7 +151,7 @@ pub fn chroot() -> (PathBuf, bool) {
     }
     std::fs::rename(&tmp, &root).unwrap();
     eprintln!("containerd suite: chroot built in {:?}", t.elapsed());
-    (root, true)
+    Ok((root, true))
 }
 
 /// Files a host-network pod sandbox copies from the "host" (the chroot) that minbase
