@@ -38,7 +38,7 @@ impl Node {
     async fn start(chroot: &std::path::Path) -> Node {
         let mut h = Harness::new().await;
         let root = h.dir.path().to_path_buf();
-        // Built into the temp dir (one test here; `shared_build` would outlive it).
+        // Built into the temp dir, so nothing outlives the test.
         let built = e2e::build(&root.join("fakes"));
         let dev_root = root.join("dev-root");
         e2e::make_dev_root(&dev_root, &h.model.inventory);

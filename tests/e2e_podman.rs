@@ -30,9 +30,9 @@ struct Node {
 
 impl Node {
     async fn start() -> Node {
-        let built = e2e::shared_build();
         let mut h = Harness::new().await;
         let root = h.dir.path().to_path_buf();
+        let built = e2e::build(&root.join("build"));
         let dev_root = root.join("dev-root");
         e2e::make_dev_root(&dev_root, &h.model.inventory);
         h.opts.paths.dev_root = dev_root.clone();

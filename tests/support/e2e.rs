@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 /// Whether missing prerequisites fail (CI) or skip (a developer's machine).
 pub fn in_ci() -> bool {
@@ -329,16 +328,4 @@ impl Podman {
             .collect::<Vec<_>>()
             .join("\n")
     }
-}
-
-/// Built fakes shared by the tests of one binary (built once).
-pub fn shared_build() -> &'static Built {
-    static BUILT: OnceLock<(tempfile::TempDir, Built)> = OnceLock::new();
-    &BUILT
-        .get_or_init(|| {
-            let d = tempfile::tempdir().unwrap();
-            let b = build(d.path());
-            (d, b)
-        })
-        .1
 }
