@@ -329,3 +329,71 @@ impl Podman {
             .join("\n")
     }
 }
+
+/// The CDI IDs the plugin returned for a claim.
+pub fn ids(r: &tessera::proto::dra_v1::NodePrepareResourcesResponse, uid: &str) -> Vec<String> {
+    r.claims[uid]
+        .devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect()
+}
+
+/// Checks of the device nodes: present (and a character device), or absent.
+pub fn node_script(present: &[&str], absent: &[&str]) -> String {
+    let mut s = String::new();
+    for p in present {
+        s.push_str(&format!("test -c {p} && echo PRESENT={p}; "));
+    }
+    for a in absent {
+        s.push_str(&format!("test -e {a} || echo ABSENT={a}; "));
+    }
+    s
+}
+
+pub fn assert_nodes(r: &Run, present: &[&str], absent: &[&str]) {
+    for p in present {
+        assert!(
+            r.has_line(&format!("PRESENT={p}")),
+            "{p} missing:\n{}",
+            r.stdout
+        );
+    }
+    for a in absent {
+        assert!(
+            r.has_line(&format!("ABSENT={a}")),
+            "{a} present:\n{}",
+            r.stdout
+        );
+    }
+}
+
+/// Opening a node: the device cgroup rule must let it through. The fake majors have no
+/// driver, so a permitted open fails with ENXIO ("No such device or address"), never
+/// EPERM.
+pub fn open_script(path: &str) -> String {
+    let tag = path.replace('/', "_");
+    format!(
+        "(exec 3<{path}) 2>&1 | sed 's/^/OPEN {tag}: /'; (exec 3<{path}) 2>/dev/null && echo 'OPEN {tag}: ok' || true; "
+    )
+}
+
+pub fn assert_open_allowed(r: &Run, path: &str) {
+    let tag = format!("OPEN {}: ", path.replace('/', "_"));
+    let lines: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with(&tag)).collect();
+    assert!(
+        !lines.is_empty(),
+        "no open result for {path}:\n{}",
+        r.stdout
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains("Operation not permitted")),
+        "{path}: the device cgroup denies it: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("No such device") || l.ends_with(": ok")),
+        "{path}: {lines:?}"
+    );
+}
