@@ -395,7 +395,12 @@ pub fn plan_claim(
         // Last line of defence behind the scheduler's counters: a whole GPU and its
         // partitions, or two overlapping partitions, are never held at once.
         for (key, holder) in &held.devices {
-            let other = key.split('#').next().unwrap_or(key);
+            // Shares of a shared GPU never exclude anything: their sum is checked by
+            // `check_commitment`, together with fallback slots.
+            if key.contains('#') {
+                continue;
+            }
+            let other = key.as_str();
             if holder != expected_uid && overlaps(gpus, other, &planned) {
                 return Err(ClaimError::DeviceInUse {
                     device: planned.device,

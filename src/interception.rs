@@ -70,7 +70,9 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
     let dir = libs.join(&version);
     let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes);
     if !installed {
-        let tmp = libs.join(format!(".{version}.tmp"));
+        // Per process: two installers never share a temp dir (callers also hold the
+        // node lock); `gc` removes leftovers of dead ones.
+        let tmp = libs.join(format!(".{version}.tmp-{}", std::process::id()));
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&dir);
         let r = (|| -> std::io::Result<()> {
@@ -171,9 +173,9 @@ mod tests {
             fs::read_to_string(run.path().join(PRELOAD_FILE)).unwrap(),
             "/usr/local/tessera/lib/libtessera_cuda.so\n"
         );
-        fs::create_dir(run.path().join("lib/.x.tmp")).unwrap();
+        fs::create_dir(run.path().join("lib/.x.tmp-1")).unwrap();
         let removed = gc(run.path(), &BTreeSet::from([b.version.clone()])).unwrap();
-        assert_eq!(removed, [".x.tmp".to_string(), a.version.clone()]);
+        assert_eq!(removed, [".x.tmp-1".to_string(), a.version.clone()]);
         assert!(!a.dir.exists() && b.dir.exists());
     }
 

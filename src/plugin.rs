@@ -168,13 +168,13 @@ pub fn open_state(
     {
         warn!(driver_root = %opts.paths.driver_root.display(), "libcuda not found under the driver root; containers will lack the CUDA driver library");
     }
-    let interception = install_interception(opts, model);
     let cdi = CdiContext {
         host_dev_root: opts.paths.host_dev_root.clone(),
         majors: model.inventory.char_majors,
         driver_files,
         host_run_dir: opts.paths.host_run_dir.clone(),
-        interception: interception.as_ref().map(|l| l.version.clone()),
+        // Installed by `DeviceState::open` under the node lock.
+        interception: None,
     };
     let cfg = StateConfig {
         driver: opts.driver_name.clone(),
@@ -187,44 +187,11 @@ pub fn open_state(
         unknown_mig,
         run_dir: opts.paths.run_dir.clone(),
         shared_slots: model.config.shared_slots,
-        interception_source: interception.and_then(|_| opts.interception_lib.clone()),
+        interception_source: opts.interception_lib.clone(),
     };
     let (state, _recovery) =
         DeviceState::open(cfg, model.gpus.clone(), model.backend.clone(), cdi)?;
     Ok(state)
-}
-
-/// Installs the interception library into the run dir. Without it the plugin still
-/// serves whole GPUs and MIG, and refuses shared-GPU claims (never prepares them
-/// unenforced); the warning says so once.
-fn install_interception(
-    opts: &PluginOptions,
-    model: &NodeModel,
-) -> Option<crate::interception::InstalledLib> {
-    let has_shared = model
-        .gpus
-        .iter()
-        .any(|g| g.mode == crate::config::GpuMode::Shared);
-    let Some(source) = &opts.interception_lib else {
-        if has_shared {
-            warn!(
-                "no interception library (--interception-lib): shared-GPU claims will be refused"
-            );
-        }
-        return None;
-    };
-    match crate::interception::install(&opts.paths.run_dir, source) {
-        Ok(lib) => {
-            info!(version = %lib.version, dir = %lib.dir.display(), "installed the interception library");
-            Some(lib)
-        }
-        Err(e) => {
-            if has_shared {
-                warn!(error = %e, "shared-GPU claims will be refused");
-            }
-            None
-        }
-    }
 }
 
 /// Runs the plugin until `shutdown` resolves. Order: recover state, serve DRA, then

@@ -173,6 +173,8 @@ pub struct DeviceState {
     writer: SpecWriter,
     store: CheckpointStore,
     mutex: Mutex<()>,
+    /// The installed interception library version (installed under the node lock).
+    library: Mutex<Option<String>>,
 }
 
 struct Locked<'a> {
@@ -203,6 +205,7 @@ impl DeviceState {
             backend,
             cdi,
             mutex: Mutex::new(()),
+            library: Mutex::new(None),
         };
         let recovery = state.recover()?;
         Ok((state, recovery))
@@ -297,6 +300,25 @@ impl DeviceState {
             .collect();
         rec.removed_claim_dirs = crate::claimfiles::sweep(&self.cfg.run_dir, &owners)
             .map_err(PrepareError::ClaimFiles)?;
+        if let Err(e) = self.install_library() {
+            let shared = self
+                .gpus
+                .iter()
+                .any(|g| g.mode == crate::config::GpuMode::Shared);
+            if shared {
+                warn!(error = %e, "no interception library: shared-GPU claims are refused until it installs");
+            }
+        } else if self.cfg.interception_source.is_none()
+            && self
+                .gpus
+                .iter()
+                .any(|g| g.mode == crate::config::GpuMode::Shared)
+        {
+            warn!(
+                "no interception library (--interception-lib): shared-GPU claims will be refused"
+            );
+        }
+        self.repair_controls(&cp);
         rec.removed_lib_versions = self.gc_libraries(&cp)?;
         rec.destroyed_mig = self.reconcile_mig(&cp)?;
         self.release_mig_mode(&mut cp)?;
@@ -365,7 +387,7 @@ impl DeviceState {
             .values()
             .filter_map(|r| r.lib_version.clone())
             .collect();
-        keep.extend(self.cdi.interception.clone());
+        keep.extend(self.library());
         let removed = crate::interception::gc(&self.cfg.run_dir, &keep).map_err(|e| {
             PrepareError::ClaimFiles(format!("removing unused interception libraries: {e}"))
         })?;
@@ -375,29 +397,74 @@ impl DeviceState {
         Ok(removed)
     }
 
-    /// Makes sure the installed library version is on disk before a spec mounts it.
-    fn ensure_library(&self) -> Result<(), PrepareError> {
-        let (Some(version), Some(source)) = (&self.cdi.interception, &self.cfg.interception_source)
-        else {
-            return Ok(());
+    /// The installed interception library version, if any.
+    fn library(&self) -> Option<String> {
+        self.library
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Installs the interception library from `--interception-lib` (called under the
+    /// node lock: at start-up, and again before a shared prepare if the version is
+    /// missing, e.g. after a failed start-up install or another instance's clean-up).
+    fn install_library(&self) -> Result<Option<String>, PrepareError> {
+        let Some(source) = &self.cfg.interception_source else {
+            return Ok(None);
         };
-        let file = self
-            .cfg
-            .run_dir
-            .join(crate::interception::LIB_DIR)
-            .join(version)
-            .join(crate::interception::LIB_FILE);
-        if !file.is_file() {
-            let lib = crate::interception::install(&self.cfg.run_dir, source)?;
-            if &lib.version != version {
-                return Err(PrepareError::ClaimFiles(format!(
-                    "the interception library at {} changed since start-up (now {}, installed {version}); restart the plugin",
-                    source.display(),
-                    lib.version
-                )));
-            }
+        let lib = crate::interception::install(&self.cfg.run_dir, source)?;
+        info!(version = %lib.version, dir = %lib.dir.display(), "installed the interception library");
+        *self.library.lock().unwrap_or_else(|p| p.into_inner()) = Some(lib.version.clone());
+        Ok(Some(lib.version))
+    }
+
+    /// Makes sure a library version is installed and on disk before a spec mounts it.
+    fn ensure_library(&self) -> Result<(), PrepareError> {
+        let present = self.library().is_some_and(|v| {
+            self.cfg
+                .run_dir
+                .join(crate::interception::LIB_DIR)
+                .join(v)
+                .join(crate::interception::LIB_FILE)
+                .is_file()
+        });
+        if !present {
+            self.install_library()?;
         }
         Ok(())
+    }
+
+    /// The CDI context with the current library version.
+    fn cdi_context(&self) -> CdiContext {
+        CdiContext {
+            interception: self.library(),
+            ..self.cdi.clone()
+        }
+    }
+
+    /// Repairs the `control` files of prepared shared claims whose writer died mid
+    /// update (sequence left odd), so that tenant readers see consistent values.
+    fn repair_controls(&self, cp: &Checkpoint) {
+        for (uid, _) in cp.claims.iter().filter(|(_, r)| r.claim_files) {
+            let path = crate::claimfiles::claim_dir(&self.cfg.run_dir, uid)
+                .join(tessera_abi::CONTROL_FILE);
+            let repaired = File::options()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|f| {
+                    tessera_abi::control::Control::map(&f, true).map_err(|e| e.to_string())
+                })
+                .and_then(|c| c.repair_sequence().map_err(|e| e.to_string()));
+            match repaired {
+                Ok(true) => warn!(claim = %uid, "repaired a control file left mid-update"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(claim = %uid, path = %path.display(), error = %e, "cannot check a control file")
+                }
+            }
+        }
     }
 
     /// Destroys (or, per policy, leaves) MIG devices on dynamic-MIG GPUs that no claim
@@ -604,14 +671,18 @@ impl DeviceState {
             .iter()
             .map(|d| d.mig.map(|m| (m.gi_id, 0)))
             .collect();
-        let spec =
-            cdispec::render_claim_spec(&plan, &self.cdi, &predicted).map_err(ClaimError::Cdi)?;
+        let shared = plan.is_shared();
+        if shared {
+            if let Err(e) = self.ensure_library() {
+                warn!(claim = uid, error = %e, "the interception library is not installed");
+            }
+        }
+        let cdi = self.cdi_context();
+        let spec = cdispec::render_claim_spec(&plan, &cdi, &predicted).map_err(ClaimError::Cdi)?;
         let names = cdispec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
         tessera_cdi::render_spec(&spec, cdispec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;
-        let shared = plan.is_shared();
         let claim_files = if shared {
-            self.ensure_library()?;
             Some(crate::claimfiles::render(&plan).map_err(ClaimError::Cdi)?)
         } else {
             None
@@ -650,7 +721,7 @@ impl DeviceState {
                 cdi_spec: Some(names.file_name().to_string()),
                 claim_files: shared,
                 lib_version: if shared {
-                    self.cdi.interception.clone()
+                    cdi.interception.clone()
                 } else {
                     None
                 },
@@ -668,8 +739,7 @@ impl DeviceState {
                 info!(claim = uid, dir = %dir.display(), budgets = ?plan.budgets_by_uuid(), "wrote claim files");
                 self.cfg.fail_points.hit("prepare-after-claim-files");
             }
-            let spec =
-                cdispec::render_claim_spec(&plan, &self.cdi, &caps).map_err(ClaimError::Cdi)?;
+            let spec = cdispec::render_claim_spec(&plan, &cdi, &caps).map_err(ClaimError::Cdi)?;
             self.writer
                 .write(&names, &spec, cdispec::VERSION_POLICY)
                 .map_err(PrepareError::Cdi)?;

@@ -20,6 +20,8 @@ pub const MAGIC: [u8; 8] = *b"TSRACTL\0";
 pub const VERSION: u32 = 1;
 pub const HEADER_SIZE: usize = 64;
 pub const ENTRY_SIZE: usize = 128;
+/// How many torn reads a reader retries before taking the value as it is.
+pub const READ_RETRIES: usize = 10_000;
 
 pub mod hdr {
     pub const MAGIC: usize = 0;
@@ -152,21 +154,43 @@ impl Control {
     }
 
     /// GPU `g`'s launch rate, read consistently under the sequence counter.
+    /// A writer that died mid-update leaves the sequence odd; readers then stop
+    /// retrying after [`READ_RETRIES`] and take the value as it is (the plugin repairs
+    /// the sequence under its node lock at start-up: [`Control::repair_sequence`]).
     pub fn launch_rate(&self, g: usize) -> Option<u64> {
         let seq = self.map.u64_at(hdr::SEQ)?;
         let rate = self.at64(g, entry::LAUNCH_RATE)?;
-        loop {
+        let mut v = rate.load(Ordering::Relaxed);
+        for _ in 0..READ_RETRIES {
             let s1 = seq.load(Ordering::Acquire);
             if s1 % 2 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let v = rate.load(Ordering::Relaxed);
+            v = rate.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == s1 {
                 return Some(v);
             }
         }
+        Some(v)
+    }
+
+    /// Makes an odd sequence (a writer killed mid-update) even again. Call only while
+    /// no writer can run: the plugin does it at start-up under its node lock.
+    pub fn repair_sequence(&self) -> Result<bool, AbiError> {
+        if !self.map.writable() {
+            return Err(AbiError::Invalid("control mapped read-only".into()));
+        }
+        let seq = self
+            .map
+            .u64_at(hdr::SEQ)
+            .ok_or_else(|| AbiError::BadLayout("no sequence".into()))?;
+        let odd = seq.load(Ordering::Acquire) % 2 == 1;
+        if odd {
+            seq.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(odd)
     }
 
     /// Sets GPU `g`'s launch rate (the plugin's compute controller; the mapping must be
@@ -191,12 +215,14 @@ impl Control {
     }
 
     /// A consistent copy of all entries.
+    /// Bounded like [`Control::launch_rate`]: after [`READ_RETRIES`] torn reads the
+    /// last copy is parsed as it is.
     pub fn read(&self) -> Result<Vec<GpuControl>, AbiError> {
         let seq = self
             .map
             .u64_at(hdr::SEQ)
             .ok_or_else(|| AbiError::BadLayout("no sequence".into()))?;
-        loop {
+        for _ in 0..READ_RETRIES {
             let s1 = seq.load(Ordering::Acquire);
             if s1 % 2 == 0 {
                 let snap = self.map.snapshot();
@@ -207,5 +233,6 @@ impl Control {
             }
             std::hint::spin_loop();
         }
+        parse(&self.map.snapshot())
     }
 }

@@ -15,6 +15,9 @@
 //! a dead process: whoever locks it next returns its charges to the GPU totals
 //! ([`Region::reclaim_slot`]).
 //!
+//! Mutating methods do nothing (or refuse) on a read-only mapping: a store through a
+//! `PROT_READ` mapping would kill the process.
+//!
 //! Sizes in the header let version N+1 append fields to the header, GPU entries and
 //! slots: a version-N reader uses the sizes it finds, so it still reads N's fields.
 //! See ARCHITECTURE.md for the table.
@@ -268,6 +271,8 @@ pub enum Refusal {
     OverBudget,
     /// No such GPU or slot index in this region.
     OutOfRange,
+    /// The region is mapped read-only.
+    ReadOnly,
 }
 
 /// A mapped region with the atomic operations the library and the plugin perform.
@@ -328,6 +333,9 @@ impl Region {
     /// charged: a process killed between the two leaks its reservation (the budget
     /// shrinks until the claim ends) rather than letting usage fall below reality.
     pub fn reserve(&self, s: usize, g: usize, bytes: u64, budget: u64) -> Result<(), Refusal> {
+        if !self.map.writable() {
+            return Err(Refusal::ReadOnly);
+        }
         let (Some(used), Some(charged)) = (self.gpu_field(g, gpu::USED), self.charged(s, g)) else {
             return Err(Refusal::OutOfRange);
         };
@@ -358,6 +366,9 @@ impl Region {
     /// Returns `bytes` charged to slot `s` on GPU `g` (a free, or a rollback after a
     /// failed allocation). Saturates at zero rather than wrapping.
     pub fn release(&self, s: usize, g: usize, bytes: u64) {
+        if !self.map.writable() {
+            return;
+        }
         if let Some(c) = self.charged(s, g) {
             sat_sub(c, bytes);
         }
@@ -369,6 +380,9 @@ impl Region {
     /// Returns every charge of slot `s` to the GPU totals and frees the slot. Call only
     /// while holding the slot's OFD lock (after finding it unlocked with a token).
     pub fn reclaim_slot(&self, s: usize) -> Vec<u64> {
+        if !self.map.writable() {
+            return Vec::new();
+        }
         let mut returned = Vec::with_capacity(self.layout.gpu_count);
         for g in 0..self.layout.gpu_count {
             let n = self
@@ -395,6 +409,9 @@ impl Region {
 
     /// Marks slot `s` as owned by `token` (call while holding its lock).
     pub fn occupy_slot(&self, s: usize, token: u128, flags: u32, started_ns: u64) {
+        if !self.map.writable() {
+            return;
+        }
         let o = self.layout.slot_offset(s);
         if let (Some(lo), Some(hi), Some(t), Some(f)) = (
             self.map.u64_at(o + slot::TOKEN),
@@ -411,6 +428,9 @@ impl Region {
 
     /// Clears flag bits of slot `s`.
     pub fn clear_slot_flags(&self, s: usize, bits: u32) {
+        if !self.map.writable() {
+            return;
+        }
         if let Some(f) = self.map.u32_at(self.layout.slot_offset(s) + slot::FLAGS) {
             f.fetch_and(!bits, Ordering::AcqRel);
         }
@@ -422,6 +442,9 @@ impl Region {
     /// one any live slot lock of this process is held on.
     pub fn reclaim_dead(&self, file: &File) -> std::io::Result<Vec<usize>> {
         let mut out = Vec::new();
+        if !self.map.writable() {
+            return Ok(out);
+        }
         let snap = self.map.snapshot();
         for s in 0..self.layout.slot_count {
             let o = self.layout.slot_offset(s);

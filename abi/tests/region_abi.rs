@@ -101,7 +101,7 @@ fn a_grown_layout_stays_readable() {
     b[64..72].copy_from_slice(&[0xff; 8]); // a v2 header field
     b[hs..hs + 5].copy_from_slice(b"GPU-z");
     put64(&mut b, hs + 64, 42);
-    put64(&mut b, hs + 150, 0); // a v2 GPU field
+    put64(&mut b, hs + 152, u64::MAX); // a v2 GPU field, after the v1 ones
     let s1 = slot_table + ss;
     put64(&mut b, s1, 9);
     put64(&mut b, s1 + 64, 42);
@@ -187,6 +187,12 @@ fn release_returns_and_saturates() {
     r.release(0, 1, 100);
     let s = r.snapshot().unwrap();
     assert_eq!(s.gpus[1].used, 0);
+    // A read-only mapping refuses every change instead of faulting.
+    let ro = Region::map(&File::open(&p).unwrap(), false).unwrap();
+    assert_eq!(ro.reserve(0, 0, 1, 10), Err(Refusal::ReadOnly));
+    ro.release(0, 0, 1);
+    ro.occupy_slot(0, 1, 0, 0);
+    assert!(ro.reclaim_slot(0).is_empty());
 }
 
 /// A child process takes slot 0's OFD lock, charges 3 MiB and is SIGKILLed: the lock is
@@ -264,6 +270,7 @@ fn control_file_updates_are_seen_by_readers() {
     .unwrap();
     let r = Control::map(&File::open(&p).unwrap(), false).unwrap();
     assert!(r.set_launch_rate(0, 5).is_err());
+    assert!(r.repair_sequence().is_err());
     w.set_launch_rate(0, 1200).unwrap();
     assert_eq!(r.launch_rate(0), Some(1200));
     let all = r.read().unwrap();
@@ -271,6 +278,20 @@ fn control_file_updates_are_seen_by_readers() {
         (all[0].launch_rate, all[0].updates, all[0].share),
         (1200, 1, 25)
     );
+    // A writer killed mid-update leaves the sequence odd: readers still answer
+    // (bounded retries), and the plugin's repair makes it even again.
+    let seq = |f: &std::path::Path| {
+        u64::from_le_bytes(std::fs::read(f).unwrap()[32..40].try_into().unwrap())
+    };
+    let mut raw = std::fs::read(&p).unwrap();
+    raw[32..40].copy_from_slice(&(seq(&p) + 1).to_le_bytes());
+    std::fs::write(&p, &raw).unwrap();
+    assert_eq!(seq(&p) % 2, 1);
+    assert_eq!(r.launch_rate(0), Some(1200));
+    assert_eq!(r.read().unwrap()[0].launch_rate, 1200);
+    assert!(w.repair_sequence().unwrap());
+    assert_eq!(seq(&p) % 2, 0);
+    assert!(!w.repair_sequence().unwrap());
     let mut bad = gpus.clone();
     bad[0].share = 101;
     assert!(control::initial_bytes(&bad).is_err());

@@ -120,13 +120,11 @@ impl AdmissionPolicy {
         }
         let mut vars = serde_json::Map::new();
         for (name, program) in &self.variables {
-            // A variable that fails to evaluate fails the validations that use it.
-            let v = program
-                .execute(&ctx)
-                .ok()
-                .and_then(|v| v.json().ok())
-                .unwrap_or(serde_json::Value::Null);
-            vars.insert(name.clone(), v);
+            // A variable that fails to evaluate is left out, so every validation that
+            // uses it fails (as the API server fails them), and the others still run.
+            if let Some(v) = program.execute(&ctx).ok().and_then(|v| v.json().ok()) {
+                vars.insert(name.clone(), v);
+            }
             ctx.add_variable_from_value(
                 "variables",
                 to_cel(&serde_json::Value::Object(vars.clone())),
