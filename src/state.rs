@@ -672,10 +672,8 @@ impl DeviceState {
             .map(|d| d.mig.map(|m| (m.gi_id, 0)))
             .collect();
         let shared = plan.is_shared();
-        if shared {
-            if let Err(e) = self.ensure_library() {
-                warn!(claim = uid, error = %e, "the interception library is not installed");
-            }
+        if shared && let Err(e) = self.ensure_library() {
+            warn!(claim = uid, error = %e, "the interception library is not installed");
         }
         let cdi = self.cdi_context();
         let spec = cdispec::render_claim_spec(&plan, &cdi, &predicted).map_err(ClaimError::Cdi)?;
