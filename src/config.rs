@@ -15,6 +15,12 @@
 //! sliceLayout: auto     # auto | split | combined
 //! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
 //! defaultMode: shared   # mode of unmatched GPUs (default: mig if MIG-capable, else exclusive)
+//! health:               # optional: what device health events do (see `devhealth`)
+//!   clearOnRecovery: true   # remove the taint when the GPU recovers (default true)
+//!   gpuLost: NoExecute      # Ignore | NoSchedule | NoExecute (default NoExecute)
+//!   xids:                   # overrides of the default XID classes: application XIDs
+//!   - {xid: 63, action: Ignore}  # (13 31 43 45 68 109) Ignore, fatal ones (48 79 95
+//!                               # 119 120) NoExecute, the rest NoSchedule
 //! ```
 //!
 //! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
@@ -22,6 +28,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{GpuInfo, NodeInventory};
+use crate::devhealth::HealthConfig;
 
 pub const API_VERSION: &str = "config.tessera.dev/v1alpha1";
 pub const KIND: &str = "NodeConfig";
@@ -121,6 +128,9 @@ pub struct NodeConfig {
     /// Mode of GPUs no rule matches; absent: `mig` if MIG-capable, else `exclusive`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_mode: Option<GpuMode>,
+    /// What device health events do; absent: the defaults of [`HealthConfig`].
+    #[serde(default, skip_serializing_if = "HealthConfig::is_default")]
+    pub health: HealthConfig,
 }
 
 impl Default for NodeConfig {
@@ -133,6 +143,7 @@ impl Default for NodeConfig {
             slice_layout: SliceLayout::Auto,
             shared_slots: default_shared_slots(),
             default_mode: None,
+            health: HealthConfig::default(),
         }
     }
 }
@@ -210,6 +221,12 @@ impl NodeConfig {
                     "exactly one of uuid, minor, product must be set".into(),
                 ));
             }
+        }
+        if let Some((i, xid)) = self.health.duplicate_xid() {
+            return Err(err(
+                format!("health.xids[{i}].xid"),
+                format!("XID {xid} is listed twice"),
+            ));
         }
         if self.shared_slots == 0 || 100 % self.shared_slots != 0 {
             return Err(err(
@@ -315,6 +332,12 @@ mod tests {
             ("sharedSlots: 3\n", "sharedSlots"),
             ("sharedSlots: 0\n", "sharedSlots"),
             ("gpus: {minor: 0}\n", "gpus"),
+            ("health: {gpuLost: Evict}\n", "health.gpuLost"),
+            ("health: {colour: red}\n", "health.colour"),
+            (
+                "health:\n  xids:\n  - {xid: 79, action: Ignore}\n  - {xid: 79, action: NoExecute}\n",
+                "health.xids[1].xid",
+            ),
         ];
         for (body, field) in cases {
             let text = if body.starts_with("apiVersion") || body.starts_with("kind") {
@@ -329,6 +352,23 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// The `health:` section decodes, and a config without it gets the defaults.
+    #[test]
+    fn health_section_decodes_with_defaults() {
+        let c = NodeConfig::from_yaml(
+            &format!("{HEAD}health:\n  clearOnRecovery: false\n  xids:\n  - {{xid: 13, action: NoSchedule}}\n"),
+            "t",
+        )
+        .unwrap();
+        assert!(!c.health.clear_on_recovery);
+        assert_eq!(
+            c.health.xid_action(13),
+            crate::devhealth::HealthAction::NoSchedule
+        );
+        let d = NodeConfig::from_yaml(HEAD, "t").unwrap();
+        assert!(d.health.is_default() && d.health.clear_on_recovery);
     }
 
     /// Not valid YAML at all is an error about the document.

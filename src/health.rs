@@ -1,7 +1,8 @@
 //! The plugin's health endpoints on `--metrics-addr`: `/healthz` (the process serves
 //! HTTP: liveness) and `/readyz` (the kubelet sockets are served and the last
 //! ResourceSlice publication succeeded: readiness). The DaemonSet probes both.
-//! Metrics join them on the same listener (observability work).
+//! `/metrics` serves the Prometheus exposition ([`crate::metrics`]) once the plugin has
+//! set the scraper.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,11 +19,24 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 /// What readiness depends on; shared by the plugin's tasks.
-#[derive(Debug, Default)]
+/// Renders the metrics exposition at scrape time.
+pub type Scraper = Box<dyn Fn() -> String + Send + Sync>;
+
+#[derive(Default)]
 pub struct Health {
     serving: AtomicBool,
     published: AtomicBool,
     publish_error: Mutex<Option<String>>,
+    scraper: std::sync::OnceLock<Scraper>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("serving", &self.serving)
+            .field("published", &self.published)
+            .finish()
+    }
 }
 
 impl Health {
@@ -31,9 +45,15 @@ impl Health {
         self.serving.store(on, Ordering::Release);
     }
 
-    /// The outcome of the latest publication of the pool.
+    /// Sets what `/metrics` serves (once; later calls are ignored).
+    pub fn set_scraper(&self, scraper: Scraper) {
+        let _ = self.scraper.set(scraper);
+    }
+
+    /// The outcome of the latest publication of the pool (also counted in the metrics).
     pub fn set_published(&self, result: Result<(), String>) {
         let ok = result.is_ok();
+        crate::metrics::driver().published(ok);
         if let Ok(mut e) = self.publish_error.lock() {
             *e = result.err();
         }
@@ -58,7 +78,37 @@ impl Health {
     }
 }
 
-fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
+/// Answers one request. `/metrics` is OpenMetrics when the scraper accepts it
+/// (Prometheus does), else the classic text format.
+fn respond(health: &Health, path: &str, accept: &str) -> Response<Full<Bytes>> {
+    if path == "/metrics" {
+        let openmetrics = accept.contains("application/openmetrics-text");
+        let mut r = match health.scraper.get() {
+            Some(scrape) => {
+                let om = scrape();
+                let body = if openmetrics {
+                    om
+                } else {
+                    crate::metrics::to_prometheus_text(&om)
+                };
+                Response::new(Full::new(Bytes::from(body)))
+            }
+            None => {
+                let mut r = Response::new(Full::new(Bytes::from("not ready\n")));
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                return r;
+            }
+        };
+        let ct = if openmetrics {
+            crate::metrics::CONTENT_TYPE
+        } else {
+            crate::metrics::TEXT_CONTENT_TYPE
+        };
+        if let Ok(v) = hyper::header::HeaderValue::from_str(ct) {
+            r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+        }
+        return r;
+    }
     let (status, body) = match path {
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),
         "/readyz" => match health.ready() {
@@ -93,7 +143,12 @@ pub async fn bind(
             let h = health.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
-                    let r = respond(&h, req.uri().path());
+                    let accept = req
+                        .headers()
+                        .get(hyper::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    let r = respond(&h, req.uri().path(), accept);
                     async move { Ok::<_, Infallible>(r) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -124,9 +179,9 @@ mod tests {
     #[test]
     fn readiness_needs_sockets_and_slices() {
         let h = Health::default();
-        assert_eq!(respond(&h, "/healthz").status(), StatusCode::OK);
+        assert_eq!(respond(&h, "/healthz", "").status(), StatusCode::OK);
         assert_eq!(
-            respond(&h, "/readyz").status(),
+            respond(&h, "/readyz", "").status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
         h.set_serving(true);
@@ -134,8 +189,14 @@ mod tests {
         h.set_published(Err("403 Forbidden".into()));
         assert!(h.ready().unwrap_err().contains("403"));
         h.set_published(Ok(()));
-        assert_eq!(respond(&h, "/readyz").status(), StatusCode::OK);
-        assert_eq!(respond(&h, "/metrics").status(), StatusCode::NOT_FOUND);
+        assert_eq!(respond(&h, "/readyz", "").status(), StatusCode::OK);
+        assert_eq!(
+            respond(&h, "/metrics", "").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        h.set_scraper(Box::new(|| "# EOF\n".to_string()));
+        assert_eq!(respond(&h, "/metrics", "").status(), StatusCode::OK);
+        assert_eq!(respond(&h, "/nope", "").status(), StatusCode::NOT_FOUND);
         assert_eq!(parse_addr(":9464").unwrap().port(), 9464);
         assert!(parse_addr("9464").is_err());
     }

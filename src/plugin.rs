@@ -258,6 +258,10 @@ pub async fn run(
         .map_err(|e| PluginError::Join(e.to_string()))??,
     );
     let driver = Driver::new(state.clone(), client.clone());
+    let (scrape_state, node) = (state.clone(), opts.node_name.clone());
+    health.set_scraper(Box::new(move || {
+        crate::metrics::render(&crate::metrics::gather(&scrape_state, &node))
+    }));
 
     let dra_path = dra_socket_path(&opts);
     let dra_listener = listen(&dra_path)?;

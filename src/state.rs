@@ -136,6 +136,19 @@ pub enum PrepareError {
 }
 
 impl PrepareError {
+    /// A bounded reason for the error metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PrepareError::Claim(_) => "claim",
+            PrepareError::Cdi(_) | PrepareError::CdiRemove(_) => "cdi",
+            PrepareError::Checkpoint(_) => "checkpoint",
+            PrepareError::Backend(_) => "gpu",
+            PrepareError::ClaimFiles(_) => "claim_files",
+            PrepareError::Library(_) => "library",
+            PrepareError::Lock { .. } => "lock",
+        }
+    }
+
     /// The error with its causes on one line, for the kubelet's per-claim error string.
     pub fn chain(&self) -> String {
         let mut s = self.to_string();
@@ -213,6 +226,19 @@ impl DeviceState {
 
     pub fn config(&self) -> &StateConfig {
         &self.cfg
+    }
+
+    /// The GPUs this state manages.
+    pub fn gpus(&self) -> &[ManagedGpu] {
+        &self.gpus
+    }
+
+    /// The claims in the checkpoint, as last stored (no lock: the file is replaced
+    /// atomically, so a reader sees one whole version). For metrics.
+    pub fn prepared(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, ClaimRecord>, PrepareError> {
+        Ok(self.load()?.0.claims)
     }
 
     fn lock(&self) -> Result<Locked<'_>, PrepareError> {
@@ -353,12 +379,15 @@ impl DeviceState {
                 .find(|i| i.start == m.start && i.profile_id == m.profile_id)
             {
                 match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
-                    Ok(()) => info!(
-                        claim = uid,
-                        gpu = m.gpu_minor,
-                        gi = inst.gi_id,
-                        "destroyed MIG device of an unfinished prepare"
-                    ),
+                    Ok(()) => {
+                        crate::metrics::driver().mig_destroyed.inc();
+                        info!(
+                            claim = uid,
+                            gpu = m.gpu_minor,
+                            gi = inst.gi_id,
+                            "destroyed MIG device of an unfinished prepare"
+                        )
+                    }
                     Err(BackendError::Mig {
                         source: MigError::NotFound(_),
                         ..
@@ -500,6 +529,7 @@ impl DeviceState {
                     continue;
                 }
                 self.backend.destroy_mig(minor, inst.gi_id)?;
+                crate::metrics::driver().mig_destroyed.inc();
                 warn!(
                     gpu = minor,
                     gi = inst.gi_id,
@@ -617,8 +647,11 @@ impl DeviceState {
                     }
                     record(cp, &|r| r.created = true);
                     self.store.store(cp)?;
-                    self.backend
-                        .create_mig(m.gpu_minor, m.profile_id, m.start)?
+                    let inst = self
+                        .backend
+                        .create_mig(m.gpu_minor, m.profile_id, m.start)?;
+                    crate::metrics::driver().mig_created.inc();
+                    inst
                 }
             };
             let ci = inst.ci.clone();
@@ -636,8 +669,27 @@ impl DeviceState {
 
     /// Prepares one claim (already fetched from the API server). Idempotent: a claim
     /// prepared before returns its recorded devices without doing any work. On error
-    /// nothing of this claim remains on disk.
+    /// nothing of this claim remains on disk. Counted and timed in the metrics.
     pub fn prepare(
+        &self,
+        claim: &ResourceClaim,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let t = std::time::Instant::now();
+        let r = self.prepare_inner(claim, uid);
+        let kind = r
+            .as_ref()
+            .map_or("unknown", |d| crate::metrics::claim_kind(d));
+        crate::metrics::driver().observe(
+            "prepare",
+            kind,
+            t.elapsed().as_secs_f64(),
+            r.as_ref().err().map(PrepareError::reason),
+        );
+        r
+    }
+
+    fn prepare_inner(
         &self,
         claim: &ResourceClaim,
         uid: &str,
@@ -765,13 +817,27 @@ impl DeviceState {
     }
 
     /// Unprepares one claim: removes its CDI spec and forgets it. An unknown or
-    /// never-prepared claim is a success.
+    /// never-prepared claim is a success. Counted and timed in the metrics.
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
+        let t = std::time::Instant::now();
+        let mut kind = "unknown";
+        let r = self.unprepare_inner(uid, &mut kind);
+        crate::metrics::driver().observe(
+            "unprepare",
+            kind,
+            t.elapsed().as_secs_f64(),
+            r.as_ref().err().map(PrepareError::reason),
+        );
+        r
+    }
+
+    fn unprepare_inner(&self, uid: &str, kind: &mut &'static str) -> Result<(), PrepareError> {
         let _l = self.lock()?;
         let (mut cp, _) = self.load()?;
         let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
+        *kind = crate::metrics::claim_kind(&rec.devices);
         // Recorded first: from here on the claim is being undone, whatever happens.
         if let Some(r) = cp.claims.get_mut(uid) {
             r.state = ClaimState::UnprepareStarted;
@@ -787,12 +853,15 @@ impl DeviceState {
             .filter(|m| m.created)
         {
             match self.backend.destroy_mig(m.gpu_minor, m.gi_id) {
-                Ok(()) => info!(
-                    claim = uid,
-                    gpu = m.gpu_minor,
-                    gi = m.gi_id,
-                    "destroyed MIG device"
-                ),
+                Ok(()) => {
+                    crate::metrics::driver().mig_destroyed.inc();
+                    info!(
+                        claim = uid,
+                        gpu = m.gpu_minor,
+                        gi = m.gi_id,
+                        "destroyed MIG device"
+                    )
+                }
                 Err(BackendError::Mig {
                     source: MigError::NotFound(_),
                     ..

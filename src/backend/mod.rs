@@ -151,6 +151,27 @@ pub struct MigStatus {
     pub instances: Vec<MigInstance>,
 }
 
+/// One health event of a GPU, numbered by the backend in the order it saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// Increasing, starting at 1; [`GpuBackend::health_events`] returns those after a
+    /// given number.
+    pub seq: u64,
+    pub minor: u32,
+    pub kind: HealthEventKind,
+}
+
+/// What happened to a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthEventKind {
+    /// An XID critical error (NVML `nvmlEventTypeXidCriticalError`).
+    Xid(u64),
+    /// The GPU fell off the bus (NVML `GPU_IS_LOST` on queries).
+    Lost,
+    /// The GPU answers again (after a loss, or the simulated node's `clear`).
+    Recovered,
+}
+
 /// The narrow interface Tessera needs from a GPU driver. Later issues add MIG
 /// operations and health events here, shaped by what Tessera does, not by NVML.
 pub trait GpuBackend: Send + Sync {
@@ -180,4 +201,12 @@ pub trait GpuBackend: Send + Sync {
     /// Destroys the compute instance(s) of GPU instance `gi_id`, then the GPU instance.
     /// `IN_USE` (processes still running) fails the call and changes nothing.
     fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError>;
+
+    /// Health events with a sequence number above `since`, oldest first. Poll-based:
+    /// returns at once (an empty list when nothing happened). The default is a backend
+    /// that never reports any.
+    fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
+        let _ = since;
+        Ok(Vec::new())
+    }
 }

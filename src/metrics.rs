@@ -1,0 +1,582 @@
+//! Prometheus metrics, served with `/healthz` and `/readyz` on `--metrics-addr`.
+//!
+//! * Driver counters and histograms live for the process ([`driver`]): prepares and
+//!   unprepares by device kind, their latency, errors by reason, slice publications,
+//!   MIG devices created and destroyed.
+//! * Per-GPU and per-claim gauges are rebuilt at each scrape from a [`NodeSnapshot`]
+//!   (the checkpoint plus each shared claim's accounting region), so a claim's series
+//!   disappear with its unprepare and label cardinality is bounded by what is prepared.
+//!
+//! Rendering a snapshot is pure; [`gather`] is the one edge (file reads).
+
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type of the OpenMetrics exposition (for scrapers that accept it).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the classic Prometheus text format (everyone else).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Converts an OpenMetrics exposition to the classic Prometheus text format: counter
+/// families are named with their `_total` suffix in `HELP`/`TYPE`, and the `UNIT` and
+/// `EOF` lines go. Samples are unchanged.
+pub fn to_prometheus_text(om: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `whole`, `mig`, `shared` or `slot`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    /// `prepare` or `unprepare`.
+    pub op: String,
+    /// A bounded reason (`claim`, `cdi`, `checkpoint`, `gpu`, `lock`, `claim_files`,
+    /// `library`).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `failure`.
+    pub result: String,
+}
+
+type HistogramFamily = Family<KindLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms to ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The process-wide driver metrics.
+pub struct DriverMetrics {
+    pub prepares: Family<KindLabel, Counter>,
+    pub unprepares: Family<KindLabel, Counter>,
+    pub prepare_seconds: HistogramFamily,
+    pub unprepare_seconds: HistogramFamily,
+    pub errors: Family<ErrorLabel, Counter>,
+    pub publications: Family<ResultLabel, Counter>,
+    pub mig_created: Counter,
+    pub mig_destroyed: Counter,
+}
+
+/// The driver metrics of this process.
+pub fn driver() -> &'static DriverMetrics {
+    static M: LazyLock<DriverMetrics> = LazyLock::new(|| DriverMetrics {
+        prepares: Family::default(),
+        unprepares: Family::default(),
+        prepare_seconds: Family::new_with_constructor(latency_histogram),
+        unprepare_seconds: Family::new_with_constructor(latency_histogram),
+        errors: Family::default(),
+        publications: Family::default(),
+        mig_created: Counter::default(),
+        mig_destroyed: Counter::default(),
+    });
+    &M
+}
+
+impl DriverMetrics {
+    /// Records one prepare or unprepare (`op`) of a claim of `kind` that took `secs`.
+    pub fn observe(&self, op: &str, kind: &str, secs: f64, error: Option<&str>) {
+        let k = KindLabel { kind: kind.into() };
+        match op {
+            "prepare" => {
+                self.prepares.get_or_create(&k).inc();
+                self.prepare_seconds.get_or_create(&k).observe(secs);
+            }
+            _ => {
+                self.unprepares.get_or_create(&k).inc();
+                self.unprepare_seconds.get_or_create(&k).observe(secs);
+            }
+        }
+        if let Some(reason) = error {
+            self.errors
+                .get_or_create(&ErrorLabel {
+                    op: op.into(),
+                    reason: reason.into(),
+                })
+                .inc();
+        }
+    }
+
+    /// Records one publication of the pool.
+    pub fn published(&self, ok: bool) {
+        self.publications
+            .get_or_create(&ResultLabel {
+                result: if ok { "success" } else { "failure" }.into(),
+            })
+            .inc();
+    }
+
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "tessera_claim_prepares",
+            "Claims prepared (attempts), by device kind",
+            self.prepares.clone(),
+        );
+        r.register(
+            "tessera_claim_unprepares",
+            "Claims unprepared (attempts), by device kind",
+            self.unprepares.clone(),
+        );
+        r.register_with_unit(
+            "tessera_claim_prepare_duration",
+            "Time to prepare a claim, by device kind",
+            Unit::Seconds,
+            self.prepare_seconds.clone(),
+        );
+        r.register_with_unit(
+            "tessera_claim_unprepare_duration",
+            "Time to unprepare a claim, by device kind",
+            Unit::Seconds,
+            self.unprepare_seconds.clone(),
+        );
+        r.register(
+            "tessera_claim_errors",
+            "Failed prepares and unprepares, by operation and reason",
+            self.errors.clone(),
+        );
+        r.register(
+            "tessera_slice_publications",
+            "ResourceSlice pool publications, by result",
+            self.publications.clone(),
+        );
+        r.register(
+            "tessera_mig_devices_created",
+            "MIG devices created for claims",
+            self.mig_created.clone(),
+        );
+        r.register(
+            "tessera_mig_devices_destroyed",
+            "MIG devices destroyed (unprepare, rollback, start-up clean-up)",
+            self.mig_destroyed.clone(),
+        );
+    }
+}
+
+/// One GPU as the metrics see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuRow {
+    pub uuid: String,
+    pub minor: u32,
+    pub model: String,
+    /// `exclusive`, `mig` or `shared`.
+    pub mode: String,
+    pub memory_total: u64,
+    /// Memory allocated to prepared claims: whole GPUs count whole, MIG devices their
+    /// profile's memory, shares and slots their budgets.
+    pub memory_allocated: u64,
+    /// Bytes the interception library has charged on this GPU (all shared claims).
+    pub memory_charged: u64,
+    pub claims: u64,
+    /// Reserved compute of shared claims, 0 to 1.
+    pub compute_reserved: f64,
+}
+
+/// One (claim, GPU) pair of a prepared claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRow {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The GPU's UUID.
+    pub device: String,
+    /// `whole`, `mig`, `shared` or `slot`.
+    pub kind: String,
+    /// The memory budget (shares and slots), or the device's memory.
+    pub memory_budget: u64,
+    /// From the accounting region (shares and slots only).
+    pub usage: Option<ClaimUsage>,
+    pub compute_reserved: f64,
+}
+
+/// What a shared claim's region says about one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClaimUsage {
+    pub used: u64,
+    pub peak: u64,
+    pub refused: u64,
+    /// Processes holding a slot (their OFD lock is alive).
+    pub processes: u64,
+}
+
+/// Everything the per-scrape metrics show.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeSnapshot {
+    pub node: String,
+    pub gpus: Vec<GpuRow>,
+    pub claims: Vec<ClaimRow>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    node: String,
+    uuid: String,
+    minor: String,
+    model: String,
+    mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    namespace: String,
+    name: String,
+    uid: String,
+    device: String,
+    kind: String,
+}
+
+fn gauge_family<L, F>(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: impl Iterator<Item = (L, F)>,
+) where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+    F: Into<f64>,
+{
+    let fam: Family<L, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    for (l, v) in rows {
+        fam.get_or_create(&l).set(v.into());
+    }
+    match unit {
+        Some(u) => r.register_with_unit(name, help, u, fam),
+        None => r.register(name, help, fam),
+    }
+}
+
+/// The text exposition of the driver metrics plus `snap`. Pure apart from reading the
+/// process-wide driver counters.
+pub fn render(snap: &NodeSnapshot) -> String {
+    let mut r = Registry::default();
+    driver().register(&mut r);
+    let gl = |g: &GpuRow| GpuLabels {
+        node: snap.node.clone(),
+        uuid: g.uuid.clone(),
+        minor: g.minor.to_string(),
+        model: g.model.clone(),
+        mode: g.mode.clone(),
+    };
+    let gpus = &snap.gpus;
+    gauge_family(
+        &mut r,
+        "tessera_gpu_memory_total",
+        "GPU memory",
+        Some(Unit::Bytes),
+        gpus.iter().map(|g| (gl(g), g.memory_total as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_memory_allocated",
+        "GPU memory allocated to prepared claims (sum of budgets; whole GPUs and MIG devices count their memory)",
+        Some(Unit::Bytes),
+        gpus.iter().map(|g| (gl(g), g.memory_allocated as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_memory_charged",
+        "GPU memory the interception library has charged to shared claims",
+        Some(Unit::Bytes),
+        gpus.iter().map(|g| (gl(g), g.memory_charged as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_claims",
+        "Prepared claims using the GPU",
+        None,
+        gpus.iter().map(|g| (gl(g), g.claims as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_compute_reserved",
+        "Compute reserved by shared claims, as a ratio of the GPU",
+        Some(Unit::Other("ratio".into())),
+        gpus.iter().map(|g| (gl(g), g.compute_reserved)),
+    );
+    let cl = |c: &ClaimRow| ClaimLabels {
+        namespace: c.namespace.clone(),
+        name: c.name.clone(),
+        uid: c.uid.clone(),
+        device: c.device.clone(),
+        kind: c.kind.clone(),
+    };
+    let claims = &snap.claims;
+    gauge_family(
+        &mut r,
+        "tessera_claim_memory_budget",
+        "A claim's memory budget on a GPU (its device's memory for whole GPUs and MIG)",
+        Some(Unit::Bytes),
+        claims.iter().map(|c| (cl(c), c.memory_budget as f64)),
+    );
+    let used = || claims.iter().filter_map(|c| c.usage.map(|u| (c, u)));
+    gauge_family(
+        &mut r,
+        "tessera_claim_memory_used",
+        "Memory a shared claim's processes hold on a GPU (interception library accounting)",
+        Some(Unit::Bytes),
+        used().map(|(c, u)| (cl(c), u.used as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_claim_memory_peak",
+        "Peak memory a shared claim's processes held on a GPU",
+        Some(Unit::Bytes),
+        used().map(|(c, u)| (cl(c), u.peak as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_claim_processes",
+        "Live processes of a shared claim (slots whose lock is held)",
+        None,
+        used().map(|(c, u)| (cl(c), u.processes as f64)),
+    );
+    // Counted by the library in the region; a fresh family per scrape carries it.
+    let refused: Family<ClaimLabels, Counter> = Family::default();
+    for (c, u) in used() {
+        refused.get_or_create(&cl(c)).inc_by(u.refused);
+    }
+    r.register(
+        "tessera_claim_refused_allocations",
+        "Allocations refused over a shared claim's budget",
+        refused,
+    );
+    gauge_family(
+        &mut r,
+        "tessera_claim_compute_reserved",
+        "Compute reserved by a shared claim, as a ratio of the GPU",
+        Some(Unit::Other("ratio".into())),
+        claims.iter().map(|c| (cl(c), c.compute_reserved)),
+    );
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &r);
+    out
+}
+
+/// The device kind of a prepared device, for labels.
+pub fn device_kind(d: &crate::checkpoint::PreparedDevice) -> &'static str {
+    match (&d.mig, &d.budget, &d.share_id) {
+        (Some(_), _, _) => "mig",
+        (None, Some(_), Some(_)) => "shared",
+        (None, Some(_), None) => "slot",
+        (None, None, _) => "whole",
+    }
+}
+
+/// A prepared claim's kind: the kind of its first device (claims mixing kinds are
+/// labelled by that one).
+pub fn claim_kind(devices: &[crate::checkpoint::PreparedDevice]) -> &'static str {
+    devices.first().map_or("whole", device_kind)
+}
+
+/// Reads a shared claim's region: usage per GPU UUID. `None` if unreadable.
+pub fn region_usage(path: &std::path::Path) -> Option<Vec<(String, ClaimUsage)>> {
+    let bytes = std::fs::read(path).ok()?;
+    let snap = tessera_abi::region::Snapshot::parse(&bytes).ok()?;
+    // A slot whose lock is held belongs to a live process.
+    let live = std::fs::File::open(path)
+        .map(|f| {
+            snap.slots
+                .iter()
+                .filter(|s| {
+                    let (start, len) = snap.layout.slot_lock_range(s.index);
+                    tessera_abi::map::range_locked(&f, start, len).unwrap_or(false)
+                })
+                .count() as u64
+        })
+        .unwrap_or(0);
+    Some(
+        snap.gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.uuid.clone(),
+                    ClaimUsage {
+                        used: g.used,
+                        peak: g.peak,
+                        refused: g.refused,
+                        processes: live,
+                    },
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Builds the snapshot from the checkpoint and the regions (reads files only).
+pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
+    let claims = state.prepared().unwrap_or_default();
+    let run_dir = &state.config().run_dir;
+    let mut snap = NodeSnapshot {
+        node: node.to_string(),
+        ..Default::default()
+    };
+    for g in state.gpus() {
+        snap.gpus.push(GpuRow {
+            uuid: g.gpu.uuid.clone(),
+            minor: g.gpu.minor,
+            model: g.gpu.product_name.clone(),
+            mode: g.mode.as_str().to_string(),
+            memory_total: g.gpu.memory_bytes,
+            memory_allocated: 0,
+            memory_charged: 0,
+            claims: 0,
+            compute_reserved: 0.0,
+        });
+    }
+    for (uid, rec) in &claims {
+        let usage = rec
+            .claim_files
+            .then(|| {
+                region_usage(
+                    &crate::claimfiles::claim_dir(run_dir, uid).join(tessera_abi::REGION_FILE),
+                )
+            })
+            .flatten()
+            .unwrap_or_default();
+        let mut per_gpu: Vec<ClaimRow> = Vec::new();
+        for d in &rec.devices {
+            let Some(gpu) = state.gpus().iter().find(|g| g.gpu.uuid == d.gpu_uuid) else {
+                continue;
+            };
+            let memory = match (&d.mig, d.budget) {
+                (Some(m), _) => crate::mig::model_for_product(&gpu.gpu.product_name)
+                    .and_then(|model| model.profile_by_id(m.profile_id))
+                    .map_or(0, |p| p.memory_mib << 20),
+                (None, Some(b)) => b.memory_bytes,
+                (None, None) => gpu.gpu.memory_bytes,
+            };
+            let compute = d
+                .budget
+                .map_or(0.0, |b| f64::from(b.compute_percent) / 100.0);
+            match per_gpu.iter_mut().find(|r| r.device == d.gpu_uuid) {
+                Some(r) => {
+                    r.memory_budget += memory;
+                    r.compute_reserved += compute;
+                }
+                None => per_gpu.push(ClaimRow {
+                    namespace: rec.namespace.clone(),
+                    name: rec.name.clone(),
+                    uid: uid.clone(),
+                    device: d.gpu_uuid.clone(),
+                    kind: device_kind(d).to_string(),
+                    memory_budget: memory,
+                    usage: usage
+                        .iter()
+                        .find(|(u, _)| u == &d.gpu_uuid)
+                        .map(|(_, u)| *u),
+                    compute_reserved: compute,
+                }),
+            }
+        }
+        for row in &per_gpu {
+            if let Some(g) = snap.gpus.iter_mut().find(|g| g.uuid == row.device) {
+                g.claims += 1;
+                g.memory_allocated += row.memory_budget;
+                g.memory_charged += row.usage.map_or(0, |u| u.used);
+                g.compute_reserved += row.compute_reserved;
+            }
+        }
+        snap.claims.extend(per_gpu);
+    }
+    snap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> NodeSnapshot {
+        NodeSnapshot {
+            node: "n".into(),
+            gpus: vec![GpuRow {
+                uuid: "GPU-a".into(),
+                minor: 1,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                mode: "shared".into(),
+                memory_total: 80 << 30,
+                memory_allocated: 50 << 30,
+                memory_charged: 3 << 30,
+                claims: 2,
+                compute_reserved: 0.65,
+            }],
+            claims: vec![ClaimRow {
+                namespace: "ns".into(),
+                name: "light".into(),
+                uid: "u1".into(),
+                device: "GPU-a".into(),
+                kind: "shared".into(),
+                memory_budget: 20 << 30,
+                usage: Some(ClaimUsage {
+                    used: 3 << 30,
+                    peak: 4 << 30,
+                    refused: 2,
+                    processes: 1,
+                }),
+                compute_reserved: 0.25,
+            }],
+        }
+    }
+
+    /// A snapshot renders as the documented series, with units in the names.
+    #[test]
+    fn renders_gpu_and_claim_series() {
+        driver().observe("prepare", "shared", 0.004, None);
+        driver().observe("prepare", "whole", 0.002, Some("claim"));
+        let text = render(&snapshot());
+        for line in [
+            "tessera_gpu_memory_total_bytes{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 85899345920.0",
+            "tessera_gpu_compute_reserved_ratio{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 0.65",
+            "tessera_claim_memory_used_bytes{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 3221225472.0",
+            "tessera_claim_refused_allocations_total{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 2",
+            "tessera_claim_processes{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 1.0",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+        assert!(text.contains("tessera_claim_errors_total{op=\"prepare\",reason=\"claim\"}"));
+        assert!(text.contains(
+            "tessera_claim_prepare_duration_seconds_bucket{le=\"0.004\",kind=\"shared\"}"
+        ));
+        assert!(text.ends_with("# EOF\n"));
+        let classic = to_prometheus_text(&text);
+        assert!(classic.contains("# TYPE tessera_claim_prepares_total counter\n"));
+        assert!(classic.contains("# HELP tessera_claim_prepares_total Claims prepared"));
+        assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
+        // A claim gone from the snapshot has no series.
+        let mut empty = snapshot();
+        empty.claims.clear();
+        assert!(!render(&empty).contains("uid=\"u1\""));
+    }
+}
