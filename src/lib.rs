@@ -18,6 +18,7 @@ pub mod health;
 pub mod interception;
 pub mod kubelet;
 pub mod kubever;
+pub mod metrics;
 pub mod mig;
 pub mod naming;
 pub mod node;
