@@ -143,6 +143,7 @@ async fn metrics_show_budgets_usage_and_allocation() {
     assert!(reg.reserve(3, 0, 18 << 30, 20 << 30).is_err());
 
     let text = scrape(addr).await;
+    eprintln!("{text}");
     let gpu1 = [("uuid", "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73")];
     let claim = [("uid", shared.uid.as_str())];
     let v = |name: &str, l: &[(&str, &str)]| value(&text, name, l);
