@@ -121,6 +121,12 @@ async fn metrics_show_budgets_usage_and_allocation() {
         .await
         .unwrap();
     assert!(r.claims.values().all(|c| c.error.is_empty()), "{r:?}");
+    // And one refused prepare, counted by reason.
+    let bad = h
+        .allocated_claim("bad", &[("gpu", NODE, "gpu-9", None)], &[])
+        .await;
+    let r = k.prepare_v1(std::slice::from_ref(&bad)).await.unwrap();
+    assert!(!r.claims[&bad.uid].error.is_empty());
 
     // A process of the claim: holds a slot (its OFD lock), 3 GiB charged, one refusal.
     let region = h
@@ -184,8 +190,17 @@ async fn metrics_show_budgets_usage_and_allocation() {
         "a whole GPU is allocated whole"
     );
     assert!(v("tessera_claim_prepares_total", &[("kind", "shared")]).unwrap() >= 1.0);
+    assert!(
+        v(
+            "tessera_claim_errors_total",
+            &[("op", "prepare"), ("reason", "claim")]
+        )
+        .unwrap()
+            >= 1.0
+    );
     assert!(v("tessera_slice_publications_total", &[("result", "success")]).unwrap() >= 1.0);
     promtool(&text);
+    dashboard_queries_name_scraped_metrics(&text);
 
     // The process exits: no process, usage stays charged until the slot is reclaimed.
     drop(reg);
@@ -205,4 +220,38 @@ async fn metrics_show_budgets_usage_and_allocation() {
     promtool(&text);
     p.stop().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// The Grafana dashboard parses and every metric its queries name is in the scrape.
+fn dashboard_queries_name_scraped_metrics(scrape: &str) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/monitoring/tessera-dashboard.json"
+    );
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("dashboard JSON");
+    let mut names = std::collections::BTreeSet::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(i) = rest.find("tessera_") {
+                let tail = &rest[i..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                names.insert(tail[..end].to_string());
+                rest = &tail[end..];
+            }
+        }
+    }
+    assert!(names.len() >= 10, "{names:?}");
+    for n in &names {
+        assert!(
+            scrape.lines().any(|l| l.starts_with(&format!("{n}{{"))
+                || l.starts_with(&format!("{n} "))
+                || l.starts_with(&format!("# TYPE {n} "))),
+            "the dashboard queries {n}, which the scrape does not have"
+        );
+    }
 }
