@@ -13,8 +13,8 @@ use serde::Deserialize;
 
 use super::state::{self, GpuMig, NodeState, StateError};
 use super::{
-    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus,
-    NodeInventory,
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, HealthEvent, HealthEventKind,
+    MigInstance, MigStatus, NodeInventory,
 };
 use crate::config::NodeConfig;
 use crate::mig::geometry::{self, GpuInstance};
@@ -239,6 +239,7 @@ impl MockBackend {
             source_digest: self.node.digest().to_string(),
             inventory: self.node.inventory(),
             mig: Default::default(),
+            health: Vec::new(),
         };
         if self.access == StateAccess::ReadWrite {
             fresh.store(&self.state_dir)?;
@@ -387,6 +388,44 @@ impl GpuBackend for MockBackend {
             Ok(())
         })
     }
+
+    fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
+        Ok(self
+            .state()?
+            .health
+            .into_iter()
+            .filter(|e| e.seq > since)
+            .collect())
+    }
+}
+
+/// Appends a health event for GPU `minor` to the simulated node under `state_dir` (whose
+/// state must exist: the plugin or a backend created it) and returns its sequence
+/// number. Both the mock backend and the fake `libnvidia-ml.so.1` see it.
+pub fn inject(state_dir: &Path, minor: u32, kind: HealthEventKind) -> Result<u64, BackendError> {
+    state::update(state_dir, |st| {
+        if !st.inventory.gpus.iter().any(|g| g.minor == minor) {
+            return Err(BackendError::NoSuchGpu(minor));
+        }
+        let seq = st.health.last().map_or(0, |e| e.seq) + 1;
+        st.health.push(HealthEvent { seq, minor, kind });
+        Ok(seq)
+    })?
+}
+
+/// Injects an XID critical error on GPU `minor`.
+pub fn inject_xid(state_dir: &Path, minor: u32, xid: u64) -> Result<u64, BackendError> {
+    inject(state_dir, minor, HealthEventKind::Xid(xid))
+}
+
+/// Makes GPU `minor` fall off the bus (NVML queries answer `GPU_IS_LOST`).
+pub fn inject_lost(state_dir: &Path, minor: u32) -> Result<u64, BackendError> {
+    inject(state_dir, minor, HealthEventKind::Lost)
+}
+
+/// GPU `minor` is healthy again (a lost GPU answers again).
+pub fn inject_clear(state_dir: &Path, minor: u32) -> Result<u64, BackendError> {
+    inject(state_dir, minor, HealthEventKind::Recovered)
 }
 
 /// FNV-1a, 64 bit: a stable digest with no dependency (not for security).
@@ -461,6 +500,39 @@ mod tests {
         );
         let err = MockNode::parse(&text, "t").unwrap_err().to_string();
         assert!(err.contains("gpus[0]") && err.contains("colour"), "{err}");
+    }
+
+    /// Injected events come back in order after a sequence number, and survive a reload.
+    #[test]
+    fn injected_health_events_are_polled_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = MockBackend::new(
+            MockNode::embedded_default().unwrap(),
+            dir.path().into(),
+            StateAccess::ReadWrite,
+        );
+        assert!(b.health_events(0).unwrap().is_empty());
+        assert_eq!(inject_xid(dir.path(), 2, 79).unwrap(), 1);
+        assert_eq!(inject_lost(dir.path(), 3).unwrap(), 2);
+        assert_eq!(inject_clear(dir.path(), 3).unwrap(), 3);
+        assert!(matches!(
+            inject_xid(dir.path(), 9, 79),
+            Err(BackendError::NoSuchGpu(9))
+        ));
+        let all = b.health_events(0).unwrap();
+        let kinds: Vec<_> = all.iter().map(|e| (e.seq, e.minor, e.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (1, 2, HealthEventKind::Xid(79)),
+                (2, 3, HealthEventKind::Lost),
+                (3, 3, HealthEventKind::Recovered)
+            ]
+        );
+        assert_eq!(b.health_events(2).unwrap().len(), 1);
+        // MIG operations keep the events (one state file).
+        b.set_mig_mode(0, true).unwrap();
+        assert_eq!(b.health_events(0).unwrap().len(), 3);
     }
 
     /// The state file is created once and read back; a read-only backend never writes.

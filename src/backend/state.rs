@@ -46,6 +46,19 @@
 //! mig-busy <gi-id>
 //! ```
 //!
+//! Health events, after the GPU blocks (the simulated node's XID errors and device
+//! losses, appended by `mock::inject_xid`/`inject_lost`/`inject_clear`):
+//!
+//! ```text
+//! health-event <seq> <minor> xid <n>
+//! health-event <seq> <minor> lost
+//! health-event <seq> <minor> clear
+//! ```
+//!
+//! Sequence numbers increase from 1. A GPU whose last `lost`/`clear` line is `lost`
+//! answers NVML queries with `GPU_IS_LOST` in the fake `libnvidia-ml.so.1`, whose event
+//! sets deliver the `xid` lines as XID critical errors.
+//!
 //! `mig-profile` rows are the catalog (`crate::mig::catalog`) written out for the fake
 //! `libnvidia-ml.so.1`, so that both sides apply the same profiles; readers in Rust
 //! take the catalog itself. `mig-busy` is a test knob: processes are running on that
@@ -56,7 +69,9 @@ use std::path::{Path, PathBuf};
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{CharMajors, ComputeInstance, GpuInfo, MigInstance, NodeInventory};
+use super::{
+    CharMajors, ComputeInstance, GpuInfo, HealthEvent, HealthEventKind, MigInstance, NodeInventory,
+};
 
 /// File name of the state file inside `--state-dir`.
 pub const STATE_FILE: &str = "mock-node.state";
@@ -71,6 +86,8 @@ pub struct NodeState {
     pub inventory: NodeInventory,
     /// Live MIG instances per GPU minor (MIG mode itself is `GpuInfo::mig_enabled`).
     pub mig: BTreeMap<u32, GpuMig>,
+    /// Injected health events, oldest first (`health-event` lines).
+    pub health: Vec<HealthEvent>,
 }
 
 /// The MIG instances of one simulated GPU.
@@ -192,6 +209,14 @@ impl NodeState {
             }
             let _ = writeln!(s, "end");
         }
+        for e in &self.health {
+            let what = match e.kind {
+                HealthEventKind::Xid(x) => format!("xid {x}"),
+                HealthEventKind::Lost => "lost".into(),
+                HealthEventKind::Recovered => "clear".into(),
+            };
+            let _ = writeln!(s, "health-event {} {} {what}", e.seq, e.minor);
+        }
         s
     }
 
@@ -219,6 +244,7 @@ impl NodeState {
         let (mut nvidia, mut uvm, mut caps) = (None, None, None);
         let mut gpus = Vec::new();
         let mut mig = BTreeMap::new();
+        let mut health = Vec::new();
         let mut cur: Option<(usize, PartialGpu)> = None;
         for (n, line) in lines {
             if line.is_empty() || line.starts_with('#') {
@@ -262,6 +288,10 @@ impl NodeState {
                     }
                 }
                 "gpu" => cur = Some((n, PartialGpu::default())),
+                "health-event" => health.push(
+                    parse_health_event(value)
+                        .ok_or_else(|| bad(n, format!("bad health-event `{value}`")))?,
+                ),
                 _ => {}
             }
         }
@@ -273,6 +303,7 @@ impl NodeState {
         Ok(NodeState {
             source_digest: digest,
             mig,
+            health,
             inventory: NodeInventory {
                 driver_version: driver_version.ok_or_else(|| missing("driver-version"))?,
                 cuda_driver_version: cuda.ok_or_else(|| missing("cuda-driver-version"))?,
@@ -312,6 +343,22 @@ impl NodeState {
         )
         .map_err(write_err)
     }
+}
+
+/// `<seq> <minor> xid <n>` | `<seq> <minor> lost` | `<seq> <minor> clear`.
+fn parse_health_event(value: &str) -> Option<HealthEvent> {
+    let f: Vec<&str> = value.split(' ').collect();
+    let kind = match (f.get(2).copied(), f.get(3)) {
+        (Some("xid"), Some(x)) if f.len() == 4 => HealthEventKind::Xid(x.parse().ok()?),
+        (Some("lost"), None) => HealthEventKind::Lost,
+        (Some("clear"), None) => HealthEventKind::Recovered,
+        _ => return None,
+    };
+    Some(HealthEvent {
+        seq: f[0].parse().ok()?,
+        minor: f[1].parse().ok()?,
+        kind,
+    })
 }
 
 /// Name of the lock file writers hold while they read-modify-write the state.
@@ -511,6 +558,23 @@ mod tests {
         let state = NodeState {
             source_digest: "abc".into(),
             mig,
+            health: vec![
+                HealthEvent {
+                    seq: 1,
+                    minor: 2,
+                    kind: HealthEventKind::Xid(79),
+                },
+                HealthEvent {
+                    seq: 2,
+                    minor: 2,
+                    kind: HealthEventKind::Lost,
+                },
+                HealthEvent {
+                    seq: 3,
+                    minor: 2,
+                    kind: HealthEventKind::Recovered,
+                },
+            ],
             inventory: super::super::mock::MockNode::embedded_default()
                 .expect("embedded default parses")
                 .inventory(),
