@@ -26,8 +26,10 @@ pub fn pitch_bound(width: u64, height: u64) -> u64 {
     linear(round_up(width, PITCH_ALIGN).saturating_mul(height))
 }
 
-/// A first reservation for an array: its unpadded size, doubled for padding; the
-/// library then charges what `cuArrayGetMemoryRequirements` reports.
+/// A first reservation for an array: its unpadded size plus an eighth and 2 MiB for
+/// row, height and metadata padding; the library then charges exactly what
+/// `cuArrayGetMemoryRequirements` reports (topping up, or destroying the array when
+/// the budget has no room for the difference).
 pub fn array_bound(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 {
     let elem = crate::ffi::format_bytes(format).unwrap_or(16);
     let n = (w as u64)
@@ -35,7 +37,7 @@ pub fn array_bound(w: usize, h: usize, d: usize, format: c_int, channels: c_uint
         .saturating_mul(d as u64)
         .saturating_mul(u64::from(channels.max(1)))
         .saturating_mul(elem);
-    linear(n.saturating_mul(2))
+    n.saturating_add(n / 8).saturating_add(LINEAR_PAGE)
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from a 16-byte `CUuuid`, as NVML spells it.
