@@ -296,6 +296,9 @@ static CUresult i_cuCtxCreate_v2(struct ctx **c, unsigned flags, CUdevice d) {
     *n = (struct ctx){CTX_MAGIC, d};
     *c = n; current = n; return OK;
 }
+static CUresult i_cuCtxCreate_v3(struct ctx **c, void *affinity, int n, unsigned flags, CUdevice d) {
+    (void)affinity; (void)n; return i_cuCtxCreate_v2(c, flags, d);
+}
 static CUresult i_cuCtxCreate_v4(struct ctx **c, void *params, unsigned flags, CUdevice d) {
     (void)params; return i_cuCtxCreate_v2(c, flags, d);
 }
@@ -315,6 +318,11 @@ static CUresult i_cuCtxGetDevice(CUdevice *d) {
     if (dev < 0) return INVALID_CONTEXT;
     *d = dev; return OK;
 }
+static CUresult i_cuCtxGetDevice_v2(CUdevice *d, struct ctx *c) {
+    if (!c) return i_cuCtxGetDevice(d);
+    if (c->magic != CTX_MAGIC) return INVALID_CONTEXT;
+    *d = c->dev; return OK;
+}
 static CUresult i_sync_all(void) {
     pthread_mutex_lock(&mu);
     for (int i = 0; i < ndev; i++) {
@@ -325,6 +333,10 @@ static CUresult i_sync_all(void) {
     return OK;
 }
 static CUresult i_cuCtxSynchronize(void) { return cur_dev() < 0 ? INVALID_CONTEXT : i_sync_all(); }
+static CUresult i_cuCtxSynchronize_v2(struct ctx *c) {
+    if (c && c->magic != CTX_MAGIC) return INVALID_CONTEXT;
+    return c ? i_sync_all() : i_cuCtxSynchronize();
+}
 static CUresult i_cuStreamSynchronize(void *s) { (void)s; return i_cuCtxSynchronize(); }
 
 static CUresult alloc_linear(CUdeviceptr *dptr, u64 size, int kind) {
@@ -619,12 +631,15 @@ static const struct entry table[] = {
     E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3),
     E("cuCtxCreate", 12050, cuCtxCreate_v4),
     E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
     E("cuMemAlloc", 2000, cuMemAlloc),
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
@@ -711,12 +726,15 @@ X(CUresult, cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
 X(CUresult, cuDevicePrimaryCtxRetain, (struct ctx **c, CUdevice d), (c, d))
 X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
 X(CUresult, cuCtxCreate_v2, (struct ctx **c, unsigned f, CUdevice d), (c, f, d))
+X(CUresult, cuCtxCreate_v3, (struct ctx **c, void *a, int n, unsigned f, CUdevice d), (c, a, n, f, d))
 X(CUresult, cuCtxCreate_v4, (struct ctx **c, void *p, unsigned f, CUdevice d), (c, p, f, d))
 X(CUresult, cuCtxDestroy_v2, (struct ctx *c), (c))
 X(CUresult, cuCtxSetCurrent, (struct ctx *c), (c))
 X(CUresult, cuCtxGetCurrent, (struct ctx **c), (c))
 X(CUresult, cuCtxGetDevice, (CUdevice *d), (d))
 X(CUresult, cuCtxSynchronize, (void), ())
+X(CUresult, cuCtxGetDevice_v2, (CUdevice *d, struct ctx *c), (d, c))
+X(CUresult, cuCtxSynchronize_v2, (struct ctx *c), (c))
 X(CUresult, cuStreamSynchronize, (void *s), (s))
 X(CUresult, cuMemAlloc, (unsigned *d, unsigned s), (d, s))
 X(CUresult, cuMemAlloc_v2, (CUdeviceptr *d, size_t s), (d, s))

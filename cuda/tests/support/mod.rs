@@ -304,7 +304,8 @@ impl Sandbox {
         let mut cmd = Command::new("unshare");
         cmd.arg("-m");
         if opts.pidns {
-            cmd.args(["-p", "-f", "--mount-proc"]);
+            // --kill-child: killing unshare kills the namespace's PID 1 (the client).
+            cmd.args(["-p", "-f", "--mount-proc", "--kill-child"]);
         }
         cmd.arg("sh")
             .arg("-c")
@@ -353,7 +354,7 @@ impl Sandbox {
         opts: &RunOpts,
         commands: &[&str],
         wait_for: usize,
-    ) -> (Child, Vec<String>) {
+    ) -> (Running, Vec<String>) {
         let mut args = vec![opts.mode.unwrap_or("gpa")];
         args.extend_from_slice(commands);
         let mut child = self
@@ -375,7 +376,7 @@ impl Sandbox {
             // Keep the pipe open (a closed pipe would kill a later print).
             std::mem::forget(r);
         }
-        (child, got)
+        (Running(child), got)
     }
 
     /// The ledger as the fake driver keeps it.
@@ -411,6 +412,23 @@ impl Sandbox {
     pub fn region(&self, uid: &str) -> Snapshot {
         let b = fs::read(self.dir.path().join("claims").join(uid).join("region")).expect("region");
         Snapshot::parse(&b).expect("region parses")
+    }
+}
+
+/// A background client, SIGKILLed and reaped when dropped (also when a test fails).
+pub struct Running(Child);
+
+impl Running {
+    /// SIGKILL now and wait for the process to be gone.
+    pub fn kill_now(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill_now();
     }
 }
 
