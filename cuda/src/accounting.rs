@@ -344,6 +344,10 @@ pub enum Kind {
     Array,
     /// A memory pool's retained size, keyed by the pool handle.
     Pool,
+    /// A mipmapped array.
+    Mipmap,
+    /// A `cuCtxSetLimit` reservation, keyed by (device << 8 | limit).
+    Limit,
 }
 
 /// A multiplicative hasher: keys are pointers and handles, no DoS concern, and

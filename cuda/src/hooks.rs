@@ -769,6 +769,35 @@ fn create_array(
     call: impl FnOnce() -> CUresult,
     created: impl Fn() -> CUarray,
 ) -> CUresult {
+    create_sized(
+        bound,
+        call,
+        created,
+        Kind::Array,
+        array_requirements,
+        |arr| {
+            let p = real(Hook::cuArrayDestroy);
+            if p != 0 {
+                // SAFETY: cuArrayDestroy(CUarray) on the array just created.
+                let f: unsafe extern "C" fn(CUarray) -> CUresult = unsafe { as_fn(p) };
+                // SAFETY: as above.
+                unsafe { f(arr) };
+            }
+        },
+    )
+}
+
+/// Charges an object whose size only the driver knows: `bound` before creation,
+/// then what `requirements` reports; `destroy` undoes a creation the budget cannot
+/// hold.
+fn create_sized(
+    bound: u64,
+    call: impl FnOnce() -> CUresult,
+    created: impl Fn() -> CUarray,
+    kind: Kind,
+    requirements: fn(CUarray, CUdevice) -> Option<u64>,
+    destroy: impl FnOnce(CUarray),
+) -> CUresult {
     let plan = match plan(None, bound, "cuArrayCreate") {
         Ok(p) => p,
         Err(rc) => return rc,
@@ -784,12 +813,12 @@ fn create_array(
     let arr = created();
     let real_size = current_device()
         .ok()
-        .and_then(|d| array_requirements(arr, d))
+        .and_then(|d| requirements(arr, d))
         .unwrap_or(c.bytes);
     match resize(st, c, real_size) {
         Ok(c) => {
             accounting::record(
-                Kind::Array,
+                kind,
                 arr as u64,
                 Entry {
                     charge: c,
@@ -799,13 +828,7 @@ fn create_array(
             rc
         }
         Err(c) => {
-            let p = real(Hook::cuArrayDestroy);
-            if p != 0 {
-                // SAFETY: cuArrayDestroy(CUarray) on the array just created.
-                let f: unsafe extern "C" fn(CUarray) -> CUresult = unsafe { as_fn(p) };
-                // SAFETY: as above.
-                unsafe { f(arr) };
-            }
+            destroy(arr);
             st.release(c);
             CUDA_ERROR_OUT_OF_MEMORY
         }
@@ -813,7 +836,16 @@ fn create_array(
 }
 
 fn array_requirements(arr: CUarray, dev: CUdevice) -> Option<u64> {
-    let p = driver(DriverFn::ArrayGetMemoryRequirements);
+    requirements_of(DriverFn::ArrayGetMemoryRequirements, arr, dev)
+}
+
+fn mipmap_requirements(arr: CUarray, dev: CUdevice) -> Option<u64> {
+    requirements_of(DriverFn::MipmappedArrayGetMemoryRequirements, arr, dev)
+}
+
+/// `cu(Mipmapped)ArrayGetMemoryRequirements`: the same signature for both.
+fn requirements_of(f: DriverFn, arr: CUarray, dev: CUdevice) -> Option<u64> {
+    let p = driver(f);
     if p == 0 {
         return None;
     }
@@ -898,6 +930,161 @@ pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
         arr
     );
     release_after(Kind::Array, arr as u64, rc, taken);
+    rc
+}
+
+/// Mipmapped arrays: bounded by a third more than level 0 (the level sum), then
+/// charged at `cuMipmappedArrayGetMemoryRequirements`.
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut CUmipmappedArray,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's descriptor (null is forwarded for the driver to refuse).
+    let bound = match unsafe { desc.as_ref() } {
+        Some(d) => {
+            let b = sizes::array_bound(
+                d.width,
+                d.height.max(1),
+                d.depth.max(1),
+                d.format,
+                d.num_channels,
+            );
+            b.saturating_add(b / 3)
+        }
+        None => 0,
+    };
+    let p = real(Hook::cuMipmappedArrayCreate);
+    if p == 0 {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    // SAFETY: the driver's cuMipmappedArrayCreate.
+    let f: unsafe extern "C" fn(
+        *mut CUmipmappedArray,
+        *const Array3dDescriptor,
+        c_uint,
+    ) -> CUresult = unsafe { as_fn(p) };
+    create_sized(
+        bound,
+        // SAFETY: forwarding the caller's arguments.
+        || unsafe { f(handle, desc, levels) },
+        // SAFETY: read after success.
+        || unsafe { *handle },
+        Kind::Mipmap,
+        mipmap_requirements,
+        |arr| {
+            let p = real(Hook::cuMipmappedArrayDestroy);
+            if p != 0 {
+                // SAFETY: destroying what was just created.
+                let d: unsafe extern "C" fn(CUmipmappedArray) -> CUresult = unsafe { as_fn(p) };
+                // SAFETY: as above.
+                unsafe { d(arr) };
+            }
+        },
+    )
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult {
+    let taken = accounting::forget(Kind::Mipmap, arr as u64);
+    let rc = call_real!(
+        Hook::cuMipmappedArrayDestroy,
+        unsafe extern "C" fn(CUmipmappedArray) -> CUresult,
+        arr
+    );
+    release_after(Kind::Mipmap, arr as u64, rc, taken);
+    rc
+}
+
+// ---- context limits --------------------------------------------------------------
+
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` × `..._MAX_THREADS_PER_MULTIPROCESSOR`:
+/// how many threads can be resident, each with its own stack.
+fn resident_threads(dev: CUdevice) -> Option<u64> {
+    let p = driver(DriverFn::DeviceGetAttribute);
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: cuDeviceGetAttribute(int*, CUdevice_attribute, CUdevice).
+    let f: unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult = unsafe { as_fn(p) };
+    let (mut sms, mut threads) = (0, 0);
+    // SAFETY: valid out pointers.
+    let ok =
+        unsafe { f(&mut sms, 16, dev) == CUDA_SUCCESS && f(&mut threads, 39, dev) == CUDA_SUCCESS };
+    ok.then(|| u64::try_from(sms).unwrap_or(0) * u64::try_from(threads).unwrap_or(0))
+}
+
+/// The device memory a limit reserves: the malloc heap and printf FIFO at their
+/// size, the stack per resident thread; other limits reserve none.
+fn limit_bytes(dev: CUdevice, limit: c_int, value: usize) -> Option<u64> {
+    match limit {
+        CU_LIMIT_MALLOC_HEAP_SIZE | CU_LIMIT_PRINTF_FIFO_SIZE => Some(value as u64),
+        CU_LIMIT_STACK_SIZE => resident_threads(dev).map(|t| t.saturating_mul(value as u64)),
+        _ => None,
+    }
+}
+
+/// Charges the reservation a limit makes, replacing the limit's previous charge:
+/// a raise reserves the difference before the driver call (on the claim already
+/// charged), a cut is released after it.
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    type SetLimit = unsafe extern "C" fn(c_int, usize) -> CUresult;
+    let st = accounting::state();
+    let dev = if st.active() {
+        current_device().ok()
+    } else {
+        None
+    };
+    let want = dev.and_then(|d| limit_bytes(d, limit, value).map(|b| (d, b)));
+    let Some((dev, bytes)) = want else {
+        return call_real!(Hook::cuCtxSetLimit, SetLimit, limit, value);
+    };
+    let key = (u64::from(dev as u32) << 8) | u64::from(limit as u8);
+    let Some(old) = accounting::forget(Kind::Limit, key) else {
+        let plan = match plan(Some(dev), bytes, "cuCtxSetLimit") {
+            Ok(p) => p,
+            Err(rc) => return rc,
+        };
+        let rc = call_real!(Hook::cuCtxSetLimit, SetLimit, limit, value);
+        settle(plan, rc, Kind::Limit, || key, 0);
+        return rc;
+    };
+    let keep = |c: Charge| {
+        accounting::record(
+            Kind::Limit,
+            key,
+            Entry {
+                charge: c,
+                scrub_bytes: 0,
+            },
+        )
+    };
+    let was = old.charge;
+    if bytes > was.bytes && st.reserve_on(was, bytes - was.bytes).is_err() {
+        keep(was);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = call_real!(Hook::cuCtxSetLimit, SetLimit, limit, value);
+    let now = if rc == CUDA_SUCCESS { bytes } else { was.bytes };
+    // Return whatever is held beyond what the limit now reserves.
+    let held = was.bytes.max(bytes);
+    if held > now {
+        st.release(Charge {
+            bytes: held - now,
+            ..was
+        });
+    }
+    keep(Charge { bytes: now, ..was });
     rc
 }
 

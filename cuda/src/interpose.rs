@@ -62,6 +62,9 @@ hook_table!(
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuArrayDestroy,
+    cuMipmappedArrayCreate,
+    cuMipmappedArrayDestroy,
+    cuCtxSetLimit,
     cuMemGetInfo_v2,
     cuDeviceTotalMem_v2,
     nvmlDeviceGetMemoryInfo,
@@ -136,9 +139,11 @@ pub enum DriverFn {
     DeviceGetDefaultMemPool,
     DeviceGetMemPool,
     NvmlDeviceGetUuid,
+    MipmappedArrayGetMemoryRequirements,
+    DeviceGetAttribute,
 }
 
-const DRIVER_NAMES: [&str; 10] = [
+const DRIVER_NAMES: [&str; 12] = [
     "cuCtxGetDevice\0",
     "cuDeviceGetUuid_v2\0",
     "cuDeviceGetUuid\0",
@@ -149,8 +154,10 @@ const DRIVER_NAMES: [&str; 10] = [
     "cuDeviceGetDefaultMemPool\0",
     "cuDeviceGetMemPool\0",
     "nvmlDeviceGetUUID\0",
+    "cuMipmappedArrayGetMemoryRequirements\0",
+    "cuDeviceGetAttribute\0",
 ];
-static DRIVER: [AtomicUsize; 10] = [const { AtomicUsize::new(0) }; 10];
+static DRIVER: [AtomicUsize; 12] = [const { AtomicUsize::new(0) }; 12];
 
 /// The driver's exported function `f`, resolved once; 0 if it has none.
 pub fn driver(f: DriverFn) -> usize {

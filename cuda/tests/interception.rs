@@ -217,3 +217,51 @@ fn memory_queries_report_the_budget() {
         ]
     );
 }
+
+/// Mipmapped arrays are charged at the driver's size for all levels and released
+/// when destroyed.
+#[test]
+fn mipmapped_arrays_are_charged_at_the_driver_reported_size() {
+    if !require("mipmap") {
+        return;
+    }
+    // float4 1024×1024, 3 levels: the fake holds 16 842 752 + 4 259 840 + 1 114 112.
+    let per = 16_842_752 + 4_259_840 + 1_114_112;
+    // The library first reserves a bound (level 0 padded, plus a third), so leave
+    // room for it; the exact charge is checked through the region.
+    let budget = 2 * per + 8 * MIB;
+    let sb = one_gpu(budget);
+    let out = sb.client(
+        &opts(),
+        &[
+            "ctx", "0", "mipmap", "1024", "1024", "3", "mipmap", "1024", "1024", "3", "mipmap",
+            "1024", "1024", "3", "mipfree", "0", "mipmap", "1024", "1024", "3",
+        ],
+    );
+    assert_eq!(out, ["ok", "ok 0", "ok 1", OOM, "ok", "ok 2"]);
+    assert_eq!(sb.region("claim-a").gpus[0].used, 2 * per);
+    assert!(sb.ledger().peak[0] <= budget);
+}
+
+/// cuCtxSetLimit reservations count: the malloc heap and printf FIFO at their size,
+/// the stack per resident thread; lowering a limit gives the difference back.
+#[test]
+fn context_limit_reservations_are_charged() {
+    if !require("limits") {
+        return;
+    }
+    let sb = one_gpu(64 * MIB);
+    // Stack 256 B × 108 SMs × 2048 threads = 54 MiB; 1 KiB would be 216 MiB.
+    let out = sb.client(
+        &opts(),
+        &[
+            "ctx", "0", "limit", "2", "33554432", "limit", "2", "67108864", "limit", "0", "1024",
+            "limit", "2", "4194304", "limit", "0", "256", "alloc", "8388608",
+        ],
+    );
+    assert_eq!(out, ["ok", "ok", "ok", OOM, "ok", "ok", OOM]);
+    let l = sb.ledger();
+    assert!(l.peak[0] <= 64 * MIB, "peak {}", l.peak[0]);
+    assert_eq!(sb.region("claim-a").gpus[0].used, 4 * MIB + 54 * MIB);
+    assert_eq!(l.used[0], 4 * MIB + 54 * MIB);
+}

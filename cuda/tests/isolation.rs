@@ -52,6 +52,9 @@ fn recorded_lookups_get_the_right_variant_through_the_library() {
         "cuArrayCreate_v2",
         "cuArray3DCreate_v2",
         "cuArrayDestroy",
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayDestroy",
+        "cuCtxSetLimit",
         "cuMemGetInfo_v2",
         "cuDeviceTotalMem_v2",
     ];

@@ -13,6 +13,8 @@
  *   pool <bytes>               cuMemAllocFromPoolAsync from a pool created on first use
  *   vmm <bytes>                cuMemCreate on the current device
  *   array <w> <h> / array3d <w> <h> <d>   float4 arrays
+ *   mipmap <w> <h> <levels> / mipfree <id>   float4 mipmapped 2D arrays
+ *   limit <CUlimit> <value>    cuCtxSetLimit
  *   free <id> / freeasync <id> / release <id> / destroy <id>
  *   fill <id> <bytes>          writes 0xAB into the allocation (cuMemsetD8)
  *   sync / trim <pool-keep>
@@ -134,6 +136,23 @@ int main(int argc, char **argv) {
                 i += 3;
             }
             if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)a));
+        } else if (!strcmp(c, "mipmap")) {
+            FN(f, CUresult (*)(void **, const void *, unsigned), "cuMipmappedArrayCreate", 5000, "cuMipmappedArrayCreate");
+            struct { size_t w, h, d; int fmt; unsigned ch, flags; } d = {ARG(1), ARG(2), 0, 0x20, 4, 0};
+            void *a = NULL;
+            rc = f(&a, &d, (unsigned)ARG(3));
+            i += 3;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)a));
+        } else if (!strcmp(c, "mipfree")) {
+            FN(f, CUresult (*)(void *), "cuMipmappedArrayDestroy", 5000, "cuMipmappedArrayDestroy");
+            rc = f((void *)(uintptr_t)ids[ARG(1)]);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "limit")) {
+            FN(f, CUresult (*)(int, size_t), "cuCtxSetLimit", 3010, "cuCtxSetLimit");
+            rc = f((int)ARG(1), ARG(2));
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
         } else if (!strcmp(c, "free") || !strcmp(c, "freeasync") || !strcmp(c, "release") || !strcmp(c, "destroy")) {
             u64 v = ids[ARG(1)];
             if (!strcmp(c, "free")) {

@@ -187,7 +187,7 @@ static __thread struct ctx *current;
 static int cur_dev(void) { return current && current->magic == CTX_MAGIC ? current->dev : -1; }
 
 /* ---- allocations ---- */
-enum kind { K_LINEAR, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY };
+enum kind { K_LINEAR, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP };
 struct alloc { u64 id; u64 size; u64 ledger; int dev; int kind; void *pool; };
 static struct alloc *allocs;
 static size_t nallocs, capallocs;
@@ -587,6 +587,78 @@ static CUresult i_cuArrayGetMemoryRequirements(struct array_req *r, struct array
     r->size = a->size; r->alignment = 65536; return OK;
 }
 
+/* mipmapped arrays: the sum of the levels' array sizes */
+struct mipmap { int magic; int dev; u64 size; };
+#define MIPMAP_MAGIC 0x4d495050
+static u64 array_size(size_t w, size_t h, size_t d, u64 eb, unsigned ch) {
+    u64 rows = round_up(h ? h : 1, 16), depth = d ? d : 1;
+    return round_up(round_up(w * eb * ch, 256) * rows * depth, 65536) + 65536;
+}
+static CUresult i_cuMipmappedArrayCreate(struct mipmap **out, const struct desc3 *d, unsigned levels) {
+    int dev = cur_dev();
+    if (dev < 0) return INVALID_CONTEXT;
+    if (!out || !d || levels == 0) return INVALID_VALUE;
+    u64 eb = fmt_bytes(d->fmt);
+    if (eb == 0 || d->w == 0 || (d->ch != 1 && d->ch != 2 && d->ch != 4)) return INVALID_VALUE;
+    u64 size = 0;
+    size_t w = d->w, h = d->h, dd = d->d;
+    for (unsigned l = 0; l < levels; l++) {
+        size += array_size(w, h, dd, eb, d->ch);
+        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; dd = dd > 1 ? dd / 2 : dd;
+    }
+    pthread_mutex_lock(&mu);
+    CUresult rc = take(dev, size);
+    if (rc == OK) {
+        struct mipmap *m = malloc(sizeof *m);
+        *m = (struct mipmap){MIPMAP_MAGIC, dev, size};
+        *out = m;
+        track((u64)(uintptr_t)m, size, size, dev, K_MIPMAP, NULL);
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult i_cuMipmappedArrayDestroy(struct mipmap *m) {
+    struct alloc a;
+    pthread_mutex_lock(&mu);
+    int found = untrack((u64)(uintptr_t)m, K_MIPMAP, &a);
+    if (found) { give(a.dev, a.ledger); m->magic = 0; free(m); }
+    pthread_mutex_unlock(&mu);
+    return found ? OK : INVALID_HANDLE;
+}
+static CUresult i_cuMipmappedArrayGetMemoryRequirements(struct array_req *r, struct mipmap *m, CUdevice d) {
+    (void)d;
+    if (!r || !m || m->magic != MIPMAP_MAGIC) return INVALID_VALUE;
+    r->size = m->size; r->alignment = 65536; return OK;
+}
+
+/* device attributes and context limits */
+#define SMS 108
+#define THREADS_PER_SM 2048
+static CUresult i_cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    if (d < 0 || d >= ndev || !v) return INVALID_VALUE;
+    switch (attr) {
+    case 16: *v = SMS; return OK;
+    case 39: *v = THREADS_PER_SM; return OK;
+    default: *v = 0; return OK;
+    }
+}
+/* The device memory each limit holds now, per device (stack, FIFO, heap). */
+static u64 limit_held[MAXDEV][3];
+static CUresult i_cuCtxSetLimit(int limit, size_t value) {
+    int dev = cur_dev();
+    if (dev < 0) return INVALID_CONTEXT;
+    if (limit < 0 || limit > 2) return OK; /* other limits hold no device memory here */
+    u64 want = limit == 0 ? (u64)value * SMS * THREADS_PER_SM : (u64)value;
+    pthread_mutex_lock(&mu);
+    u64 have = limit_held[dev][limit];
+    CUresult rc = OK;
+    if (want > have) rc = take(dev, want - have);
+    else give(dev, have - want);
+    if (rc == OK) limit_held[dev][limit] = want;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 static CUresult i_cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned shmem, void *s, void **p, void **e) {
     (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)s; (void)p; (void)e;
@@ -671,6 +743,11 @@ static const struct entry table[] = {
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     E("cuArrayDestroy", 2000, cuArrayDestroy),
     E("cuArrayGetMemoryRequirements", 11060, cuArrayGetMemoryRequirements),
+    E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    E("cuMipmappedArrayGetMemoryRequirements", 11060, cuMipmappedArrayGetMemoryRequirements),
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    E("cuCtxSetLimit", 3010, cuCtxSetLimit),
     E("cuLaunchKernel", 4000, cuLaunchKernel),
     P("cuLaunchKernel", 7000, cuLaunchKernel_ptsz, cuLaunchKernel),
     E("cuGetErrorName", 6000, cuGetErrorName),
@@ -766,6 +843,11 @@ X(CUresult, cuArrayCreate_v2, (struct array **a, const struct desc2 *d), (a, d))
 X(CUresult, cuArray3DCreate_v2, (struct array **a, const struct desc3 *d), (a, d))
 X(CUresult, cuArrayDestroy, (struct array *a), (a))
 X(CUresult, cuArrayGetMemoryRequirements, (struct array_req *r, struct array *a, CUdevice d), (r, a, d))
+X(CUresult, cuMipmappedArrayCreate, (struct mipmap **m, const struct desc3 *d, unsigned l), (m, d, l))
+X(CUresult, cuMipmappedArrayDestroy, (struct mipmap *m), (m))
+X(CUresult, cuMipmappedArrayGetMemoryRequirements, (struct array_req *r, struct mipmap *m, CUdevice d), (r, m, d))
+X(CUresult, cuDeviceGetAttribute, (int *v, int a, CUdevice d), (v, a, d))
+X(CUresult, cuCtxSetLimit, (int l, size_t v), (l, v))
 X(CUresult, cuLaunchKernel, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
 X(CUresult, cuLaunchKernel_ptsz, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
 X(CUresult, cuGetErrorName, (CUresult e, const char **s), (e, s))
