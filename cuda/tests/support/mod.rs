@@ -456,3 +456,44 @@ pub fn lines(b: &[u8]) -> Vec<String> {
 pub fn opts() -> RunOpts {
     RunOpts::default()
 }
+
+/// The directory `cuda/ci-setup.sh` filled with the pinned Python clients, if any.
+pub fn python_clients() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CUDA_TEST_PY").map(PathBuf::from)?;
+    dir.join("venv/bin/python").exists().then_some(dir)
+}
+
+/// Builds Foundation I's fake NVML (`tests/fakes/fake_nvml.c` at the workspace root)
+/// into the fake driver's directory, and writes a state file for `devices`.
+pub fn fake_nvml(state_dir: &Path, devices: &[(String, u64)]) {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let art = artifacts();
+    BUILT.get_or_init(|| {
+        let out = art.fake_dir.join("libnvidia-ml.so.1");
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-std=c11",
+            "-O1",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            out.to_str().expect("utf-8 path"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fakes/fake_nvml.c"),
+        ]);
+    });
+    let mut s = String::from(
+        "tessera-node-state 1\nsource 0\ndriver-version 580.65.06\ncuda-driver-version 13000\n\
+         major nvidia 195\nmajor nvidia-uvm 508\nmajor nvidia-caps 511\n",
+    );
+    for (i, (uuid, bytes)) in devices.iter().enumerate() {
+        s += &format!(
+            "gpu\nindex {i}\nminor {i}\nuuid {uuid}\nname NVIDIA H100 80GB HBM3\nbrand Nvidia\n\
+             architecture Hopper\nmemory {bytes}\nmultiprocessors 132\ncompute-capability 9.0\n\
+             pci-bus-id 0000:{:02x}:00.0\nmig-capable 0\nmig-enabled 0\nend\n",
+            0x19 + i
+        );
+    }
+    fs::create_dir_all(state_dir).expect("state dir");
+    fs::write(state_dir.join("mock-node.state"), s).expect("state file");
+}
