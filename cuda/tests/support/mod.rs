@@ -210,6 +210,8 @@ pub struct RunOpts {
     pub extra_script: String,
     /// The client's loading mode: gpa (default), gpa-ptds or dlsym.
     pub mode: Option<&'static str>,
+    /// A directory holding another build of `libtessera_cuda.so` to mount instead.
+    pub lib_dir: Option<PathBuf>,
 }
 
 /// A simulated node: fake GPUs, a ledger, and claim files.
@@ -293,7 +295,7 @@ impl Sandbox {
              mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper,workdir={root}/etc-work /etc\n\
              touch /etc/ld.so.preload\nmount --bind {root}/ld.so.preload /etc/ld.so.preload\n\
              mount -o remount,bind,ro /etc/ld.so.preload\nexec \"$@\"\n",
-            lib = art.lib_dir.display()
+            lib = opts.lib_dir.as_ref().unwrap_or(&art.lib_dir).display()
         );
         s
     }
