@@ -147,7 +147,10 @@ fn the_release_library_enforces_without_libgcc_s() {
     o.lib_dir = None;
     let out = sb.client_output(&o, &["ctx", "0", "alloc", "6291456"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("plain build without libgcc_s: stdout {:?}, stderr {err}", lines(&out.stdout));
+    eprintln!(
+        "plain build without libgcc_s: stdout {:?}, stderr {err}",
+        lines(&out.stdout)
+    );
     assert!(err.contains("libgcc_s.so.1"), "{err}");
     assert_ne!(lines(&out.stdout), ["ok", "err 2"]);
 }
