@@ -43,7 +43,13 @@ pub struct State {
     /// 0xffff_ffff = UUID unavailable.
     devices: [AtomicU32; MAX_DEVICES],
     no_cuda_cleared: std::sync::atomic::AtomicBool,
+    /// When memory queries last reclaimed dead slots (wall clock, ns).
+    last_reclaim_ns: std::sync::atomic::AtomicU64,
 }
+
+/// How often memory queries reclaim dead processes' slots. (Reservations that would
+/// be refused reclaim at once, whatever the time.)
+pub const RECLAIM_EVERY_NS: u64 = 250_000_000;
 
 pub const MAX_DEVICES: usize = 64;
 const DEV_UNKNOWN: u32 = 0;
@@ -104,6 +110,7 @@ impl State {
             fail_closed: false,
             devices: [const { AtomicU32::new(DEV_UNKNOWN) }; MAX_DEVICES],
             no_cuda_cleared: std::sync::atomic::AtomicBool::new(false),
+            last_reclaim_ns: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -297,27 +304,36 @@ impl State {
             .is_some_and(|cl| cl.scrub_on_free)
     }
 
-    /// (budget, used) of merged GPU `g`, summed over its claims; dead slots are
-    /// reclaimed first so that a query never reports a dead process's memory.
+    /// (budget, used) of merged GPU `g`, summed over its claims. Dead slots are
+    /// reclaimed first, at most once per [`RECLAIM_EVERY_NS`], so that a query soon
+    /// stops reporting a dead process's memory without probing every slot's lock on
+    /// every call.
     pub fn usage(&self, g: usize) -> Option<(u64, u64)> {
         let gpu = self.gpus.get(g)?;
+        let now = now_ns();
+        let last = self.last_reclaim_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= RECLAIM_EVERY_NS
+            && self
+                .last_reclaim_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            for c in &self.claims {
+                let _ = c.region.reclaim_dead(&c.reclaim_file);
+            }
+        }
         let mut used = 0u64;
         for p in &gpu.parts {
             let c = self.claims.get(p.claim)?;
-            let _ = c.region.reclaim_dead(&c.reclaim_file);
-            let snap_used = c
-                .region
-                .snapshot()
-                .ok()
-                .and_then(|s| s.gpus.get(p.gpu).map(|u| u.used))
-                .unwrap_or(0);
-            used = used.saturating_add(snap_used);
+            used = used.saturating_add(c.region.gpu_used(p.gpu).unwrap_or(0));
         }
         Some((gpu.total(), used))
     }
 
     fn clear_no_cuda(&self) {
-        if !self.no_cuda_cleared.swap(true, Ordering::Relaxed) {
+        if !self.no_cuda_cleared.load(Ordering::Relaxed)
+            && !self.no_cuda_cleared.swap(true, Ordering::Relaxed)
+        {
             for c in &self.claims {
                 if let Some(s) = c.slot {
                     c.region.clear_slot_flags(s, FLAG_NO_CUDA);
@@ -380,6 +396,9 @@ static ALLOCATIONS: Mutex<Option<Table>> = Mutex::new(None);
 
 /// Remembers a charged allocation.
 pub fn record(kind: Kind, id: u64, e: Entry) {
+    if kind == Kind::Pool {
+        POOLS_SEEN.store(true, Ordering::Relaxed);
+    }
     if let Ok(mut t) = ALLOCATIONS.lock() {
         t.get_or_insert_with(Table::default).insert((kind, id), e);
     }
@@ -412,4 +431,12 @@ pub fn keys(kind: Kind) -> Vec<u64> {
                 .map(|t| t.keys().filter(|k| k.0 == kind).map(|k| k.1).collect())
         })
         .unwrap_or_default()
+}
+
+/// Set once a pool charge is recorded: until then memory queries skip re-reading pools.
+static POOLS_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process ever charged a memory pool.
+pub fn any_pool() -> bool {
+    POOLS_SEEN.load(Ordering::Relaxed)
 }

@@ -660,7 +660,7 @@ fn free_async(h: Hook, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
 
 fn resettle_pools() {
     let st = accounting::state();
-    if !st.active() {
+    if !st.active() || !accounting::any_pool() {
         return;
     }
     for pool in accounting::keys(Kind::Pool) {

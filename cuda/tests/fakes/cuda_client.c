@@ -22,6 +22,8 @@
  *   total <dev>                cuDeviceTotalMem -> "ok <bytes>"
  *   sleep <ms> / hold          (hold: print "holding" and sleep until killed)
  *   random <seconds> <max>     random alloc/free of up to <max> bytes; -> "ok <allocs> <refusals>"
+ *   bench-pair|bench-launch|bench-meminfo <n>   timing loops -> "ok <wall ns/op> <cpu ns/op>"
+ *   spawn <n> <program>        fork+exec <program> n times, timed the same way
  *   lookup <file.tsv>          every row: "<symbol>\t<ver>\t<flags>\t<answer>\t<fake's own>"
  */
 #define _GNU_SOURCE
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -225,6 +228,39 @@ int main(int argc, char **argv) {
             } while ((u64)(t.tv_sec - t0.tv_sec) < secs);
             while (nlive) fr(live[--nlive]);
             printf("ok %llu %llu\n", allocs, refused);
+        } else if (!strncmp(c, "bench-", 6) || !strcmp(c, "spawn")) {
+            /* Timing loops: "ok <wall ns per op> <cpu ns per op>". */
+            u64 n = ARG(1);
+            struct timespec w0, w1, c0, c1;
+            FN(al, CUresult (*)(u64 *, size_t), "cuMemAlloc", 3020, "cuMemAlloc_v2");
+            FN(fr, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+            FN(la, CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **),
+               "cuLaunchKernel", 4000, "cuLaunchKernel");
+            FN(mi, CUresult (*)(size_t *, size_t *), "cuMemGetInfo", 3020, "cuMemGetInfo_v2");
+            clock_gettime(CLOCK_MONOTONIC, &w0);
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+            for (u64 k = 0; k < n; k++) {
+                if (!strcmp(c, "bench-pair")) {
+                    u64 p;
+                    if (al(&p, 4096) || fr(p)) { printf("err\n"); return 1; }
+                } else if (!strcmp(c, "bench-launch")) {
+                    la(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                } else if (!strcmp(c, "bench-meminfo")) {
+                    size_t f, t;
+                    mi(&f, &t);
+                } else {
+                    pid_t pid = fork();
+                    if (pid == 0) { execl(argv[i + 2], argv[i + 2], (char *)NULL); _exit(127); }
+                    int st;
+                    waitpid(pid, &st, 0);
+                }
+            }
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+            clock_gettime(CLOCK_MONOTONIC, &w1);
+            i += strcmp(c, "spawn") ? 1 : 2;
+            double wall = (w1.tv_sec - w0.tv_sec) * 1e9 + (w1.tv_nsec - w0.tv_nsec);
+            double cpu = (c1.tv_sec - c0.tv_sec) * 1e9 + (c1.tv_nsec - c0.tv_nsec);
+            printf("ok %.1f %.1f\n", wall / (double)n, cpu / (double)n);
         } else if (!strcmp(c, "lookup")) {
             void *(*direct)(const char *, int, u64) = (void *(*)(const char *, int, u64))dlsym(lib, "fakecuda_lookup");
             const char *(*name_of)(const void *) = (const char *(*)(const void *))dlsym(lib, "fakecuda_symbol_of");

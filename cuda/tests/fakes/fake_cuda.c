@@ -28,6 +28,8 @@
  *   FAKE_CUDA_DRIVER_VERSION  default 13050
  *   FAKE_CUDA_ALLOC_DELAY_MS  sleep inside cuMemAlloc_v2 after taking the memory
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
+ *   FAKE_CUDA_NO_BACKING      1: linear memory gets addresses but no host pages (for
+ *                             benchmarks, so that mmap does not drown the library's cost)
  *   CUDA_VISIBLE_DEVICES      comma-separated indices into FAKE_CUDA_DEVICES
  *
  * The ledger is the independent judge: device memory really held, per device
@@ -339,7 +341,13 @@ static CUresult i_cuCtxSynchronize_v2(struct ctx *c) {
 }
 static CUresult i_cuStreamSynchronize(void *s) { (void)s; return i_cuCtxSynchronize(); }
 
+static int no_backing = -1;
+static u64 next_fake_addr = 0x7f0000000000ull;
 static CUresult alloc_linear(CUdeviceptr *dptr, u64 size, int kind) {
+    if (no_backing < 0) {
+        const char *nb = getenv("FAKE_CUDA_NO_BACKING");
+        no_backing = nb && strcmp(nb, "1") == 0;
+    }
     int dev = cur_dev();
     if (dev < 0) return INVALID_CONTEXT;
     if (!dptr || size == 0) return INVALID_VALUE;
@@ -347,7 +355,7 @@ static CUresult alloc_linear(CUdeviceptr *dptr, u64 size, int kind) {
     pthread_mutex_lock(&mu);
     CUresult rc = take(dev, led);
     if (rc == OK) {
-        void *p = host_map(size);
+        void *p = no_backing ? (void *)(uintptr_t)(next_fake_addr += led) : host_map(size);
         if (!p) { give(dev, led); rc = OUT_OF_MEMORY; }
         else { *dptr = (CUdeviceptr)(uintptr_t)p; track(*dptr, size, led, dev, kind, NULL); }
     }
@@ -386,9 +394,11 @@ static CUresult i_cuMemFree_v2(CUdeviceptr ptr) {
     pthread_mutex_lock(&mu);
     int found = untrack(ptr, K_LINEAR, &a) || untrack(ptr, K_MANAGED, &a);
     if (found) {
-        check_scrub(&a);
         give(a.dev, a.ledger);
-        munmap((void *)(uintptr_t)a.id, a.size ? a.size : 1);
+        if (no_backing != 1) {
+            check_scrub(&a);
+            munmap((void *)(uintptr_t)a.id, a.size ? a.size : 1);
+        }
     }
     pthread_mutex_unlock(&mu);
     return found ? OK : INVALID_VALUE;

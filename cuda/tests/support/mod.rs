@@ -381,6 +381,11 @@ impl Sandbox {
         (Running(child), got)
     }
 
+    /// Replaces what `/etc/ld.so.preload` will say in the next runs (empty: no preload).
+    pub fn set_preload(&self, content: &str) {
+        fs::write(self.dir.path().join("ld.so.preload"), content).expect("preload");
+    }
+
     /// The ledger as the fake driver keeps it.
     pub fn ledger(&self) -> Ledger {
         let path = self.dir.path().join("ledger");
