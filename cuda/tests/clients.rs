@@ -20,9 +20,9 @@ fn clients(test: &str) -> Option<PathBuf> {
             panic!("{test}: TESSERA_CUDA_TEST_PY unset or empty; run cuda/ci-setup.sh")
         }
         None => {
-            eprintln!(
-                "tessera-cuda SKIP {test}: TESSERA_CUDA_TEST_PY unset (run cuda/ci-setup.sh)"
-            );
+            skip(format!(
+                "{test}: TESSERA_CUDA_TEST_PY unset (run cuda/ci-setup.sh)"
+            ));
             None
         }
     }

@@ -38,7 +38,7 @@ fn zig_library(test: &str) -> Option<PathBuf> {
         if std::env::var_os("CI").is_some() {
             panic!("{test}: {why}");
         }
-        eprintln!("tessera-cuda SKIP {test}: {why}");
+        skip(format!("{test}: {why}"));
         return None;
     }
     let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-cuda-zig");

@@ -29,6 +29,14 @@ pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
 const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
 const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
 
+/// Reports a skipped test on the terminal (written to fd 2 directly, so that the
+/// test harness's output capture does not hide it): `tessera-cuda SKIP <test>: <why>`.
+/// Grep for that prefix for the run's summary of skips.
+pub fn skip(msg: String) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "tessera-cuda SKIP {msg}");
+}
+
 /// A missing prerequisite: skipped locally, a failure when `CI` is set.
 pub fn require(test: &str) -> bool {
     let missing = prerequisites();
@@ -38,7 +46,7 @@ pub fn require(test: &str) -> bool {
             if std::env::var_os("CI").is_some() {
                 panic!("{test}: prerequisite missing under CI: {why}");
             }
-            eprintln!("tessera-cuda SKIP {test}: {why}");
+            skip(format!("{test}: {why}"));
             false
         }
     }
