@@ -364,6 +364,8 @@ pub enum Kind {
     Mipmap,
     /// A `cuCtxSetLimit` reservation, keyed by (device << 8 | limit).
     Limit,
+    /// A device's graph memory pool, keyed by device ordinal.
+    GraphPool,
 }
 
 /// A multiplicative hasher: keys are pointers and handles, no DoS concern, and
@@ -431,6 +433,44 @@ pub fn keys(kind: Kind) -> Vec<u64> {
                 .map(|t| t.keys().filter(|k| k.0 == kind).map(|k| k.1).collect())
         })
         .unwrap_or_default()
+}
+
+/// What a graph (or an executable graph) materializes when launched: the device
+/// and the sum of its memory-allocation nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphNeed {
+    pub dev: i32,
+    pub bytes: u64,
+}
+
+type Needs = HashMap<u64, GraphNeed, BuildHasherDefault<PtrHasher>>;
+/// Graph memory needs, keyed by `CUgraph` and by `CUgraphExec` handle.
+static GRAPH_NEEDS: Mutex<Option<Needs>> = Mutex::new(None);
+
+/// Adds `bytes` on `dev` to what handle `h` materializes.
+pub fn add_graph_need(h: u64, dev: i32, bytes: u64) {
+    if let Ok(mut t) = GRAPH_NEEDS.lock() {
+        let e = t.get_or_insert_with(Needs::default).entry(h).or_default();
+        e.dev = dev;
+        e.bytes = e.bytes.saturating_add(bytes);
+    }
+}
+
+/// What handle `h` materializes (none if it has no allocation nodes).
+pub fn graph_need(h: u64) -> Option<GraphNeed> {
+    GRAPH_NEEDS
+        .lock()
+        .ok()
+        .and_then(|t| t.as_ref().and_then(|t| t.get(&h).copied()))
+}
+
+/// Forgets handle `h`.
+pub fn drop_graph_need(h: u64) {
+    if let Ok(mut t) = GRAPH_NEEDS.lock()
+        && let Some(t) = t.as_mut()
+    {
+        t.remove(&h);
+    }
 }
 
 /// Set once a pool charge is recorded: until then memory queries skip re-reading pools.

@@ -65,6 +65,17 @@ hook_table!(
     cuMipmappedArrayCreate,
     cuMipmappedArrayDestroy,
     cuCtxSetLimit,
+    cuGraphAddMemAllocNode,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphInstantiateWithParams_ptsz,
+    cuGraphUpload,
+    cuGraphUpload_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGraphExecDestroy,
+    cuDeviceGraphMemTrim,
     cuMemGetInfo_v2,
     cuDeviceTotalMem_v2,
     nvmlDeviceGetMemoryInfo,
@@ -141,9 +152,10 @@ pub enum DriverFn {
     NvmlDeviceGetUuid,
     MipmappedArrayGetMemoryRequirements,
     DeviceGetAttribute,
+    DeviceGetGraphMemAttribute,
 }
 
-const DRIVER_NAMES: [&str; 12] = [
+const DRIVER_NAMES: [&str; 13] = [
     "cuCtxGetDevice\0",
     "cuDeviceGetUuid_v2\0",
     "cuDeviceGetUuid\0",
@@ -156,8 +168,9 @@ const DRIVER_NAMES: [&str; 12] = [
     "nvmlDeviceGetUUID\0",
     "cuMipmappedArrayGetMemoryRequirements\0",
     "cuDeviceGetAttribute\0",
+    "cuDeviceGetGraphMemAttribute\0",
 ];
-static DRIVER: [AtomicUsize; 12] = [const { AtomicUsize::new(0) }; 12];
+static DRIVER: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
 
 /// The driver's exported function `f`, resolved once; 0 if it has none.
 pub fn driver(f: DriverFn) -> usize {

@@ -265,3 +265,39 @@ fn context_limit_reservations_are_charged() {
     assert_eq!(sb.region("claim-a").gpus[0].used, 4 * MIB + 54 * MIB);
     assert_eq!(l.used[0], 4 * MIB + 54 * MIB);
 }
+
+/// Graph memory is charged when materialized (upload or launch) at what the
+/// device's graph pool reserves, with the growth a launch can cause reserved first;
+/// cuDeviceGraphMemTrim gives it back.
+#[test]
+fn graph_memory_is_charged_when_materialized_and_trimmed() {
+    if !require("graphs") {
+        return;
+    }
+    for mode in ["gpa", "gpa-ptds"] {
+        let sb = one_gpu(16 * MIB);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..opts()
+        };
+        let out = sb.client(
+            &o,
+            &[
+                "ctx", "0", "graph", "6291456", "graph", "12582912", "graph", "20971520",
+                "glaunch", "0", "glaunch", "0", "gupload", "1", "glaunch", "2", "gtrim", "glaunch",
+                "2", "glaunch", "1",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "ok", "ok 0", "ok 1", "ok 2", "ok", "ok", "ok", OOM, "ok", OOM, "ok"
+            ],
+            "{mode}"
+        );
+        let l = sb.ledger();
+        assert!(l.peak[0] <= 16 * MIB, "{mode}: peak {}", l.peak[0]);
+        assert_eq!(l.used[0], 12 * MIB, "{mode}");
+        assert_eq!(sb.region("claim-a").gpus[0].used, 12 * MIB, "{mode}");
+    }
+}

@@ -15,6 +15,8 @@
  *   array <w> <h> / array3d <w> <h> <d>   float4 arrays
  *   mipmap <w> <h> <levels> / mipfree <id>   float4 mipmapped 2D arrays
  *   limit <CUlimit> <value>    cuCtxSetLimit
+ *   graph <bytes>              a graph with one allocation node, instantiated -> "ok <id>"
+ *   glaunch <id> / gupload <id> / gtrim   launch or upload it; cuDeviceGraphMemTrim
  *   free <id> / freeasync <id> / release <id> / destroy <id>
  *   fill <id> <bytes>          writes 0xAB into the allocation (cuMemsetD8)
  *   sync / trim <pool-keep>
@@ -155,6 +157,41 @@ int main(int argc, char **argv) {
             FN(f, CUresult (*)(int, size_t), "cuCtxSetLimit", 3010, "cuCtxSetLimit");
             rc = f((int)ARG(1), ARG(2));
             i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "graph")) {
+            /* a graph with one allocation node of <bytes> on the current device, instantiated */
+            FN(mk, CUresult (*)(void **, unsigned), "cuGraphCreate", 10000, "cuGraphCreate");
+            FN(add, CUresult (*)(void **, void *, const void *, size_t, void *), "cuGraphAddMemAllocNode", 11040, "cuGraphAddMemAllocNode");
+            FN(inst, CUresult (*)(void **, void *, u64), "cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            unsigned char params[120];
+            int one = 1, dev = 0;
+            size_t bytes = ARG(1);
+            void *g = NULL, *node = NULL, *exec = NULL;
+            memset(params, 0, sizeof params);
+            getdev(&dev);
+            memcpy(params, &one, 4);       /* allocType pinned */
+            memcpy(params + 8, &one, 4);   /* location type device */
+            memcpy(params + 12, &dev, 4);  /* location id */
+            memcpy(params + 104, &bytes, 8);
+            rc = mk(&g, 0);
+            if (!rc) rc = add(&node, g, NULL, 0, params);
+            if (!rc) rc = inst(&exec, g, 0);
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)exec));
+        } else if (!strcmp(c, "glaunch") || !strcmp(c, "gupload")) {
+            FN(la, CUresult (*)(void *, void *), "cuGraphLaunch", 10000, flags ? "cuGraphLaunch_ptsz" : "cuGraphLaunch");
+            FN(up, CUresult (*)(void *, void *), "cuGraphUpload", 11010, flags ? "cuGraphUpload_ptsz" : "cuGraphUpload");
+            void *e = (void *)(uintptr_t)ids[ARG(1)];
+            rc = !strcmp(c, "glaunch") ? la(e, NULL) : up(e, NULL);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "gtrim")) {
+            FN(trim, CUresult (*)(int), "cuDeviceGraphMemTrim", 11040, "cuDeviceGraphMemTrim");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            int dev = 0;
+            getdev(&dev);
+            rc = trim(dev);
             printf(rc ? "err %d\n" : "ok\n", rc);
         } else if (!strcmp(c, "free") || !strcmp(c, "freeasync") || !strcmp(c, "release") || !strcmp(c, "destroy")) {
             u64 v = ids[ARG(1)];

@@ -669,6 +669,85 @@ static CUresult i_cuCtxSetLimit(int limit, size_t value) {
     return rc;
 }
 
+/* graphs: allocation nodes materialize from a per-device graph pool at upload or
+ * launch (the graph frees them by its end); the pool keeps what it reserved until
+ * cuDeviceGraphMemTrim. */
+struct graph { int magic; int dev; u64 bytes; };
+struct gexec { int magic; struct graph *g; };
+#define GRAPH_MAGIC 0x47524150
+#define GEXEC_MAGIC 0x47455843
+static u64 graph_reserved[MAXDEV];
+static CUresult i_cuGraphCreate(struct graph **g, unsigned flags) {
+    (void)flags;
+    if (!g) return INVALID_VALUE;
+    *g = calloc(1, sizeof **g);
+    (*g)->magic = GRAPH_MAGIC; (*g)->dev = -1;
+    return OK;
+}
+static CUresult i_cuGraphDestroy(struct graph *g) {
+    if (!g || g->magic != GRAPH_MAGIC) return INVALID_VALUE;
+    g->magic = 0; free(g); return OK;
+}
+static CUresult i_cuGraphAddMemAllocNode(void **node, struct graph *g, const void *deps, size_t n, unsigned char *params) {
+    (void)deps; (void)n;
+    if (!node || !g || g->magic != GRAPH_MAGIC || !params) return INVALID_VALUE;
+    int ltype, lid; size_t bytes;
+    memcpy(&ltype, params + 8, 4); memcpy(&lid, params + 12, 4); memcpy(&bytes, params + 104, 8);
+    if (ltype != 1 || lid < 0 || lid >= ndev || bytes == 0) return INVALID_VALUE;
+    g->dev = lid;
+    g->bytes += round_up(bytes, PAGE);
+    u64 dptr = 0x7e0000000000ull + g->bytes;
+    memcpy(params + 112, &dptr, 8);
+    *node = g;
+    return OK;
+}
+static CUresult i_cuGraphInstantiateWithFlags(struct gexec **e, struct graph *g, u64 flags) {
+    (void)flags;
+    if (!e || !g || g->magic != GRAPH_MAGIC) return INVALID_VALUE;
+    *e = calloc(1, sizeof **e);
+    (*e)->magic = GEXEC_MAGIC; (*e)->g = g;
+    return OK;
+}
+static CUresult i_cuGraphExecDestroy(struct gexec *e) {
+    if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
+    e->magic = 0; free(e); return OK;
+}
+static CUresult i_cuGraphLaunch(struct gexec *e, void *stream) {
+    (void)stream;
+    if (cur_dev() < 0) return INVALID_CONTEXT;
+    if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
+    struct graph *g = e->g;
+    if (g->dev < 0) return OK;
+    CUresult rc = OK;
+    pthread_mutex_lock(&mu);
+    if (graph_reserved[g->dev] < g->bytes) {
+        rc = take(g->dev, g->bytes - graph_reserved[g->dev]);
+        if (rc == OK) graph_reserved[g->dev] = g->bytes;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult i_cuGraphUpload(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
+static CUresult i_cuGraphLaunch_ptsz(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
+static CUresult i_cuGraphUpload_ptsz(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
+static CUresult i_cuDeviceGraphMemTrim(CUdevice d) {
+    if (d < 0 || d >= ndev) return INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    give(d, graph_reserved[d]);
+    graph_reserved[d] = 0;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+static CUresult i_cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *v) {
+    if (d < 0 || d >= ndev || !v) return INVALID_VALUE;
+    u64 *o = v;
+    switch (attr) {
+    case 0: case 1: *o = 0; return OK;
+    case 2: case 3: *o = graph_reserved[d]; return OK;
+    default: return INVALID_VALUE;
+    }
+}
+
 static CUresult i_cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned shmem, void *s, void **p, void **e) {
     (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)s; (void)p; (void)e;
@@ -758,6 +837,17 @@ static const struct entry table[] = {
     E("cuMipmappedArrayGetMemoryRequirements", 11060, cuMipmappedArrayGetMemoryRequirements),
     E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     E("cuCtxSetLimit", 3010, cuCtxSetLimit),
+    E("cuGraphCreate", 10000, cuGraphCreate),
+    E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    E("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphLaunch", 10000, cuGraphLaunch_ptsz, cuGraphLaunch),
+    E("cuGraphUpload", 11010, cuGraphUpload),
+    P("cuGraphUpload", 11010, cuGraphUpload_ptsz, cuGraphUpload),
+    E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
     E("cuLaunchKernel", 4000, cuLaunchKernel),
     P("cuLaunchKernel", 7000, cuLaunchKernel_ptsz, cuLaunchKernel),
     E("cuGetErrorName", 6000, cuGetErrorName),
@@ -858,6 +948,17 @@ X(CUresult, cuMipmappedArrayDestroy, (struct mipmap *m), (m))
 X(CUresult, cuMipmappedArrayGetMemoryRequirements, (struct array_req *r, struct mipmap *m, CUdevice d), (r, m, d))
 X(CUresult, cuDeviceGetAttribute, (int *v, int a, CUdevice d), (v, a, d))
 X(CUresult, cuCtxSetLimit, (int l, size_t v), (l, v))
+X(CUresult, cuGraphCreate, (struct graph **g, unsigned f), (g, f))
+X(CUresult, cuGraphDestroy, (struct graph *g), (g))
+X(CUresult, cuGraphAddMemAllocNode, (void **n, struct graph *g, const void *d, size_t c, unsigned char *p), (n, g, d, c, p))
+X(CUresult, cuGraphInstantiateWithFlags, (struct gexec **e, struct graph *g, u64 f), (e, g, f))
+X(CUresult, cuGraphExecDestroy, (struct gexec *e), (e))
+X(CUresult, cuGraphLaunch, (struct gexec *e, void *s), (e, s))
+X(CUresult, cuGraphLaunch_ptsz, (struct gexec *e, void *s), (e, s))
+X(CUresult, cuGraphUpload, (struct gexec *e, void *s), (e, s))
+X(CUresult, cuGraphUpload_ptsz, (struct gexec *e, void *s), (e, s))
+X(CUresult, cuDeviceGraphMemTrim, (CUdevice d), (d))
+X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice d, int a, void *v), (d, a, v))
 X(CUresult, cuLaunchKernel, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
 X(CUresult, cuLaunchKernel_ptsz, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
 X(CUresult, cuGetErrorName, (CUresult e, const char **s), (e, s))
