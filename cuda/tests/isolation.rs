@@ -448,3 +448,57 @@ fn a_process_without_a_slot_fails_closed() {
         ["ok", "ok 0"]
     );
 }
+
+/// Other libraries' `dlsym(RTLD_NEXT, …)` still resolves relative to *them* under
+/// the preloaded library (its `dlsym` is a trampoline that keeps the caller's return
+/// address): a getenv shim loaded after the library finds libc's getenv, not itself.
+#[test]
+fn other_libraries_rtld_next_still_finds_the_next_object() {
+    if !require("rtld-next") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    let dir = sb.dir.path().join("shim");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let fakes = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
+    let shim = dir.join("librtldshim.so");
+    let main = dir.join("rtld_next_main");
+    let cc = |args: &[&str]| {
+        let out = std::process::Command::new("cc")
+            .args(args)
+            .output()
+            .expect("cc");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        shim.to_str().expect("utf-8"),
+        &format!("{fakes}/rtld_next_shim.c"),
+        "-ldl",
+    ]);
+    cc(&[
+        "-o",
+        main.to_str().expect("utf-8"),
+        &format!("{fakes}/rtld_next_main.c"),
+        &format!("-L{}", dir.display()),
+        "-lrtldshim",
+        &format!("-Wl,-rpath,{}", dir.display()),
+    ]);
+    let o = RunOpts {
+        env: vec![("RTLD_NEXT_TEST".into(), "libc".into())],
+        ..opts()
+    };
+    let out = sb.command(&o, &main, &[]).output().expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&out.stdout), ["via-shim libc"]);
+}
