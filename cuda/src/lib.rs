@@ -7,7 +7,7 @@
 //! * [`budget`]: which claims bind the process and the budgets merged by GPU UUID;
 //! * [`accounting`]: the slots, reservations and the allocation table;
 //! * [`sizes`]: what each allocation is charged and what the virtual views report;
-//! * `hooks`: the exported entry points.
+//! * `hooks`: the exported entry points, one module per family of calls.
 //!
 //! Nothing here may panic across the C boundary: errors become CUDA or NVML codes.
 
