@@ -217,7 +217,7 @@ impl State {
         match v {
             DEV_FREE => Ok(None),
             DEV_NO_UUID => Err(Refused::NoSlot),
-            i => Ok(Some((i - 2) as usize)),
+            i => Ok(Some(i.saturating_sub(2) as usize)),
         }
     }
 

@@ -67,7 +67,7 @@ pub(super) fn settle_retained(
     let old = accounting::forget(kind, key).map(|e| e.charge);
     let mut held: Option<Charge> = match (old, pending) {
         (Some(o), Some(p)) if (o.claim, o.gpu) == (p.claim, p.gpu) => Some(Charge {
-            bytes: o.bytes + p.bytes,
+            bytes: o.bytes.saturating_add(p.bytes),
             ..o
         }),
         (Some(o), Some(p)) => {
@@ -75,7 +75,7 @@ pub(super) fn settle_retained(
             st.release(p);
             if st.reserve_on(o, p.bytes).is_ok() {
                 Some(Charge {
-                    bytes: o.bytes + p.bytes,
+                    bytes: o.bytes.saturating_add(p.bytes),
                     ..o
                 })
             } else {
