@@ -318,6 +318,13 @@ impl Region {
             .flatten()
     }
 
+    /// Bytes currently used on GPU `g` (one atomic load, no copy: the interception
+    /// library answers memory queries with it).
+    pub fn gpu_used(&self, g: usize) -> Option<u64> {
+        self.gpu_field(g, gpu::USED)
+            .map(|a| a.load(Ordering::Acquire))
+    }
+
     /// Index of `uuid` in the GPU table.
     pub fn gpu_index(&self, uuid: &str) -> Option<usize> {
         let snap = self.map.snapshot();

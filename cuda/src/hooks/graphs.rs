@@ -1,0 +1,289 @@
+//! Graph memory: charged when upload or launch materializes it, released by trims.
+#![allow(non_snake_case)]
+
+use super::pools::settle_retained;
+use super::*;
+
+/// `CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+const GRAPH_MEM_RESERVED_CURRENT: c_int = 2;
+/// Offsets in `CUDA_MEM_ALLOC_NODE_PARAMS` (x86-64): the pool props' location type
+/// and id, and `bytesize`.
+const ALLOC_NODE_LOCATION_TYPE: usize = 8;
+const ALLOC_NODE_LOCATION_ID: usize = 12;
+const ALLOC_NODE_BYTESIZE: usize = 104;
+
+/// The memory a device's graph pool holds (`RESERVED_MEM_CURRENT`).
+fn graph_reserved(dev: CUdevice) -> Option<u64> {
+    let p = driver(DriverFn::DeviceGetGraphMemAttribute);
+    if p == 0 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    // SAFETY: cuDeviceGetGraphMemAttribute(CUdevice, attr, void*) with a u64 attribute.
+    let f: unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult = unsafe { as_fn(p) };
+    // SAFETY: valid out pointer of the attribute's type.
+    let rc = unsafe { f(dev, GRAPH_MEM_RESERVED_CURRENT, (&mut v as *mut u64).cast()) };
+    (rc == CUDA_SUCCESS).then_some(v)
+}
+
+fn settle_graph_pool(st: &State, dev: CUdevice, pending: Option<Charge>) -> bool {
+    settle_retained(st, Kind::GraphPool, dev as u64, pending, || {
+        graph_reserved(dev)
+    })
+}
+
+/// Remembers what an allocation node adds to its graph (its size in 2 MiB pages,
+/// on the node's device).
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut c_void,
+    graph: *mut c_void,
+    deps: *const c_void,
+    ndeps: usize,
+    params: *mut u8,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphAddMemAllocNode,
+        unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut u8) -> CUresult,
+        node,
+        graph,
+        deps,
+        ndeps,
+        params
+    );
+    if rc == CUDA_SUCCESS && !params.is_null() {
+        // SAFETY: the driver accepted `params`, a CUDA_MEM_ALLOC_NODE_PARAMS.
+        let (ty, id, bytes) = unsafe {
+            (
+                params
+                    .add(ALLOC_NODE_LOCATION_TYPE)
+                    .cast::<c_int>()
+                    .read_unaligned(),
+                params
+                    .add(ALLOC_NODE_LOCATION_ID)
+                    .cast::<c_int>()
+                    .read_unaligned(),
+                params
+                    .add(ALLOC_NODE_BYTESIZE)
+                    .cast::<usize>()
+                    .read_unaligned(),
+            )
+        };
+        if ty == CU_MEM_LOCATION_TYPE_DEVICE {
+            accounting::add_graph_need(graph as u64, id, sizes::linear(bytes as u64));
+        }
+    }
+    rc
+}
+
+/// An executable graph inherits its graph's needs.
+fn instantiated(rc: CUresult, exec: *mut *mut c_void, graph: *mut c_void) {
+    if rc == CUDA_SUCCESS
+        && !exec.is_null()
+        && let Some(n) = accounting::graph_need(graph as u64)
+    {
+        // SAFETY: on success the driver wrote *exec.
+        accounting::add_graph_need(unsafe { *exec } as u64, n.dev, n.bytes);
+    }
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    err_node: *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphInstantiate_v2,
+        unsafe extern "C" fn(
+            *mut *mut c_void,
+            *mut c_void,
+            *mut c_void,
+            *mut c_char,
+            usize,
+        ) -> CUresult,
+        exec,
+        graph,
+        err_node,
+        log,
+        log_size
+    );
+    instantiated(rc, exec, graph);
+    rc
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    flags: u64,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphInstantiateWithFlags,
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CUresult,
+        exec,
+        graph,
+        flags
+    );
+    instantiated(rc, exec, graph);
+    rc
+}
+
+type InstantiateParamsFn =
+    unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *mut c_void) -> CUresult;
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphInstantiateWithParams,
+        InstantiateParamsFn,
+        exec,
+        graph,
+        params
+    );
+    instantiated(rc, exec, graph);
+    rc
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphInstantiateWithParams_ptsz,
+        InstantiateParamsFn,
+        exec,
+        graph,
+        params
+    );
+    instantiated(rc, exec, graph);
+    rc
+}
+
+type ExecStreamFn = unsafe extern "C" fn(*mut c_void, CUstream) -> CUresult;
+
+/// Upload and launch materialize graph memory: the growth the graph can cause (its
+/// needs beyond what the device's graph pool is charged for) is reserved first,
+/// then the charge follows the pool's reserved size.
+fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
+    let p = real(h);
+    if p == 0 {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    // SAFETY: the driver's function of this variant.
+    let f: ExecStreamFn = unsafe { as_fn(p) };
+    let st = accounting::state();
+    let need = if st.active() {
+        accounting::graph_need(exec as u64)
+    } else {
+        None
+    };
+    let Some(need) = need else {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { f(exec, stream) };
+    };
+    let held = accounting::peek(Kind::GraphPool, need.dev as u64).map_or(0, |e| e.charge.bytes);
+    let growth = need.bytes.saturating_sub(held);
+    let plan = if growth > 0 {
+        match plan(Some(need.dev), growth, "cuGraphLaunch") {
+            Ok(p) => p,
+            Err(rc) => return rc,
+        }
+    } else {
+        Plan::Forward
+    };
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { f(exec, stream) };
+    let pending = match plan {
+        Plan::Charged(_, c) if rc == CUDA_SUCCESS => Some(c),
+        Plan::Charged(st, c) => {
+            st.release(c);
+            None
+        }
+        Plan::Forward => None,
+    };
+    if !settle_graph_pool(st, need.dev, pending) {
+        eprintln!("tessera-cuda: graph memory grew past the budget during a launch");
+    }
+    rc
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload(exec: *mut c_void, stream: CUstream) -> CUresult {
+    materialize(Hook::cuGraphUpload, exec, stream)
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: *mut c_void, stream: CUstream) -> CUresult {
+    materialize(Hook::cuGraphUpload_ptsz, exec, stream)
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch(exec: *mut c_void, stream: CUstream) -> CUresult {
+    materialize(Hook::cuGraphLaunch, exec, stream)
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: CUstream) -> CUresult {
+    materialize(Hook::cuGraphLaunch_ptsz, exec, stream)
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphExecDestroy,
+        unsafe extern "C" fn(*mut c_void) -> CUresult,
+        exec
+    );
+    if rc == CUDA_SUCCESS {
+        accounting::drop_graph_need(exec as u64);
+    }
+    rc
+}
+
+/// Trimming returns the graph pool's unused memory; the charge follows.
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    let rc = call_real!(
+        Hook::cuDeviceGraphMemTrim,
+        unsafe extern "C" fn(CUdevice) -> CUresult,
+        dev
+    );
+    let st = accounting::state();
+    if st.active() {
+        let _ = settle_graph_pool(st, dev, None);
+    }
+    rc
+}

@@ -1,0 +1,341 @@
+//! How the library gets between a CUDA client and the driver, and how it finds the
+//! driver behind itself.
+//!
+//! * The hooks are exported under the driver's names, so a client linked against
+//!   `libcuda.so.1` binds to them (the library is first in the global scope).
+//! * `dlsym` is exported as a naked trampoline: `RTLD_NEXT` lookups jump straight to
+//!   glibc's `dlsym` with the caller's own return address, so other libraries'
+//!   `RTLD_NEXT` still resolves relative to *them*; every other lookup goes through
+//!   [`dlsym_hook`], which swaps a hooked name for the hook. This catches
+//!   `dlopen(libcuda) + dlsym(handle, …)`, which never searches preloaded objects.
+//! * `cuGetProcAddress`/`_v2` are hooks too: the driver's answer is kept as the real
+//!   pointer of the variant [`gpa_table`](crate::gpa_table) says it is, and replaced by
+//!   the hook of that same variant (same ABI).
+//!
+//! Real pointers live in plain atomics: no allocation or lock on these paths.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`, resolved with `dlvsym` (never with `dlsym`, which is ours).
+pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! hook_table {
+    ($($sym:ident),* $(,)?) => {
+        /// The driver and NVML entry points the library intercepts, by exported name.
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Hook { $($sym),* }
+        pub const HOOK_COUNT: usize = [$(Hook::$sym),*].len();
+        /// Exported names, NUL-terminated, in `Hook` order.
+        pub const HOOK_NAMES: [&str; HOOK_COUNT] = [$(concat!(stringify!($sym), "\0")),*];
+        pub const ALL_HOOKS: [Hook; HOOK_COUNT] = [$(Hook::$sym),*];
+
+        /// The address of the library's own function for `h`.
+        #[cfg(not(test))]
+        pub fn hook_address(h: Hook) -> usize {
+            match h { $(Hook::$sym => crate::hooks::$sym as *const () as usize),* }
+        }
+    };
+}
+
+hook_table!(
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
+    cuInit,
+    cuMemAlloc_v2,
+    cuMemAllocPitch_v2,
+    cuMemAllocManaged,
+    cuMemFree_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemPoolTrimTo,
+    cuMemCreate,
+    cuMemRelease,
+    cuArrayCreate_v2,
+    cuArray3DCreate_v2,
+    cuArrayDestroy,
+    cuMipmappedArrayCreate,
+    cuMipmappedArrayDestroy,
+    cuCtxSetLimit,
+    cuGraphAddMemAllocNode,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphInstantiateWithParams_ptsz,
+    cuGraphUpload,
+    cuGraphUpload_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGraphExecDestroy,
+    cuDeviceGraphMemTrim,
+    cuMemGetInfo_v2,
+    cuDeviceTotalMem_v2,
+    nvmlDeviceGetMemoryInfo,
+    nvmlDeviceGetMemoryInfo_v2,
+);
+
+#[cfg(test)]
+pub fn hook_address(_h: Hook) -> usize {
+    0
+}
+
+static REAL: [AtomicUsize; HOOK_COUNT] = [const { AtomicUsize::new(0) }; HOOK_COUNT];
+
+impl Hook {
+    /// The exported name without its NUL.
+    pub fn name(self) -> &'static str {
+        let n = HOOK_NAMES[self as usize];
+        &n[..n.len() - 1]
+    }
+}
+
+/// The hook exported as `name`, if any. A linear scan of ~25 names, after a
+/// two-byte prefix check that rejects almost every other `dlsym` at once.
+pub fn find_hook(name: &[u8]) -> Option<Hook> {
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
+        return None;
+    }
+    ALL_HOOKS
+        .iter()
+        .copied()
+        .find(|h| h.name().as_bytes() == name)
+}
+
+/// Records `p` as the driver's pointer for `h`, unless it is the hook itself (a
+/// lookup in the global scope finds the library's own export first).
+pub fn remember(h: Hook, p: *mut c_void) {
+    let p = p as usize;
+    if p != 0 && p != hook_address(h) {
+        REAL[h as usize].store(p, Ordering::Release);
+    }
+}
+
+/// The driver's function for `h`: the pointer last handed out by the driver's own
+/// `dlsym`/`cuGetProcAddress`, else resolved behind the library. 0 when there is none.
+pub fn real(h: Hook) -> usize {
+    let v = REAL[h as usize].load(Ordering::Acquire);
+    if v != 0 {
+        return v;
+    }
+    let lib: &CStr = if h.name().starts_with("nvml") {
+        c"libnvidia-ml.so.1"
+    } else {
+        c"libcuda.so.1"
+    };
+    // SAFETY: NUL-terminated name from the table.
+    let p = unsafe { resolve_behind(HOOK_NAMES[h as usize].as_ptr().cast(), lib) };
+    remember(h, p);
+    REAL[h as usize].load(Ordering::Acquire)
+}
+
+/// Driver functions the library calls but does not intercept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum DriverFn {
+    CtxGetDevice,
+    DeviceGetUuidV2,
+    DeviceGetUuid,
+    MemsetD8V2,
+    CtxSynchronize,
+    ArrayGetMemoryRequirements,
+    MemPoolGetAttribute,
+    DeviceGetDefaultMemPool,
+    DeviceGetMemPool,
+    NvmlDeviceGetUuid,
+    MipmappedArrayGetMemoryRequirements,
+    DeviceGetAttribute,
+    DeviceGetGraphMemAttribute,
+}
+
+const DRIVER_NAMES: [&str; 13] = [
+    "cuCtxGetDevice\0",
+    "cuDeviceGetUuid_v2\0",
+    "cuDeviceGetUuid\0",
+    "cuMemsetD8_v2\0",
+    "cuCtxSynchronize\0",
+    "cuArrayGetMemoryRequirements\0",
+    "cuMemPoolGetAttribute\0",
+    "cuDeviceGetDefaultMemPool\0",
+    "cuDeviceGetMemPool\0",
+    "nvmlDeviceGetUUID\0",
+    "cuMipmappedArrayGetMemoryRequirements\0",
+    "cuDeviceGetAttribute\0",
+    "cuDeviceGetGraphMemAttribute\0",
+];
+static DRIVER: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
+
+/// The driver's exported function `f`, resolved once; 0 if it has none.
+pub fn driver(f: DriverFn) -> usize {
+    let i = f as usize;
+    let v = DRIVER[i].load(Ordering::Acquire);
+    if v != 0 {
+        return v;
+    }
+    let lib: &CStr = if f == DriverFn::NvmlDeviceGetUuid {
+        c"libnvidia-ml.so.1"
+    } else {
+        c"libcuda.so.1"
+    };
+    // SAFETY: NUL-terminated name.
+    let p = unsafe { resolve_behind(DRIVER_NAMES[i].as_ptr().cast(), lib) } as usize;
+    DRIVER[i].store(p, Ordering::Release);
+    p
+}
+
+/// glibc's `dlsym`, resolved on first use if the constructor has not run yet.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut v = REAL_DLSYM.load(Ordering::Acquire);
+    if v == 0 {
+        v = resolve_real_dlsym();
+    }
+    // SAFETY: a non-zero value is glibc's dlsym.
+    (v != 0).then(|| unsafe { std::mem::transmute::<usize, DlsymFn>(v) })
+}
+
+/// Looks up glibc's `dlsym` by version (2.34 moved it into libc; 2.2.5 is the x86-64
+/// base version) and stores it.
+pub fn resolve_real_dlsym() -> usize {
+    for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlvsym with valid C strings.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            return p as usize;
+        }
+    }
+    0
+}
+
+/// Finds `name` in the objects after this library, then in `lib` if it is loaded
+/// (a client may have opened it `RTLD_LOCAL`), loading `lib` as a last resort.
+///
+/// # Safety
+/// `name` must be a NUL-terminated string.
+unsafe fn resolve_behind(name: *const c_char, lib: &CStr) -> *mut c_void {
+    let Some(dlsym) = real_dlsym() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: glibc dlsym with a valid name.
+    let p = unsafe { dlsym(libc::RTLD_NEXT, name) };
+    if !p.is_null() {
+        return p;
+    }
+    for mode in [
+        libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        libc::RTLD_NOW | libc::RTLD_LOCAL,
+    ] {
+        // SAFETY: dlopen with a valid name; the handle stays open (as the client's does).
+        let h = unsafe { libc::dlopen(lib.as_ptr(), mode) };
+        if !h.is_null() {
+            // SAFETY: as above.
+            return unsafe { dlsym(h, name) };
+        }
+    }
+    std::ptr::null_mut()
+}
+
+/// Every lookup except `RTLD_NEXT`: the driver's answer, with a hooked name swapped
+/// for the hook (the driver's pointer is kept as the real one).
+///
+/// # Safety
+/// Called by the trampoline with `dlsym`'s arguments.
+#[cfg(not(test))]
+unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let Some(dlsym) = real_dlsym() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarding the caller's arguments.
+    let p = unsafe { dlsym(handle, name) };
+    if p.is_null() || name.is_null() {
+        return p;
+    }
+    // SAFETY: dlsym found `name`, so it is a valid C string.
+    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+    match find_hook(bytes) {
+        Some(h) => {
+            remember(h, p);
+            hook_address(h) as *mut c_void
+        }
+        None => p,
+    }
+}
+
+/// The exported `dlsym`: `RTLD_NEXT` (-1) jumps to glibc with the caller's return
+/// address intact; everything else goes to [`dlsym_hook`]. Before the real `dlsym`
+/// is known, `RTLD_NEXT` goes to the hook as well, which resolves it.
+///
+/// # Safety
+/// Has `dlsym`'s contract.
+#[cfg(all(not(test), target_arch = "x86_64"))]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne {hook}",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz {hook}",
+        "jmp rax",
+        hook = sym dlsym_hook,
+        real = sym REAL_DLSYM,
+    )
+}
+
+/// Resolves glibc's `dlsym` at load, before any client can call ours.
+#[cfg(not(test))]
+extern "C" fn init() {
+    resolve_real_dlsym();
+}
+
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
+
+/// Casts a real pointer to a function type.
+///
+/// # Safety
+/// `p` must be non-zero and point to a function of type `F`.
+pub unsafe fn as_fn<F: Copy>(p: usize) -> F {
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    // SAFETY: per the caller.
+    unsafe { std::mem::transmute_copy::<usize, F>(&p) }
+}
+
+/// Makes an `int` argument usable as an index guard.
+pub fn ordinal(dev: c_int) -> Option<usize> {
+    usize::try_from(dev).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpa_table::VARIANTS;
+
+    /// Every CUDA hook is a variant the lookup table knows, so cuGetProcAddress
+    /// can hand it out.
+    #[test]
+    fn every_cuda_hook_is_a_known_variant() {
+        for h in ALL_HOOKS {
+            if h.name().starts_with("cu") {
+                assert!(
+                    VARIANTS.iter().any(|v| v.symbol == h.name()),
+                    "{} not in gpa-variants.tsv",
+                    h.name()
+                );
+            }
+        }
+        assert_eq!(find_hook(b"cuMemAlloc_v2"), Some(Hook::cuMemAlloc_v2));
+        assert_eq!(find_hook(b"cuMemAlloc"), None);
+        assert_eq!(find_hook(b"puts"), None);
+    }
+}

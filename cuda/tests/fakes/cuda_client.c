@@ -1,0 +1,345 @@
+/*
+ * cuda_client.c: a CUDA client for the interception tests, loading the driver the
+ * way cuda-bindings and cudart do: dlopen("libcuda.so.1", RTLD_LOCAL), then either
+ * every entry point through cuGetProcAddress_v2 (mode "gpa"; "gpa-ptds" passes flag 2
+ * as a per-thread-stream client does) or by exact versioned name with dlsym ("dlsym").
+ *
+ * Usage: cuda_client <mode> <command>...   one result line per command on stdout:
+ *   ctx <dev>                  cuInit + primary context of <dev>, made current
+ *   alloc <bytes>              cuMemAlloc            -> "ok <id>" | "err <code>"
+ *   pitch <w> <h>              cuMemAllocPitch (elem 4) -> "ok <id> <pitch>"
+ *   managed <bytes>            cuMemAllocManaged (global)
+ *   async <bytes>              cuMemAllocAsync on the null stream
+ *   pool <bytes>               cuMemAllocFromPoolAsync from a pool created on first use
+ *   vmm <bytes>                cuMemCreate on the current device
+ *   array <w> <h> / array3d <w> <h> <d>   float4 arrays
+ *   mipmap <w> <h> <levels> / mipfree <id>   float4 mipmapped 2D arrays
+ *   limit <CUlimit> <value>    cuCtxSetLimit
+ *   graph <bytes>              a graph with one allocation node, instantiated -> "ok <id>"
+ *   glaunch <id> / gupload <id> / gtrim   launch or upload it; cuDeviceGraphMemTrim
+ *   free <id> / freeasync <id> / release <id> / destroy <id>
+ *   fill <id> <bytes>          writes 0xAB into the allocation (cuMemsetD8)
+ *   sync / trim <pool-keep>
+ *   meminfo                    cuMemGetInfo  -> "ok <free> <total>"
+ *   total <dev>                cuDeviceTotalMem -> "ok <bytes>"
+ *   sleep <ms> / hold          (hold: print "holding" and sleep until killed)
+ *   random <seconds> <max>     random alloc/free of up to <max> bytes; -> "ok <allocs> <refusals>"
+ *   bench-pair|bench-launch|bench-meminfo <n>   timing loops -> "ok <wall ns/op> <cpu ns/op>"
+ *   spawn <n> <program>        fork+exec <program> n times, timed the same way
+ *   lookup <file.tsv>          every row: "<symbol>\t<ver>\t<flags>\t<answer>\t<fake's own>"
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long u64;
+typedef CUresult (*gpa2_t)(const char *, void **, int, u64, int *);
+
+static void *lib;
+static gpa2_t gpa;
+static const char *mode = "gpa";
+static u64 flags;
+
+static void *get(const char *base, int ver, const char *exact) {
+    void *p = NULL;
+    if (strcmp(mode, "dlsym") == 0) p = dlsym(lib, exact);
+    else gpa(base, &p, ver, flags, NULL);
+    if (!p) { fprintf(stderr, "client: no %s\n", exact); exit(3); }
+    return p;
+}
+#define FN(var, type, base, ver, exact) __typeof__(type) var = (__typeof__(type))get(base, ver, exact)
+
+static u64 ids[4096];
+static size_t nids;
+static u64 save(u64 v) { ids[nids] = v; return nids++; }
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    mode = argv[1];
+    if (strcmp(mode, "gpa-ptds") == 0) flags = 2;
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { fprintf(stderr, "client: %s\n", dlerror()); return 3; }
+    gpa = (gpa2_t)dlsym(lib, "cuGetProcAddress_v2");
+    if (!gpa) return 3;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    void *pool = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *c = argv[i];
+        CUresult rc = 0;
+#define ARG(k) strtoull(argv[i + (k)], NULL, 0)
+        if (!strcmp(c, "ctx")) {
+            FN(init, CUresult (*)(unsigned), "cuInit", 2000, "cuInit");
+            FN(retain, CUresult (*)(void **, int), "cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain");
+            FN(setc, CUresult (*)(void *), "cuCtxSetCurrent", 4000, "cuCtxSetCurrent");
+            void *ctx = NULL;
+            rc = init(0);
+            if (!rc) rc = retain(&ctx, (int)ARG(1));
+            if (!rc) rc = setc(ctx);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async") || !strcmp(c, "pool")) {
+            u64 p = 0;
+            if (!strcmp(c, "alloc")) {
+                FN(f, CUresult (*)(u64 *, size_t), "cuMemAlloc", 3020, "cuMemAlloc_v2");
+                rc = f(&p, ARG(1));
+            } else if (!strcmp(c, "managed")) {
+                FN(f, CUresult (*)(u64 *, size_t, unsigned), "cuMemAllocManaged", 6000, "cuMemAllocManaged");
+                rc = f(&p, ARG(1), 1);
+            } else if (!strcmp(c, "async")) {
+                FN(f, CUresult (*)(u64 *, size_t, void *), "cuMemAllocAsync", 11020,
+                   flags ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync");
+                rc = f(&p, ARG(1), NULL);
+            } else {
+                if (!pool) {
+                    FN(mk, CUresult (*)(void **, const int *), "cuMemPoolCreate", 11020, "cuMemPoolCreate");
+                    FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+                    int props[8] = {1, 0, 1, 0, 0, 0, 0, 0}, dev = 0;
+                    getdev(&dev);
+                    props[3] = dev;
+                    mk(&pool, props);
+                }
+                FN(f, CUresult (*)(u64 *, size_t, void *, void *), "cuMemAllocFromPoolAsync", 11020,
+                   flags ? "cuMemAllocFromPoolAsync_ptsz" : "cuMemAllocFromPoolAsync");
+                rc = f(&p, ARG(1), pool, NULL);
+            }
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(p));
+        } else if (!strcmp(c, "pitch")) {
+            FN(f, CUresult (*)(u64 *, size_t *, size_t, size_t, unsigned), "cuMemAllocPitch", 3020, "cuMemAllocPitch_v2");
+            u64 p = 0; size_t pitch = 0;
+            rc = f(&p, &pitch, ARG(1), ARG(2), 4);
+            i += 2;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu %zu\n", save(p), pitch);
+        } else if (!strcmp(c, "vmm")) {
+            FN(f, CUresult (*)(u64 *, size_t, const int *, u64), "cuMemCreate", 10020, "cuMemCreate");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            int prop[8] = {1, 0, 1, 0, 0, 0, 0, 0}, dev = 0;
+            getdev(&dev);
+            prop[3] = dev;
+            u64 h = 0;
+            rc = f(&h, ARG(1), prop, 0);
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(h));
+        } else if (!strcmp(c, "array") || !strcmp(c, "array3d")) {
+            void *a = NULL;
+            if (!strcmp(c, "array")) {
+                FN(f, CUresult (*)(void **, const void *), "cuArrayCreate", 3020, "cuArrayCreate_v2");
+                struct { size_t w, h; int fmt; unsigned ch; } d = {ARG(1), ARG(2), 0x20, 4};
+                rc = f(&a, &d);
+                i += 2;
+            } else {
+                FN(f, CUresult (*)(void **, const void *), "cuArray3DCreate", 3020, "cuArray3DCreate_v2");
+                struct { size_t w, h, d; int fmt; unsigned ch, flags; } d = {ARG(1), ARG(2), ARG(3), 0x20, 4, 0};
+                rc = f(&a, &d);
+                i += 3;
+            }
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)a));
+        } else if (!strcmp(c, "mipmap")) {
+            FN(f, CUresult (*)(void **, const void *, unsigned), "cuMipmappedArrayCreate", 5000, "cuMipmappedArrayCreate");
+            struct { size_t w, h, d; int fmt; unsigned ch, flags; } d = {ARG(1), ARG(2), 0, 0x20, 4, 0};
+            void *a = NULL;
+            rc = f(&a, &d, (unsigned)ARG(3));
+            i += 3;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)a));
+        } else if (!strcmp(c, "mipfree")) {
+            FN(f, CUresult (*)(void *), "cuMipmappedArrayDestroy", 5000, "cuMipmappedArrayDestroy");
+            rc = f((void *)(uintptr_t)ids[ARG(1)]);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "limit")) {
+            FN(f, CUresult (*)(int, size_t), "cuCtxSetLimit", 3010, "cuCtxSetLimit");
+            rc = f((int)ARG(1), ARG(2));
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "graph")) {
+            /* a graph with one allocation node of <bytes> on the current device, instantiated */
+            FN(mk, CUresult (*)(void **, unsigned), "cuGraphCreate", 10000, "cuGraphCreate");
+            FN(add, CUresult (*)(void **, void *, const void *, size_t, void *), "cuGraphAddMemAllocNode", 11040, "cuGraphAddMemAllocNode");
+            FN(inst, CUresult (*)(void **, void *, u64), "cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            unsigned char params[120];
+            int one = 1, dev = 0;
+            size_t bytes = ARG(1);
+            void *g = NULL, *node = NULL, *exec = NULL;
+            memset(params, 0, sizeof params);
+            getdev(&dev);
+            memcpy(params, &one, 4);       /* allocType pinned */
+            memcpy(params + 8, &one, 4);   /* location type device */
+            memcpy(params + 12, &dev, 4);  /* location id */
+            memcpy(params + 104, &bytes, 8);
+            rc = mk(&g, 0);
+            if (!rc) rc = add(&node, g, NULL, 0, params);
+            if (!rc) rc = inst(&exec, g, 0);
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)exec));
+        } else if (!strcmp(c, "glaunch") || !strcmp(c, "gupload")) {
+            FN(la, CUresult (*)(void *, void *), "cuGraphLaunch", 10000, flags ? "cuGraphLaunch_ptsz" : "cuGraphLaunch");
+            FN(up, CUresult (*)(void *, void *), "cuGraphUpload", 11010, flags ? "cuGraphUpload_ptsz" : "cuGraphUpload");
+            void *e = (void *)(uintptr_t)ids[ARG(1)];
+            rc = !strcmp(c, "glaunch") ? la(e, NULL) : up(e, NULL);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "gtrim")) {
+            FN(trim, CUresult (*)(int), "cuDeviceGraphMemTrim", 11040, "cuDeviceGraphMemTrim");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            int dev = 0;
+            getdev(&dev);
+            rc = trim(dev);
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "free") || !strcmp(c, "freeasync") || !strcmp(c, "release") || !strcmp(c, "destroy")) {
+            u64 v = ids[ARG(1)];
+            if (!strcmp(c, "free")) {
+                FN(f, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+                rc = f(v);
+            } else if (!strcmp(c, "freeasync")) {
+                FN(f, CUresult (*)(u64, void *), "cuMemFreeAsync", 11020, flags ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
+                rc = f(v, NULL);
+            } else if (!strcmp(c, "release")) {
+                FN(f, CUresult (*)(u64), "cuMemRelease", 10020, "cuMemRelease");
+                rc = f(v);
+            } else {
+                FN(f, CUresult (*)(void *), "cuArrayDestroy", 2000, "cuArrayDestroy");
+                rc = f((void *)(uintptr_t)v);
+            }
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "fill")) {
+            FN(f, CUresult (*)(u64, unsigned char, size_t), "cuMemsetD8", 3020, "cuMemsetD8_v2");
+            rc = f(ids[ARG(1)], 0xAB, ARG(2));
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "sync")) {
+            FN(f, CUresult (*)(void), "cuCtxSynchronize", 2000, "cuCtxSynchronize");
+            rc = f();
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "trim")) {
+            FN(f, CUresult (*)(void *, size_t), "cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo");
+            rc = pool ? f(pool, ARG(1)) : 1;
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "meminfo")) {
+            FN(f, CUresult (*)(size_t *, size_t *), "cuMemGetInfo", 3020, "cuMemGetInfo_v2");
+            size_t fr = 0, to = 0;
+            rc = f(&fr, &to);
+            if (rc) printf("err %d\n", rc); else printf("ok %zu %zu\n", fr, to);
+        } else if (!strcmp(c, "total")) {
+            FN(f, CUresult (*)(size_t *, int), "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2");
+            size_t to = 0;
+            rc = f(&to, (int)ARG(1));
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %zu\n", to);
+        } else if (!strcmp(c, "sleep")) {
+            usleep((useconds_t)ARG(1) * 1000);
+            i += 1;
+            printf("ok\n");
+        } else if (!strcmp(c, "hold")) {
+            printf("holding\n");
+            for (;;) pause();
+        } else if (!strcmp(c, "random")) {
+            FN(al, CUresult (*)(u64 *, size_t), "cuMemAlloc", 3020, "cuMemAlloc_v2");
+            FN(fr, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+            u64 live[64]; int nlive = 0; u64 allocs = 0, refused = 0;
+            struct timespec t0, t;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            unsigned seed = (unsigned)getpid() ^ (unsigned)t0.tv_nsec;
+            u64 secs = ARG(1), max = ARG(2);
+            i += 2;
+            do {
+                if (nlive < 64 && (nlive == 0 || rand_r(&seed) % 2)) {
+                    u64 p;
+                    if (al(&p, 1 + (u64)rand_r(&seed) % max) == 0) { live[nlive++] = p; allocs++; }
+                    else refused++;
+                } else {
+                    int k = rand_r(&seed) % nlive;
+                    fr(live[k]);
+                    live[k] = live[--nlive];
+                }
+                clock_gettime(CLOCK_MONOTONIC, &t);
+            } while ((u64)(t.tv_sec - t0.tv_sec) < secs);
+            while (nlive) fr(live[--nlive]);
+            printf("ok %llu %llu\n", allocs, refused);
+        } else if (!strncmp(c, "bench-", 6) || !strcmp(c, "spawn")) {
+            /* Timing loops: "ok <wall ns per op> <cpu ns per op>". */
+            u64 n = ARG(1);
+            struct timespec w0, w1, c0, c1;
+            FN(al, CUresult (*)(u64 *, size_t), "cuMemAlloc", 3020, "cuMemAlloc_v2");
+            FN(fr, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+            FN(la, CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **),
+               "cuLaunchKernel", 4000, "cuLaunchKernel");
+            FN(mi, CUresult (*)(size_t *, size_t *), "cuMemGetInfo", 3020, "cuMemGetInfo_v2");
+            clock_gettime(CLOCK_MONOTONIC, &w0);
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+            for (u64 k = 0; k < n; k++) {
+                if (!strcmp(c, "bench-pair")) {
+                    u64 p;
+                    if (al(&p, 4096) || fr(p)) { printf("err\n"); return 1; }
+                } else if (!strcmp(c, "bench-launch")) {
+                    la(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                } else if (!strcmp(c, "bench-meminfo")) {
+                    size_t f, t;
+                    mi(&f, &t);
+                } else {
+                    pid_t pid = fork();
+                    if (pid == 0) { execl(argv[i + 2], argv[i + 2], (char *)NULL); _exit(127); }
+                    int st;
+                    waitpid(pid, &st, 0);
+                }
+            }
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+            clock_gettime(CLOCK_MONOTONIC, &w1);
+            i += strcmp(c, "spawn") ? 1 : 2;
+            double wall = (w1.tv_sec - w0.tv_sec) * 1e9 + (w1.tv_nsec - w0.tv_nsec);
+            double cpu = (c1.tv_sec - c0.tv_sec) * 1e9 + (c1.tv_nsec - c0.tv_nsec);
+            printf("ok %.1f %.1f\n", wall / (double)n, cpu / (double)n);
+        } else if (!strcmp(c, "lookup")) {
+            void *(*direct)(const char *, int, u64) = (void *(*)(const char *, int, u64))dlsym(lib, "fakecuda_lookup");
+            const char *(*name_of)(const void *) = (const char *(*)(const void *))dlsym(lib, "fakecuda_symbol_of");
+            if (!direct || !name_of) return 4;
+            FILE *in = fopen(argv[i + 1], "r");
+            if (!in) return 4;
+            char line[512];
+            i += 1;
+            while (fgets(line, sizeof line, in)) {
+                char src[64], sym[128] = "", exp[128];
+                int ver; u64 fl;
+                line[strcspn(line, "\n")] = 0;
+                /* source, symbol (may be empty), version, flags, expected */
+                char *f[5]; int n = 0;
+                for (char *s = line, *tab; n < 5; s = tab + 1) {
+                    f[n++] = s;
+                    tab = strchr(s, '\t');
+                    if (!tab) break;
+                    *tab = 0;
+                }
+                if (n < 5 || !strcmp(f[0], "source")) continue;
+                snprintf(src, sizeof src, "%s", f[0]);
+                snprintf(sym, sizeof sym, "%s", f[1]);
+                ver = atoi(f[2]); fl = strtoull(f[3], NULL, 10);
+                snprintf(exp, sizeof exp, "%s", f[4]);
+                void *p = NULL;
+                gpa(sym, &p, ver, fl, NULL);
+                void *d = direct(sym, ver, fl);
+                Dl_info info;
+                char got[256], own[256];
+                if (!p) snprintf(got, sizeof got, "null");
+                else if (name_of(p)) snprintf(got, sizeof got, "driver:%s", name_of(p));
+                else if (dladdr(p, &info) && info.dli_sname) snprintf(got, sizeof got, "hook:%s", info.dli_sname);
+                else snprintf(got, sizeof got, "unknown");
+                snprintf(own, sizeof own, "%s", d ? name_of(d) : "null");
+                printf("%s\t%s\t%d\t%llu\t%s\t%s\t%s\n", src, sym, ver, fl, exp, got, own);
+            }
+            fclose(in);
+        } else {
+            fprintf(stderr, "client: unknown command %s\n", c);
+            return 2;
+        }
+    }
+    return 0;
+}

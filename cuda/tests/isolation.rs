@@ -1,0 +1,504 @@
+//! Budgets across processes, claims and tenants: shared budgets across PID
+//! namespaces, dead processes, forged files, merged claims and environment tricks.
+//! Each case runs in its own mount namespace; verdicts come from the fake driver's
+//! ledger.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const OOM: &str = "err 2";
+
+fn one_gpu(budget: u64) -> Sandbox {
+    Sandbox::new(
+        &[(GPU0, 80 << 30)],
+        vec![ClaimSpec::new("claim-a", &[(GPU0, budget)])],
+    )
+}
+
+/// Every lookup of tests/data/gpa-lookups.tsv, made through the preloaded library
+/// against the fake driver: a variant the library intercepts comes back as the
+/// library's hook of exactly that variant; every other answer is the driver's own
+/// pointer (or NULL), unchanged. The fake's own table must agree with the expected
+/// variant wherever it implements the name, which checks the data from both sides.
+#[test]
+fn recorded_lookups_get_the_right_variant_through_the_library() {
+    if !require("lookups") {
+        return;
+    }
+    let sb = one_gpu(10 * MIB);
+    let tsv = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gpa-lookups.tsv");
+    let out = sb.client(&opts(), &["lookup", tsv]);
+    assert!(out.len() > 1900, "only {} rows", out.len());
+    let hooks = [
+        "cuGetProcAddress",
+        "cuGetProcAddress_v2",
+        "cuInit",
+        "cuMemAlloc_v2",
+        "cuMemAllocPitch_v2",
+        "cuMemAllocManaged",
+        "cuMemFree_v2",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuMemFreeAsync",
+        "cuMemFreeAsync_ptsz",
+        "cuMemPoolTrimTo",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuArrayCreate_v2",
+        "cuArray3DCreate_v2",
+        "cuArrayDestroy",
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayDestroy",
+        "cuCtxSetLimit",
+        "cuGraphAddMemAllocNode",
+        "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz",
+        "cuGraphUpload",
+        "cuGraphUpload_ptsz",
+        "cuGraphLaunch",
+        "cuGraphLaunch_ptsz",
+        "cuGraphExecDestroy",
+        "cuDeviceGraphMemTrim",
+        "cuMemGetInfo_v2",
+        "cuDeviceTotalMem_v2",
+    ];
+    let (mut hooked, mut passed) = (0, 0);
+    for row in &out {
+        let f: Vec<&str> = row.split('\t').collect();
+        assert_eq!(f.len(), 7, "{row}");
+        let (ver, expected, got, own) = (f[2].parse::<i32>().unwrap(), f[4], f[5], f[6]);
+        if ver > 13050 {
+            assert_eq!(
+                (got, own),
+                ("null", "null"),
+                "above the driver's version: {row}"
+            );
+            continue;
+        }
+        if own != "null" && expected != "driver" {
+            assert_eq!(own, expected, "the fake disagrees with the table: {row}");
+        }
+        if hooks.contains(&expected) && own != "null" {
+            assert_eq!(got, format!("hook:{expected}"), "{row}");
+            hooked += 1;
+        } else {
+            let want = if own == "null" {
+                "null".to_string()
+            } else {
+                format!("driver:{own}")
+            };
+            assert_eq!(got, want, "passed through unchanged: {row}");
+            passed += 1;
+        }
+    }
+    assert!(
+        hooked > 50 && passed > 1000,
+        "{hooked} hooked, {passed} passed"
+    );
+}
+
+/// Two processes in separate PID namespaces (each with its own /proc, so both may be
+/// PID 1) charge one region and share one budget.
+#[test]
+fn processes_in_separate_pid_namespaces_share_one_budget() {
+    if !require("pidns") {
+        return;
+    }
+    let sb = one_gpu(10 * MIB);
+    let o = RunOpts {
+        pidns: true,
+        ..opts()
+    };
+    let (a, got) = sb.spawn_client(&o, &["ctx", "0", "alloc", "6291456", "hold"], 3);
+    assert_eq!(got, ["ok", "ok 0", "holding"]);
+    let out = sb.client(&o, &["ctx", "0", "alloc", "6291456", "alloc", "4194304"]);
+    drop(a);
+    assert_eq!(out, ["ok", OOM, "ok 0"]);
+    assert!(sb.ledger().peak[0] <= 10 * MIB);
+}
+
+/// Claim files a tenant creates in a writable place (here: plain files in the
+/// container's /run) count for nothing, even with a larger budget for the same GPU.
+#[test]
+fn forged_limits_in_a_writable_location_change_nothing() {
+    if !require("forged") {
+        return;
+    }
+    let forged = Sandbox::new(
+        &[(GPU0, 80 << 30)],
+        vec![ClaimSpec::new("forged", &[(GPU0, 1 << 30)])],
+    );
+    let sb = one_gpu(4 * MIB);
+    let src = forged.dir.path().join("claims/forged");
+    let o = RunOpts {
+        extra_script: format!(
+            "mkdir -p /run/tessera/claims/forged\ncp {0}/limits {0}/control {0}/region /run/tessera/claims/forged/\n\
+             cp {0}/limits /run/tessera/claims/zz-limits\n",
+            src.display()
+        ),
+        ..opts()
+    };
+    let out = sb.client(&o, &["ctx", "0", "alloc", "6291456", "meminfo"]);
+    assert_eq!(
+        out,
+        [
+            "ok".to_string(),
+            OOM.to_string(),
+            format!("ok {} {}", 4 * MIB, 4 * MIB)
+        ]
+    );
+    // Writing the real, read-only limits fails.
+    let o = RunOpts {
+        extra_script: "echo 'gpu x 1' >> /run/tessera/claims/claim-a/limits && exit 9 || true\n"
+            .into(),
+        ..opts()
+    };
+    assert_eq!(
+        sb.client(&o, &["ctx", "0", "alloc", "6291456"]),
+        ["ok", OOM]
+    );
+}
+
+/// A process that never calls CUDA opens no region and takes no slot; a CUDA
+/// process does take one (flagged "no CUDA call yet" until it allocates).
+#[test]
+fn a_non_cuda_process_takes_no_slot() {
+    if !require("non-cuda") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    let out = sb
+        .command(
+            &opts(),
+            std::path::Path::new("/bin/sh"),
+            &["-c", "cat /etc/ld.so.preload; ls / >/dev/null"],
+        )
+        .output()
+        .expect("sh");
+    assert!(out.status.success());
+    assert_eq!(lines(&out.stdout), [PRELOAD_PATH]);
+    assert!(sb.region("claim-a").slots.is_empty(), "a slot was taken");
+    let (a, got) = sb.spawn_client(&opts(), &["ctx", "0", "hold"], 2);
+    assert_eq!(got, ["ok", "holding"]);
+    let slots = sb.region("claim-a").slots;
+    drop(a);
+    assert_eq!(slots.len(), 1);
+    assert_eq!(slots[0].flags, tessera_abi::region::FLAG_NO_CUDA);
+}
+
+/// 16 processes allocating and freeing at random for 10 s never hold more than the
+/// budget at once, by the driver's ledger.
+#[test]
+fn sixteen_processes_at_random_never_exceed_the_budget() {
+    if !require("stress") {
+        return;
+    }
+    let budget = 64 * MIB;
+    let sb = one_gpu(budget);
+    let kids: Vec<_> = (0..16)
+        .map(|_| {
+            sb.command(
+                &opts(),
+                &artifacts().client,
+                &["gpa", "ctx", "0", "random", "10", "8388608"],
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn")
+        })
+        .collect();
+    let (mut allocs, mut refused) = (0u64, 0u64);
+    for k in kids {
+        let out = k.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let l = lines(&out.stdout);
+        let f: Vec<u64> = l[1]
+            .split(' ')
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        allocs += f[0];
+        refused += f[1];
+    }
+    let l = sb.ledger();
+    eprintln!(
+        "16 processes: {allocs} allocations, {refused} refusals, ledger peak {} of {budget}",
+        l.peak[0]
+    );
+    assert!(
+        l.peak[0] <= budget,
+        "ledger peak {} > budget {budget}",
+        l.peak[0]
+    );
+    assert!(
+        allocs > 1000 && refused > 0,
+        "the budget was never contended"
+    );
+    assert_eq!(l.used[0], 0);
+    assert_eq!(sb.region("claim-a").gpus[0].used, 0);
+}
+
+/// A process SIGKILLed in the middle of an allocation (the driver holds the memory,
+/// the region holds the reservation) gives the budget back within 1 s.
+#[test]
+fn sigkill_mid_allocation_releases_within_a_second() {
+    if !require("sigkill") {
+        return;
+    }
+    let sb = one_gpu(10 * MIB);
+    let slow = RunOpts {
+        env: vec![("FAKE_CUDA_ALLOC_DELAY_MS".into(), "60000".into())],
+        ..opts()
+    };
+    let (mut a, got) = sb.spawn_client(&slow, &["ctx", "0", "alloc", "10485760"], 1);
+    assert_eq!(got, ["ok"]);
+    let t = Instant::now();
+    while sb.ledger().live[0] < 10 * MIB {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the allocation never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(sb.region("claim-a").gpus[0].used, 10 * MIB);
+    a.kill_now();
+    let killed = Instant::now();
+    let out = sb.client(&opts(), &["ctx", "0", "alloc", "10485760"]);
+    let took = killed.elapsed();
+    assert_eq!(
+        out,
+        ["ok", "ok 0"],
+        "the dead process's reservation was not returned"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+}
+
+/// Two claims budgeting the same GPU merge by UUID (charged in claim-UID order, the
+/// first with room for the whole allocation); a GPU no claim budgets stays free, and
+/// the budget follows the UUID when CUDA_VISIBLE_DEVICES reorders ordinals.
+#[test]
+fn two_claims_merge_by_uuid_and_an_unbudgeted_gpu_stays_free() {
+    if !require("merge") {
+        return;
+    }
+    let sb = Sandbox::new(
+        &[(GPU0, 80 << 30), (GPU1, 80 << 30)],
+        vec![
+            ClaimSpec::new("claim-b", &[(GPU0, 6 * MIB)]),
+            ClaimSpec::new("claim-a", &[(GPU0, 4 * MIB)]),
+        ],
+    );
+    let out = sb.client(
+        &opts(),
+        &[
+            "ctx",
+            "0",
+            "meminfo",
+            "alloc",
+            "6291456",
+            "alloc",
+            "4194304",
+            "alloc",
+            "1",
+            "ctx",
+            "1",
+            "alloc",
+            "1073741824",
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "ok".to_string(),
+            format!("ok {} {}", 10 * MIB, 10 * MIB),
+            "ok 0".to_string(),
+            "ok 1".to_string(),
+            OOM.to_string(),
+            "ok".to_string(),
+            "ok 2".to_string(),
+        ]
+    );
+    // 6 MiB did not fit claim-a (first by UID), so it went to claim-b; 4 MiB to claim-a.
+    assert_eq!(sb.region("claim-a").gpus[0].used, 4 * MIB);
+    assert_eq!(sb.region("claim-b").gpus[0].used, 6 * MIB);
+    assert_eq!(sb.ledger().peak[1], 1 << 30);
+
+    let sb = Sandbox::new(
+        &[(GPU0, 80 << 30), (GPU1, 80 << 30)],
+        vec![ClaimSpec::new("claim-a", &[(GPU0, 4 * MIB)])],
+    );
+    let o = RunOpts {
+        env: vec![("CUDA_VISIBLE_DEVICES".into(), "1,0".into())],
+        ..opts()
+    };
+    let out = sb.client(
+        &o,
+        &[
+            "ctx", "0", "alloc", "8388608", "ctx", "1", "alloc", "8388608",
+        ],
+    );
+    assert_eq!(out, ["ok", "ok 0", "ok", OOM]);
+}
+
+/// With scrubOnFree the freed memory is zero when the driver gets it back; without
+/// it, the tenant's bytes are still there (which shows the fake's check works).
+#[test]
+fn scrub_on_free_zeroes_freed_memory() {
+    if !require("scrub") {
+        return;
+    }
+    for scrub in [true, false] {
+        let mut c = ClaimSpec::new("claim-a", &[(GPU0, 8 * MIB)]);
+        c.scrub = scrub;
+        let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+        let o = RunOpts {
+            env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
+            ..opts()
+        };
+        let out = sb.client(
+            &o,
+            &[
+                "ctx", "0", "alloc", "1048576", "fill", "0", "1048576", "free", "0",
+            ],
+        );
+        assert_eq!(out, ["ok", "ok 0", "ok", "ok"]);
+        let l = sb.ledger();
+        assert_eq!(
+            (l.scrub_clean[0], l.scrub_dirty[0]),
+            if scrub { (1, 0) } else { (0, 1) }
+        );
+    }
+}
+
+/// None of these tenant changes turns enforcement off: an empty or different
+/// LD_PRELOAD, LD_LIBRARY_PATH naming another copy of libcuda, CUDA_* and TESSERA_*
+/// variables, CUDA_DISABLE_CONTROL=true; through either loading path.
+#[test]
+fn tenant_environment_tricks_do_not_disable_enforcement() {
+    if !require("env") {
+        return;
+    }
+    let art = artifacts();
+    let other = art.other_fake_dir.display().to_string();
+    let tricks: Vec<Vec<(&str, String)>> = vec![
+        vec![("LD_PRELOAD", String::new())],
+        vec![("LD_PRELOAD", "libm.so.6".into())],
+        vec![("LD_LIBRARY_PATH", other)],
+        vec![("CUDA_DISABLE_CONTROL", "true".into())],
+        vec![
+            ("TESSERA_DISABLE", "1".into()),
+            ("TESSERA_LIMITS", "/dev/null".into()),
+        ],
+        vec![
+            ("CUDA_DEVICE_MEMORY_LIMIT", "80g".into()),
+            ("CUDA_MODULE_LOADING", "LAZY".into()),
+        ],
+    ];
+    for mode in ["gpa", "dlsym"] {
+        for t in &tricks {
+            let sb = one_gpu(4 * MIB);
+            let o = RunOpts {
+                env: t.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+                mode: Some(mode),
+                ..opts()
+            };
+            let out = sb.client(&o, &["ctx", "0", "alloc", "6291456", "alloc", "4194304"]);
+            assert_eq!(out, ["ok", OOM, "ok 0"], "{mode} {t:?}");
+            assert!(sb.ledger().peak[0] <= 4 * MIB, "{mode} {t:?}");
+        }
+    }
+}
+
+/// When every slot of a claim is taken, a new process fails closed: allocations on
+/// the claim's GPUs are refused, and it says why once.
+#[test]
+fn a_process_without_a_slot_fails_closed() {
+    if !require("fail-closed") {
+        return;
+    }
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
+    c.slots = 1;
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+    let (a, got) = sb.spawn_client(&opts(), &["ctx", "0", "hold"], 2);
+    assert_eq!(got, ["ok", "holding"]);
+    let out = sb.client_output(&opts(), &["ctx", "0", "alloc", "1", "alloc", "1"]);
+    drop(a);
+    assert_eq!(lines(&out.stdout), ["ok", OOM, OOM]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("every process slot is in use").count(),
+        1,
+        "{err}"
+    );
+    // Once the holder is gone its slot is reclaimed for the next process.
+    assert_eq!(
+        sb.client(&opts(), &["ctx", "0", "alloc", "1"]),
+        ["ok", "ok 0"]
+    );
+}
+
+/// Other libraries' `dlsym(RTLD_NEXT, …)` still resolves relative to *them* under
+/// the preloaded library (its `dlsym` is a trampoline that keeps the caller's return
+/// address): a getenv shim loaded after the library finds libc's getenv, not itself.
+#[test]
+fn other_libraries_rtld_next_still_finds_the_next_object() {
+    if !require("rtld-next") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    let dir = sb.dir.path().join("shim");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let fakes = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
+    let shim = dir.join("librtldshim.so");
+    let main = dir.join("rtld_next_main");
+    let cc = |args: &[&str]| {
+        let out = std::process::Command::new("cc")
+            .args(args)
+            .output()
+            .expect("cc");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        shim.to_str().expect("utf-8"),
+        &format!("{fakes}/rtld_next_shim.c"),
+        "-ldl",
+    ]);
+    cc(&[
+        "-o",
+        main.to_str().expect("utf-8"),
+        &format!("{fakes}/rtld_next_main.c"),
+        &format!("-L{}", dir.display()),
+        "-lrtldshim",
+        &format!("-Wl,-rpath,{}", dir.display()),
+    ]);
+    let o = RunOpts {
+        env: vec![("RTLD_NEXT_TEST".into(), "libc".into())],
+        ..opts()
+    };
+    let out = sb.command(&o, &main, &[]).output().expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&out.stdout), ["via-shim libc"]);
+}

@@ -1,0 +1,514 @@
+//! Test harness for the interception library: builds the fake driver and the C client
+//! with the system compiler, lays out per-claim files in a temp dir, and runs each
+//! case in its own mount namespace (`unshare -m`, plus `-p -f --mount-proc` when
+//! asked) where the files are bind-mounted as the plugin mounts them in production:
+//! `limits` and `control` read-only, `region` read-write under
+//! `/run/tessera/claims/<uid>/`, the library directory read-only at
+//! `/usr/local/tessera/lib`, and `/etc/ld.so.preload` (in an overlay of `/etc`)
+//! naming the library. Nothing touches the host's paths, so cases run in parallel.
+//!
+//! Verdicts come from the fake driver's ledger (device memory it really handed
+//! out), not from the library's own counters.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use tessera_abi::control::{self, GpuControl};
+use tessera_abi::limits::Limits;
+use tessera_abi::region::{self, Snapshot};
+
+pub const MIB: u64 = 1 << 20;
+pub const GPU0: &str = "GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10";
+pub const GPU1: &str = "GPU-9a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9";
+pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
+
+const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
+const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
+
+/// Reports a skipped test on the terminal (written to fd 2 directly, so that the
+/// test harness's output capture does not hide it): `tessera-cuda SKIP <test>: <why>`.
+/// Grep for that prefix for the run's summary of skips.
+pub fn skip(msg: String) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "tessera-cuda SKIP {msg}");
+}
+
+/// A missing prerequisite: skipped locally, a failure when `CI` is set.
+pub fn require(test: &str) -> bool {
+    let missing = prerequisites();
+    match missing {
+        None => true,
+        Some(why) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("{test}: prerequisite missing under CI: {why}");
+            }
+            skip(format!("{test}: {why}"));
+            false
+        }
+    }
+}
+
+fn prerequisites() -> Option<String> {
+    static P: OnceLock<Option<String>> = OnceLock::new();
+    P.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Some("needs root for unshare -m and mounts".into());
+        }
+        for (prog, arg) in [("unshare", "--version"), ("cc", "--version")] {
+            if Command::new(prog).arg(arg).output().is_err() {
+                return Some(format!("`{prog}` not found"));
+            }
+        }
+        None
+    })
+    .clone()
+}
+
+/// The built fixtures, shared by all tests of one binary.
+pub struct Artifacts {
+    /// Directory holding only `libtessera_cuda.so` (mounted at /usr/local/tessera/lib).
+    pub lib_dir: PathBuf,
+    /// Directory holding the fake `libcuda.so.1`.
+    pub fake_dir: PathBuf,
+    /// A second copy of the fake, for the LD_LIBRARY_PATH trick.
+    pub other_fake_dir: PathBuf,
+    pub client: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+fn cc(args: &[&str]) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut words = cc.split_whitespace();
+    let out = Command::new(words.next().unwrap_or("cc"))
+        .args(words)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    assert!(
+        out.status.success(),
+        "cc {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds the fake driver (`-Bsymbolic-functions`, as facts B6 require) and the client,
+/// and finds the library cargo built.
+pub fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(|| {
+        let tmp = tempfile::Builder::new()
+            .prefix("tessera-cuda-fixtures")
+            .tempdir()
+            .expect("temp dir");
+        let root = tmp.path();
+        let (lib_dir, fake_dir, other) = (root.join("lib"), root.join("fake"), root.join("other"));
+        for d in [&lib_dir, &fake_dir, &other] {
+            fs::create_dir_all(d).expect("mkdir");
+        }
+        let fake = fake_dir.join("libcuda.so.1");
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wl,-Bsymbolic-functions",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            fake.to_str().expect("utf-8 path"),
+            FAKE_SRC,
+        ]);
+        fs::copy(&fake, other.join("libcuda.so.1")).expect("copy fake");
+        let client = root.join("cuda_client");
+        cc(&[
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            client.to_str().expect("utf-8 path"),
+            CLIENT_SRC,
+            "-ldl",
+        ]);
+        let built = built_library();
+        fs::copy(&built, lib_dir.join("libtessera_cuda.so")).expect("copy library");
+        Artifacts {
+            lib_dir,
+            fake_dir,
+            other_fake_dir: other,
+            client,
+            _tmp: tmp,
+        }
+    })
+}
+
+/// Builds `libtessera_cuda.so` with the cargo running the tests, into a target
+/// directory of its own: integration tests do not link a cdylib, so cargo does not
+/// rebuild it for them, and the outer build directory stays locked while tests run.
+pub fn built_library() -> PathBuf {
+    built_library_with("debug", &[])
+}
+
+/// As [`built_library`], in `profile` ("debug" or "release" with `--release`).
+pub fn built_library_with(profile: &str, extra: &[&str]) -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-cuda-lib");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "build",
+            "--offline",
+            "--lib",
+            "-p",
+            "tessera-cuda",
+            "--manifest-path",
+        ])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .args(extra)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
+    assert!(
+        out.status.success(),
+        "building the library failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = target.join(profile).join("libtessera_cuda.so");
+    assert!(lib.exists(), "{} missing after the build", lib.display());
+    lib
+}
+
+/// One claim's files as the plugin writes them.
+#[derive(Clone)]
+pub struct ClaimSpec {
+    pub uid: String,
+    pub scrub: bool,
+    pub gpus: Vec<(String, u64)>,
+    pub slots: u32,
+}
+
+impl ClaimSpec {
+    pub fn new(uid: &str, gpus: &[(&str, u64)]) -> Self {
+        ClaimSpec {
+            uid: uid.into(),
+            scrub: false,
+            gpus: gpus.iter().map(|(u, b)| (u.to_string(), *b)).collect(),
+            slots: 32,
+        }
+    }
+}
+
+/// How a case's process is started.
+#[derive(Default, Clone)]
+pub struct RunOpts {
+    /// Own PID namespace with its own /proc.
+    pub pidns: bool,
+    /// Extra environment (the tenant's).
+    pub env: Vec<(String, String)>,
+    /// Shell run after the claim mounts, before the preload is in place.
+    pub extra_script: String,
+    /// The client's loading mode: gpa (default), gpa-ptds or dlsym.
+    pub mode: Option<&'static str>,
+    /// A directory holding another build of `libtessera_cuda.so` to mount instead.
+    pub lib_dir: Option<PathBuf>,
+}
+
+/// A simulated node: fake GPUs, a ledger, and claim files.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub claims: Vec<ClaimSpec>,
+    pub devices: Vec<(String, u64)>,
+}
+
+pub const LEDGER_SIZE: usize = 65536;
+
+impl Sandbox {
+    pub fn new(devices: &[(&str, u64)], claims: Vec<ClaimSpec>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for c in &claims {
+            let d = dir.path().join("claims").join(&c.uid);
+            fs::create_dir_all(&d).expect("mkdir");
+            let limits = Limits::merged(&c.uid, c.scrub, c.gpus.clone()).expect("limits");
+            fs::write(d.join("limits"), limits.render()).expect("limits");
+            let uuids: Vec<&str> = limits.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            let ctl: Vec<GpuControl> = limits
+                .gpus
+                .iter()
+                .map(|g| GpuControl {
+                    uuid: g.uuid.clone(),
+                    share: 0,
+                    compute_limit: 100,
+                    launch_rate: 0,
+                    updates: 0,
+                })
+                .collect();
+            fs::write(
+                d.join("control"),
+                control::initial_bytes(&ctl).expect("control"),
+            )
+            .expect("control");
+            fs::write(
+                d.join("region"),
+                region::initial_bytes(&uuids, c.slots).expect("region"),
+            )
+            .expect("region");
+        }
+        let mut ledger = vec![0u8; LEDGER_SIZE];
+        ledger[..8].copy_from_slice(b"FAKECUDA");
+        fs::write(dir.path().join("ledger"), ledger).expect("ledger");
+        fs::write(
+            dir.path().join("ld.so.preload"),
+            format!("{PRELOAD_PATH}\n"),
+        )
+        .expect("preload");
+        Sandbox {
+            dir,
+            claims,
+            devices: devices.iter().map(|(u, b)| (u.to_string(), *b)).collect(),
+        }
+    }
+
+    fn script(&self, opts: &RunOpts) -> String {
+        let root = self.dir.path().display();
+        let art = artifacts();
+        let mut s = String::from("set -e\nmount -t tmpfs tmpfs /run\n");
+        for c in &self.claims {
+            let t = format!("/run/tessera/claims/{}", c.uid);
+            s += &format!("mkdir -p {t}\n");
+            for (f, ro) in [("limits", true), ("control", true), ("region", false)] {
+                s += &format!(
+                    "touch {t}/{f}\nmount --bind {root}/claims/{}/{f} {t}/{f}\n",
+                    c.uid
+                );
+                if ro {
+                    s += &format!("mount -o remount,bind,ro {t}/{f}\n");
+                }
+            }
+        }
+        s += &opts.extra_script;
+        s += &format!(
+            "\nmount -t tmpfs tmpfs /usr/local\nmkdir -p /usr/local/tessera/lib\n\
+             mount --bind {lib} /usr/local/tessera/lib\n\
+             mount -o remount,bind,ro /usr/local/tessera/lib\n\
+             mkdir -p {root}/etc-upper {root}/etc-work\n\
+             mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper,workdir={root}/etc-work /etc\n\
+             touch /etc/ld.so.preload\nmount --bind {root}/ld.so.preload /etc/ld.so.preload\n\
+             mount -o remount,bind,ro /etc/ld.so.preload\nexec \"$@\"\n",
+            lib = opts.lib_dir.as_ref().unwrap_or(&art.lib_dir).display()
+        );
+        s
+    }
+
+    /// The command for `program args` inside the sandbox.
+    pub fn command(&self, opts: &RunOpts, program: &Path, args: &[&str]) -> Command {
+        let art = artifacts();
+        let mut cmd = Command::new("unshare");
+        cmd.arg("-m");
+        if opts.pidns {
+            // --kill-child: killing unshare kills the namespace's PID 1 (the client).
+            cmd.args(["-p", "-f", "--mount-proc", "--kill-child"]);
+        }
+        cmd.arg("sh")
+            .arg("-c")
+            .arg(self.script(opts))
+            .arg("sh")
+            .arg(program)
+            .args(args);
+        let devices: Vec<String> = self
+            .devices
+            .iter()
+            .map(|(u, b)| format!("{u}:{b}"))
+            .collect();
+        cmd.env("FAKE_CUDA_DEVICES", devices.join(","))
+            .env("FAKE_CUDA_LEDGER", self.dir.path().join("ledger"))
+            .env("LD_LIBRARY_PATH", &art.fake_dir);
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Runs the client with `commands`; returns its stdout lines (and asserts it ran).
+    pub fn client(&self, opts: &RunOpts, commands: &[&str]) -> Vec<String> {
+        let out = self.client_output(opts, commands);
+        assert!(
+            out.status.success(),
+            "client {commands:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lines(&out.stdout)
+    }
+
+    pub fn client_output(&self, opts: &RunOpts, commands: &[&str]) -> Output {
+        let mut args = vec![opts.mode.unwrap_or("gpa")];
+        args.extend_from_slice(commands);
+        self.command(opts, &artifacts().client, &args)
+            .output()
+            .expect("run client")
+    }
+
+    /// Starts the client in the background; returns once it printed `wait_for` lines.
+    pub fn spawn_client(
+        &self,
+        opts: &RunOpts,
+        commands: &[&str],
+        wait_for: usize,
+    ) -> (Running, Vec<String>) {
+        let mut args = vec![opts.mode.unwrap_or("gpa")];
+        args.extend_from_slice(commands);
+        let mut child = self
+            .command(opts, &artifacts().client, &args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn client");
+        let mut got = Vec::new();
+        if wait_for > 0 {
+            let out = child.stdout.take().expect("stdout");
+            let mut r = BufReader::new(out);
+            while got.len() < wait_for {
+                let mut l = String::new();
+                if r.read_line(&mut l).unwrap_or(0) == 0 {
+                    break;
+                }
+                got.push(l.trim_end().to_string());
+            }
+            // Keep the pipe open (a closed pipe would kill a later print).
+            std::mem::forget(r);
+        }
+        (Running(child), got)
+    }
+
+    /// Replaces what `/etc/ld.so.preload` will say in the next runs (empty: no preload).
+    pub fn set_preload(&self, content: &str) {
+        fs::write(self.dir.path().join("ld.so.preload"), content).expect("preload");
+    }
+
+    /// The ledger as the fake driver keeps it.
+    pub fn ledger(&self) -> Ledger {
+        let path = self.dir.path().join("ledger");
+        let b = fs::read(&path).expect("ledger");
+        let f = fs::File::open(&path).expect("ledger");
+        let rd = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let mut l = Ledger::default();
+        for d in 0..8 {
+            let o = 64 + 64 * d;
+            l.used[d] = rd(o);
+            l.peak[d] = rd(o + 8);
+            l.scrub_clean[d] = rd(o + 16);
+            l.scrub_dirty[d] = rd(o + 24);
+        }
+        for r in 0..256 {
+            let o = 4096 + 128 * r;
+            if rd(o) == 0 {
+                continue;
+            }
+            let locked = tessera_abi::map::range_locked(&f, o as u64, 128).unwrap_or(false);
+            if locked {
+                for d in 0..8 {
+                    l.live[d] += rd(o + 8 + 8 * d);
+                }
+            }
+        }
+        l
+    }
+
+    /// The claim's region as the library left it.
+    pub fn region(&self, uid: &str) -> Snapshot {
+        let b = fs::read(self.dir.path().join("claims").join(uid).join("region")).expect("region");
+        Snapshot::parse(&b).expect("region parses")
+    }
+}
+
+/// A background client, SIGKILLed and reaped when dropped (also when a test fails).
+pub struct Running(Child);
+
+impl Running {
+    /// SIGKILL now and wait for the process to be gone.
+    pub fn kill_now(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+/// Device memory the fake driver handed out, per ledger device index.
+#[derive(Debug, Default, Clone)]
+pub struct Ledger {
+    /// Held now (including by processes that died: a real driver frees those, the
+    /// fake cannot, so see `live`).
+    pub used: [u64; 8],
+    /// The most ever held at once, across processes.
+    pub peak: [u64; 8],
+    /// Held by live processes.
+    pub live: [u64; 8],
+    pub scrub_clean: [u64; 8],
+    pub scrub_dirty: [u64; 8],
+}
+
+pub fn lines(b: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(b)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn opts() -> RunOpts {
+    RunOpts::default()
+}
+
+/// The directory `cuda/ci-setup.sh` filled with the pinned Python clients, if any.
+pub fn python_clients() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CUDA_TEST_PY").map(PathBuf::from)?;
+    dir.join("venv/bin/python").exists().then_some(dir)
+}
+
+/// Builds Foundation I's fake NVML (`tests/fakes/fake_nvml.c` at the workspace root)
+/// into the fake driver's directory, and writes a state file for `devices`.
+pub fn fake_nvml(state_dir: &Path, devices: &[(String, u64)]) {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let art = artifacts();
+    BUILT.get_or_init(|| {
+        let out = art.fake_dir.join("libnvidia-ml.so.1");
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-std=c11",
+            "-O1",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            out.to_str().expect("utf-8 path"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fakes/fake_nvml.c"),
+        ]);
+    });
+    let mut s = String::from(
+        "tessera-node-state 1\nsource 0\ndriver-version 580.65.06\ncuda-driver-version 13000\n\
+         major nvidia 195\nmajor nvidia-uvm 508\nmajor nvidia-caps 511\n",
+    );
+    for (i, (uuid, bytes)) in devices.iter().enumerate() {
+        s += &format!(
+            "gpu\nindex {i}\nminor {i}\nuuid {uuid}\nname NVIDIA H100 80GB HBM3\nbrand Nvidia\n\
+             architecture Hopper\nmemory {bytes}\nmultiprocessors 132\ncompute-capability 9.0\n\
+             pci-bus-id 0000:{:02x}:00.0\nmig-capable 0\nmig-enabled 0\nend\n",
+            0x19 + i
+        );
+    }
+    fs::create_dir_all(state_dir).expect("state dir");
+    fs::write(state_dir.join("mock-node.state"), s).expect("state file");
+}
