@@ -111,7 +111,25 @@ impl NodeModel {
         version: KubeVersion,
         features: ServerFeatures,
     ) -> Vec<ResourceSlice> {
-        slices::build_pool(
+        self.pool_with_health(
+            driver,
+            node_name,
+            version,
+            features,
+            &crate::devhealth::NodeHealth::default(),
+        )
+    }
+
+    /// The pool with the GPUs' health (see [`slices::build_pool_with_health`]).
+    pub fn pool_with_health(
+        &self,
+        driver: &str,
+        node_name: &str,
+        version: KubeVersion,
+        features: ServerFeatures,
+        health: &crate::devhealth::NodeHealth,
+    ) -> Vec<ResourceSlice> {
+        slices::build_pool_with_health(
             &PoolParams {
                 driver,
                 node_name,
@@ -123,6 +141,7 @@ impl NodeModel {
             &self.inventory,
             &self.gpus,
             &self.mig,
+            health,
         )
     }
 }

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -232,10 +232,10 @@ impl Publisher {
         Ok(dropped)
     }
 
-    /// Learns which gated fields the server keeps by creating two probe slices with
-    /// `dryRun=All` (nothing is stored): one with a counter set (DRAPartitionableDevices)
-    /// and one with a multi-allocatable device with a request policy
-    /// (DRAConsumableCapacity). Run before building the pool, so that Tessera publishes
+    /// Learns which gated fields the server keeps by creating three probe slices with
+    /// `dryRun=All` (nothing is stored): one with a counter set (DRAPartitionableDevices),
+    /// one with a multi-allocatable device with a request policy
+    /// (DRAConsumableCapacity), and one with a tainted device (DRADeviceTaints). Run before building the pool, so that Tessera publishes
     /// a layout the server keeps.
     pub async fn probe_features(&self) -> Result<ServerFeatures, PublishError> {
         let probe = |spec: ResourceSliceSpec| ResourceSlice {
@@ -312,6 +312,30 @@ impl Publisher {
             .as_ref()
             .and_then(|d| d.first())
             .is_some_and(|d| d.allow_multiple_allocations == Some(true));
+        let taints = probe(ResourceSliceSpec {
+            devices: Some(vec![Device {
+                name: "probe".into(),
+                taints: Some(vec![DeviceTaint {
+                    key: crate::devhealth::TAINT_KEY.into(),
+                    value: Some("probe".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let stored = self
+            .slices
+            .create(&dry, &taints)
+            .await
+            .map_err(api("dry-run create probe slice"))?;
+        let device_taints = stored
+            .spec
+            .devices
+            .as_ref()
+            .and_then(|d| d.first())
+            .is_some_and(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
         if !partitionable {
             info!(
                 kubernetes = %self.version,
@@ -321,6 +345,7 @@ impl Publisher {
         Ok(ServerFeatures {
             partitionable,
             consumable_capacity,
+            device_taints,
         })
     }
 

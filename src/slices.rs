@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::backend::{GpuInfo, MigStatus, NodeInventory};
 use crate::config::{GpuMode, ManagedGpu, SliceLayout};
+use crate::devhealth::NodeHealth;
 use crate::kubever::{FeatureGates, KubeVersion};
 use crate::mig::{GpuModel, MigProfile};
 use crate::naming;
@@ -43,6 +44,9 @@ pub struct ServerFeatures {
     pub partitionable: bool,
     /// `allowMultipleAllocations` and request policies (DRAConsumableCapacity).
     pub consumable_capacity: bool,
+    /// Device `taints` (DRADeviceTaints): unhealthy devices are tainted where the
+    /// server keeps taints, and left out of the pool where it drops them.
+    pub device_taints: bool,
 }
 
 impl ServerFeatures {
@@ -51,6 +55,7 @@ impl ServerFeatures {
         ServerFeatures {
             partitionable: gates.partitionable_devices(),
             consumable_capacity: gates.consumable_capacity(),
+            device_taints: gates.device_taints(),
         }
     }
 }
@@ -578,18 +583,42 @@ pub fn build_pool(
     gpus: &[ManagedGpu],
     mig: &BTreeMap<u32, MigStatus>,
 ) -> Vec<ResourceSlice> {
+    build_pool_with_health(params, inv, gpus, mig, &NodeHealth::default())
+}
+
+/// [`build_pool`] with the GPUs' health: every device of an unhealthy GPU carries the
+/// GPU's taint ([`crate::devhealth::Unhealthy::taint`]) when the server keeps taints;
+/// otherwise the GPU's devices and counter set are left out of the pool. A taint lowers
+/// the per-slice device limit to 64 on ≥1.35, so the pool may split differently.
+pub fn build_pool_with_health(
+    params: &PoolParams<'_>,
+    inv: &NodeInventory,
+    gpus: &[ManagedGpu],
+    mig: &BTreeMap<u32, MigStatus>,
+    health: &NodeHealth,
+) -> Vec<ResourceSlice> {
     let mut ordered: Vec<&ManagedGpu> = gpus.iter().collect();
     ordered.sort_by_key(|g| g.gpu.minor);
+    if !params.features.device_taints {
+        ordered.retain(|g| health.unhealthy(g.gpu.minor).is_none());
+    }
     let per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
         .iter()
         .map(|g| {
-            devices_for(
+            let (mut devices, set) = devices_for(
                 g,
                 inv,
                 mig.get(&g.gpu.minor),
                 params.features,
                 params.shared_slots,
-            )
+            );
+            if let Some(u) = health.unhealthy(g.gpu.minor) {
+                let taint = u.taint();
+                for d in &mut devices {
+                    d.taints.get_or_insert_with(Vec::new).push(taint.clone());
+                }
+            }
+            (devices, set)
         })
         .collect();
     let any_counters = per_gpu.iter().any(|(_, c)| c.is_some());
@@ -867,6 +896,7 @@ mod tests {
         let features = ServerFeatures {
             partitionable: false,
             consumable_capacity: false,
+            device_taints: false,
         };
         let (devs, set) = devices_for(&gpu, &inv, None, features, 5);
         assert!(set.is_none());
@@ -895,6 +925,106 @@ mod tests {
         assert_eq!(parse_slice_index("0000a-d.x-n-abcde", "d.x", "n"), Some(10));
         assert_eq!(parse_slice_index("n-d.x-abcde", "d.x", "n"), None);
         assert_eq!(parse_slice_index("0000a-d.x-other-abcde", "d.x", "n"), None);
+    }
+
+    fn exclusive_node(n: u32) -> (NodeInventory, Vec<ManagedGpu>) {
+        let node = MockNode::embedded_default().unwrap();
+        let mut inv = node.inventory();
+        let template = inv.gpus[2].clone();
+        inv.gpus = (0..n)
+            .map(|i| GpuInfo {
+                minor: i,
+                index: i,
+                uuid: format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
+                ..template.clone()
+            })
+            .collect();
+        let gpus = inv
+            .gpus
+            .iter()
+            .map(|g| ManagedGpu {
+                gpu: g.clone(),
+                mode: GpuMode::Exclusive,
+            })
+            .collect();
+        (inv, gpus)
+    }
+
+    fn health_with(events: &[(u32, crate::backend::HealthEventKind)]) -> NodeHealth {
+        let mut h = NodeHealth::default();
+        for (i, (minor, kind)) in events.iter().enumerate() {
+            h.apply(
+                &crate::backend::HealthEvent {
+                    seq: i as u64 + 1,
+                    minor: *minor,
+                    kind: *kind,
+                },
+                1_800_000_000,
+            );
+        }
+        h
+    }
+
+    /// One tainted GPU among 130 on 1.37: every slice drops to 64 devices, and only the
+    /// unhealthy GPU's device carries the taint.
+    #[test]
+    fn a_taint_resplits_a_large_pool_at_64() {
+        let (inv, gpus) = exclusive_node(130);
+        let version = KubeVersion::NEWEST;
+        let params = PoolParams {
+            driver: "gpu.tessera.dev",
+            node_name: "n",
+            version,
+            features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
+            layout: SliceLayout::Auto,
+            shared_slots: 4,
+        };
+        let health = health_with(&[(77, crate::backend::HealthEventKind::Xid(79))]);
+        let slices = build_pool_with_health(&params, &inv, &gpus, &BTreeMap::new(), &health);
+        let sizes: Vec<_> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [64, 64, 2]);
+        let tainted: Vec<_> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter(|d| d.taints.is_some())
+            .collect();
+        assert_eq!(tainted.len(), 1);
+        assert_eq!(tainted[0].name, "gpu-77");
+        let t = &tainted[0].taints.as_ref().unwrap()[0];
+        assert_eq!(
+            (t.key.as_str(), t.value.as_deref(), t.effect.as_str()),
+            ("gpu.tessera.dev/unhealthy", Some("xid-79"), "NoExecute")
+        );
+    }
+
+    /// On 1.35 defaults (taints dropped) an unhealthy GPU's devices are left out: here
+    /// the shared gpu-1's four slots.
+    #[test]
+    fn without_taints_unhealthy_gpus_are_left_out() {
+        let node = MockNode::embedded_default().unwrap();
+        let inv = node.inventory();
+        let gpus = node
+            .embedded_config()
+            .unwrap()
+            .unwrap()
+            .resolve(&inv, "t")
+            .unwrap();
+        let version = KubeVersion::new(35).unwrap();
+        let params = PoolParams {
+            driver: "gpu.tessera.dev",
+            node_name: "n",
+            version,
+            features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
+            layout: SliceLayout::Auto,
+            shared_slots: 4,
+        };
+        assert!(!params.features.device_taints);
+        let health = health_with(&[(1, crate::backend::HealthEventKind::Lost)]);
+        let slices = build_pool_with_health(&params, &inv, &gpus, &BTreeMap::new(), &health);
+        assert_eq!(device_names(&slices[0]), ["gpu-0", "gpu-2", "gpu-3"]);
     }
 
     /// A pool larger than the per-slice limit splits across slices.

@@ -47,6 +47,7 @@ fn pool(
             features: ServerFeatures {
                 partitionable,
                 consumable_capacity: true,
+                device_taints: false,
             },
             layout,
             shared_slots: 4,
