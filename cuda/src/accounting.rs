@@ -248,7 +248,8 @@ impl State {
                             bytes,
                         });
                     }
-                    Err(Refusal::OverBudget) | Err(Refusal::OutOfRange) => {}
+                    // Not this claim: over its budget, or its region is unusable.
+                    Err(Refusal::OverBudget | Refusal::OutOfRange | Refusal::ReadOnly) => {}
                 }
             }
             if attempt == 0 {
