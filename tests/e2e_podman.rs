@@ -19,7 +19,7 @@ use harness::{Harness, InProcess, NODE};
 use tessera::kubelet::{DraClient, KubeletClaim};
 use tessera::proto::dra_v1::NodePrepareResourcesResponse;
 
-/// A plugin on the mock node with real device nodes, a stand-in libcuda and podman.
+/// A plugin on the mock node with real device nodes, a driver library and podman.
 struct Node {
     h: Harness,
     plugin: Option<InProcess>,
@@ -29,20 +29,31 @@ struct Node {
 }
 
 impl Node {
-    async fn start() -> Node {
+    /// With `enforcing`, the driver library is the interception tests' fake libcuda and
+    /// the plugin installs the real interception library; otherwise a stand-in libcuda
+    /// that reports where it was loaded from.
+    async fn start(enforcing: bool) -> Node {
         let mut h = Harness::new().await;
         let root = h.dir.path().to_path_buf();
-        let built = e2e::build(&root.join("build"));
         let dev_root = root.join("dev-root");
         e2e::make_dev_root(&dev_root, &h.model.inventory);
         h.opts.paths.dev_root = dev_root.clone();
         h.opts.paths.host_dev_root = dev_root;
-        // The driver's libcuda is the stand-in (mounted at its soname by the spec).
+        // The driver's libcuda, mounted at its soname by the spec.
         let lib = root.join("driver-root/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06");
-        std::fs::copy(&built.libcuda, lib).unwrap();
+        let program = if enforcing {
+            let fakes = e2e::cuda_fakes(&root.join("build"));
+            std::fs::copy(&fakes.libcuda, lib).unwrap();
+            h.opts.interception_lib = Some(e2e::interception_library());
+            fakes.client
+        } else {
+            let built = e2e::build(&root.join("build"));
+            std::fs::copy(&built.libcuda, lib).unwrap();
+            built.cudaprobe
+        };
         let plugin = h.start_plugin().await;
         let k = h.kubelet().await;
-        let rootfs = e2e::rootfs(&root.join("image"), &[&built.cudaprobe]);
+        let rootfs = e2e::rootfs(&root.join("image"), &[&program]);
         let podman = Podman::new(&root.join("podman"), &h.opts.paths.cdi_dir);
         Node {
             h,
@@ -281,7 +292,7 @@ async fn podman_applies_tessera_cdi_specs() {
         return;
     }
     let t0 = Instant::now();
-    let n = Node::start().await;
+    let n = Node::start(false).await;
     eprintln!("podman suite: set-up {:?}", t0.elapsed());
     let version = std::process::Command::new("podman")
         .arg("--version")
@@ -314,4 +325,206 @@ async fn podman_applies_tessera_cdi_specs() {
     eprintln!("passed: shared claim files and mounts in {:?}", t.elapsed());
     n.stop().await;
     eprintln!("podman suite: total {:?}", t0.elapsed());
+}
+
+const GPU1: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
+const GPU2: &str = "GPU-1c5b8e4a-7d3f-4a2b-9c61-8e0f4d7a2b95";
+const GIB: u64 = 1 << 30;
+
+/// `--device` arguments plus the fake driver's view of the node's GPUs (its own
+/// wiring, not a tenant knob): gpu-1 then gpu-2, as ordinals 0 and 1.
+fn fake_args(ids: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ids
+        .iter()
+        .flat_map(|i| ["--device".into(), i.clone()])
+        .collect();
+    a.push("-e".into());
+    a.push(format!(
+        "FAKE_CUDA_DEVICES={GPU1}:85520809984,{GPU2}:16106127360"
+    ));
+    a
+}
+
+/// The result lines of `cuda_client` (`ok ...` / `err N` / `holding`).
+fn results(r: &Run) -> Vec<String> {
+    r.stdout
+        .lines()
+        .filter(|l| l.starts_with("ok") || l.starts_with("err") || *l == "holding")
+        .map(str::to_string)
+        .collect()
+}
+
+async fn share(
+    n: &Node,
+    name: &str,
+    id: &str,
+    memory: &str,
+    compute: &str,
+) -> (KubeletClaim, Vec<String>) {
+    let c =
+        n.h.allocated_claim_with(
+            name,
+            vec![harness::shared_result("gpu", "gpu-1", id, memory, compute)],
+            &[],
+        )
+        .await;
+    let r = n.prepare(&c).await;
+    let i = ids(&r, &c.uid);
+    (c, i)
+}
+
+/// Shared claims through podman with the real interception library preloaded by the
+/// spec: budgets enforced over the fake driver, shared by two containers of one claim,
+/// separate per claim, merged with a whole GPU in one container, and not disabled by
+/// the tenant's environment or a forged limits file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podman_enforces_shared_budgets() {
+    if e2e::prerequisites("podman suite", &["podman", "runc", "unshare", "cc"]).is_err() {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let n = Node::start(true).await;
+    eprintln!("podman enforcement suite: set-up {:?}", t0.elapsed());
+    let (a, a_ids) = share(
+        &n,
+        "light",
+        "1a2b3c4d-0000-4000-8000-00000000000a",
+        "20Gi",
+        "25",
+    )
+    .await;
+    let (_b, b_ids) = share(
+        &n,
+        "heavy",
+        "1a2b3c4d-0000-4000-8000-00000000000b",
+        "30Gi",
+        "40",
+    )
+    .await;
+    let client = "/usr/local/bin/cuda_client gpa ctx 0";
+
+    // Over and under the budget; the virtual total; the tenant's tricks change nothing.
+    let t = std::time::Instant::now();
+    let forged = format!(
+        "mkdir -p /run/tessera/claims/forged && printf 'tessera-limits 1\\nclaim forged\\nscrub-on-free false\\ngpu {GPU1} 85899345920\\n' > /run/tessera/claims/forged/limits && cp /run/tessera/claims/{}/region /run/tessera/claims/forged/region",
+        a.uid
+    );
+    let script = format!(
+        "cat /etc/ld.so.preload; {client} alloc {} alloc {} meminfo; \
+         unset LD_PRELOAD; LD_PRELOAD= CUDA_DISABLE_CONTROL=true TESSERA_DISABLE=1 {client} alloc {}; \
+         {forged}; {client} alloc {}",
+        21 * GIB,
+        10 * GIB,
+        21 * GIB,
+        21 * GIB
+    );
+    let out = n.podman.run(&n.rootfs, &fake_args(&a_ids), &script);
+    assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
+    let r = results(&out);
+    assert_eq!(r[0], "ok", "ctx: {r:?}");
+    assert_eq!(r[1], "err 2", "21 GiB over a 20 GiB budget: {r:?}");
+    assert!(r[2].starts_with("ok "), "10 GiB under it: {r:?}");
+    let total: u64 = r[3].split(' ').nth(2).unwrap().parse().unwrap();
+    assert_eq!(
+        total,
+        20 * GIB,
+        "the container sees its budget as the total: {r:?}"
+    );
+    assert_eq!(
+        r[5], "err 2",
+        "LD_PRELOAD= and CUDA_DISABLE_CONTROL change nothing: {r:?}"
+    );
+    assert_eq!(r[7], "err 2", "a forged limits file changes nothing: {r:?}");
+    eprintln!(
+        "passed: budget, virtual total, tenant tricks, forged limits in {:?}",
+        t.elapsed()
+    );
+
+    // Two containers of one claim share its budget; another claim has its own.
+    let t = std::time::Instant::now();
+    let holder = "tessera-e2e-holder";
+    let started = n.podman.start(
+        &n.rootfs,
+        holder,
+        &fake_args(&a_ids),
+        &format!("{client} alloc {} hold", 12 * GIB),
+    );
+    assert!(started.ok, "{}", Podman::cdi_errors(&started));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let logs = n.podman.logs(holder);
+        if logs.stdout.contains("holding") {
+            assert!(logs.stdout.contains("ok "), "{}", logs.stdout);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "holder: {}",
+            logs.stdout
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let second = n.podman.run(
+        &n.rootfs,
+        &fake_args(&a_ids),
+        &format!("{client} alloc {}", 12 * GIB),
+    );
+    assert_eq!(
+        results(&second),
+        ["ok", "err 2"],
+        "60 % + 60 % of one claim"
+    );
+    let other = n.podman.run(
+        &n.rootfs,
+        &fake_args(&b_ids),
+        &format!("{client} alloc {}", 25 * GIB),
+    );
+    assert!(
+        results(&other)[1].starts_with("ok "),
+        "another claim has its own budget: {:?}",
+        results(&other)
+    );
+    assert!(n.podman.kill(holder).ok);
+    let after = n.podman.run(
+        &n.rootfs,
+        &fake_args(&a_ids),
+        &format!("{client} alloc {}", 12 * GIB),
+    );
+    assert!(
+        results(&after)[1].starts_with("ok "),
+        "the killed holder's memory came back: {:?}",
+        results(&after)
+    );
+    eprintln!(
+        "passed: two containers share a claim's budget, another claim its own, in {:?}",
+        t.elapsed()
+    );
+
+    // One container with the share and a whole GPU: budgeted and unrestricted.
+    let t = std::time::Instant::now();
+    let w =
+        n.h.allocated_claim("whole", &[("gpu", NODE, "gpu-2", None)], &[])
+            .await;
+    let w_ids = ids(&n.prepare(&w).await, &w.uid);
+    let both: Vec<String> = a_ids.iter().chain(&w_ids).cloned().collect();
+    let out = n.podman.run(
+        &n.rootfs,
+        &fake_args(&both),
+        &format!("{client} meminfo ctx 1 meminfo alloc {}", 14 * GIB),
+    );
+    let r = results(&out);
+    let total = |line: &str| -> u64 { line.split(' ').nth(2).unwrap().parse().unwrap() };
+    assert_eq!(total(&r[1]), 20 * GIB, "the share's budget: {r:?}");
+    assert_eq!(
+        total(&r[3]),
+        16106127360,
+        "the whole GPU is unrestricted: {r:?}"
+    );
+    assert!(r[4].starts_with("ok "), "{r:?}");
+    eprintln!(
+        "passed: a share and a whole GPU in one container in {:?}",
+        t.elapsed()
+    );
+    n.stop().await;
+    eprintln!("podman enforcement suite: total {:?}", t0.elapsed());
 }

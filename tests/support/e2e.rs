@@ -139,7 +139,10 @@ pub fn rootfs(dir: &Path, programs: &[&Path]) -> PathBuf {
             std::os::unix::fs::symlink("busybox", r.join("bin").join(applet)).ok();
         }
     }
-    for lib in ["libc.so.6", "ld-linux-x86-64.so.2"] {
+    // libgcc_s as in any Debian or Ubuntu image (Priority: required): the debug build
+    // of the interception library needs it (the release build, for glibc 2.17, does
+    // not; cuda/tests/release_artifact.rs runs it in a rootfs without libgcc_s).
+    for lib in ["libc.so.6", "ld-linux-x86-64.so.2", "libgcc_s.so.1"] {
         let src = Path::new("/lib/x86_64-linux-gnu").join(lib);
         // `copy` keeps the mode: the loader must stay executable.
         std::fs::copy(&src, r.join("lib/x86_64-linux-gnu").join(lib))
@@ -316,6 +319,53 @@ impl Podman {
         Run::from(cmd.output().expect("unshare + podman"))
     }
 
+    /// Starts a detached container `name` (same namespaces and settings as `run`).
+    pub fn start(&self, rootfs: &Path, name: &str, args: &[String], script: &str) -> Run {
+        let mut all = vec!["-d".to_string(), "--name".to_string(), name.to_string()];
+        all.extend(args.iter().cloned());
+        self.podman_cmd(
+            &[
+                &["run", "--rm"][..],
+                &all.iter().map(String::as_str).collect::<Vec<_>>(),
+            ]
+            .concat(),
+            Some((rootfs, script)),
+        )
+    }
+
+    /// `podman logs NAME`.
+    pub fn logs(&self, name: &str) -> Run {
+        self.podman_cmd(&["logs", name], None)
+    }
+
+    /// `podman rm -f -t 0 NAME` (kills the container).
+    pub fn kill(&self, name: &str) -> Run {
+        self.podman_cmd(&["rm", "-f", "-t", "0", name], None)
+    }
+
+    fn podman_cmd(&self, args: &[&str], rootfs_script: Option<(&Path, &str)>) -> Run {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount --bind \"$0\" /var/run/cdi && mount --bind \"$1\" /etc/cdi && shift 2 && exec podman \"$@\"",
+            )
+            .arg(&self.cdi_dir)
+            .arg(&self.empty_dir)
+            .arg("--log-level=debug")
+            .args(args);
+        if let Some((rootfs, script)) = rootfs_script {
+            cmd.arg("--rootfs")
+                .arg(format!("{}:O", rootfs.display()))
+                .args(["/bin/sh", "-c", script]);
+        }
+        cmd.env("CONTAINERS_CONF", self.dir.join("conf/containers.conf"))
+            .env(
+                "CONTAINERS_STORAGE_CONF",
+                self.dir.join("conf/storage.conf"),
+            );
+        Run::from(cmd.output().expect("unshare + podman"))
+    }
+
     /// The CDI registry's own complaints in podman's debug log (why a spec was not
     /// loaded), for failure messages.
     pub fn cdi_errors(run: &Run) -> String {
@@ -396,4 +446,70 @@ pub fn assert_open_allowed(r: &Run, path: &str) {
             .any(|l| l.contains("No such device") || l.ends_with(": ok")),
         "{path}: {lines:?}"
     );
+}
+
+/// The interception library's fake driver and client (from `cuda/tests/fakes`).
+pub struct CudaFakes {
+    /// A fake `libcuda.so.1` backed by host memory (see `fake_cuda.c`).
+    pub libcuda: PathBuf,
+    /// `cuda_client <mode> <command>...`: one result line per command.
+    pub client: PathBuf,
+}
+
+/// Builds the fake driver (internal calls bound locally, as the real driver) and the
+/// client into `dir`.
+pub fn cuda_fakes(dir: &Path) -> CudaFakes {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/tests/fakes");
+    std::fs::create_dir_all(dir).unwrap();
+    let libcuda = dir.join("libcuda-fake.so.1");
+    run_ok(
+        Command::new(cc())
+            .args([
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-std=gnu11",
+                "-O1",
+                "-Wl,-Bsymbolic-functions",
+                "-Wl,-soname,libcuda.so.1",
+                "-o",
+            ])
+            .arg(&libcuda)
+            .arg(src.join("fake_cuda.c")),
+        "building the fake libcuda",
+    );
+    let client = dir.join("cuda_client");
+    run_ok(
+        Command::new(cc())
+            .args(["-std=gnu11", "-O1", "-o"])
+            .arg(&client)
+            .arg(src.join("cuda_client.c"))
+            .arg("-ldl"),
+        "building cuda_client",
+    );
+    CudaFakes { libcuda, client }
+}
+
+/// The real interception library, built by the cargo running the tests into a target
+/// directory of its own (integration tests do not link a cdylib, and the outer target
+/// directory is locked while tests run).
+pub fn interception_library() -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-cuda-lib");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_ok(
+        Command::new(&cargo)
+            .args([
+                "build",
+                "--offline",
+                "--lib",
+                "-p",
+                "tessera-cuda",
+                "--manifest-path",
+            ])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target),
+        "building libtessera_cuda.so",
+    );
+    target.join("debug/libtessera_cuda.so")
 }
