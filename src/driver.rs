@@ -18,8 +18,13 @@ use crate::checkpoint::PreparedDevice;
 use crate::proto::{dra_v1, dra_v1beta1, registration};
 use crate::state::DeviceState;
 
-/// The versions advertised at registration, in order of preference.
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The services advertised at registration: the DRA versions in order of preference,
+/// then the DRA health service (`crate::healthsvc`), as the Go helper lists them.
+pub const SUPPORTED_VERSIONS: [&str; 3] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1alpha1.DRAResourceHealth",
+];
 /// How long one claim GET may take; well inside the kubelet's 45 s call deadline.
 const CLAIM_GET_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -1,13 +1,14 @@
 //! A kubelet stand-in for tests and the demo: it talks to the plugin over the real
 //! sockets exactly as the kubelet does (registration `GetInfo` and
-//! `NotifyRegistrationStatus`, then DRA `v1` or `v1beta1`).
+//! `NotifyRegistrationStatus`, then DRA `v1` or `v1beta1`, and the DRA health stream
+//! `v1alpha1.DRAResourceHealth` when the plugin advertises it).
 
 use std::path::Path;
 
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::proto::{dra_v1, dra_v1beta1, registration};
+use crate::proto::{dra_v1, dra_v1beta1, health_v1alpha1, registration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
@@ -169,4 +170,27 @@ impl DraClient {
         unprepare_v1beta1, v1beta1, dra_v1beta1, node_unprepare_resources, NodeUnprepareResourcesRequest,
         NodeUnprepareResourcesResponse, "v1beta1.NodeUnprepareResources"
     );
+}
+
+/// The service name the kubelet looks for in `supported_versions` to open the health
+/// stream.
+pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+
+/// Opens the DRA health stream (`NodeWatchResources`) on the plugin's endpoint, as a
+/// kubelet with `ResourceHealthStatus` does after registration. Each message is the
+/// driver's complete device list.
+pub async fn watch_health(
+    endpoint: &Path,
+) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, KubeletError> {
+    let ch = connect_unix(endpoint).await?;
+    let mut c = health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(ch);
+    Ok(
+        c.node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+            .await
+            .map_err(|source| KubeletError::Call {
+                call: "v1alpha1.NodeWatchResources",
+                source,
+            })?
+            .into_inner(),
+    )
 }

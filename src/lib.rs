@@ -15,6 +15,7 @@ pub mod driver;
 pub mod fakeapi;
 pub mod gpuconfig;
 pub mod health;
+pub mod healthsvc;
 pub mod interception;
 pub mod kubelet;
 pub mod kubever;

@@ -258,6 +258,15 @@ pub async fn run(
         .map_err(|e| PluginError::Join(e.to_string()))??,
     );
     let driver = Driver::new(state.clone(), client.clone());
+    let health_watcher = crate::healthsvc::HealthWatcher::new(
+        model.clone(),
+        &opts.driver_name,
+        &opts.node_name,
+        publisher.version(),
+        features,
+    );
+    let (devices_tx, devices_rx) =
+        watch::channel(health_watcher.device_list(crate::devhealth::now_unix()));
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
     health.set_scraper(Box::new(move || {
         crate::metrics::render(&crate::metrics::gather(&scrape_state, &node))
@@ -273,6 +282,11 @@ pub async fn run(
         .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
             DraV1beta1(driver.clone()),
         ))
+        .add_service(
+            crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                crate::healthsvc::HealthService::new(devices_rx),
+            ),
+        )
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), async {
             let _ = dra_stop_rx.await;
         });
@@ -310,7 +324,13 @@ pub async fn run(
         features,
     );
     publisher.prevalidate(&slices)?;
-    let (_slices_tx, slices_rx) = watch::channel(slices);
+    let (slices_tx, slices_rx) = watch::channel(slices);
+    let devhealth_task = tokio::spawn(health_watcher.run(
+        crate::healthsvc::POLL_INTERVAL,
+        slices_tx,
+        devices_tx,
+        bg_stop_rx.clone(),
+    ));
     let mut stop = bg_stop_rx.clone();
     let publish_task = tokio::spawn(publisher.run(slices_rx, opts.publish_debounce, async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -341,6 +361,7 @@ pub async fn run(
         }
         let _ = std::fs::remove_file(path);
     }
+    let _ = devhealth_task.await;
     let _ = publish_task.await;
     let _ = cleanup_task.await;
     Ok(())

@@ -49,9 +49,14 @@ async fn registration_advertises_v1_then_v1beta1() {
             .to_string()
     );
     assert!(Path::new(&info.endpoint).is_absolute());
+    // The health service comes after the DRA versions.
     assert_eq!(
         info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(version, kubelet::DraVersion::V1);
     let (_, old) = kubelet::register(&h.registration_socket(), &["v1beta1.DRAPlugin"])

@@ -1,0 +1,285 @@
+//! Device health at run time: the watcher that polls the backend's health events,
+//! keeps the [`NodeHealth`] and republishes the pool on every change, and the DRA
+//! health gRPC service (`v1alpha1.DRAResourceHealth`, `NodeWatchResources`) that
+//! streams the complete device list with each device's health to the kubelet.
+//!
+//! The watcher owns the health model; both outputs are `watch` channels: the pool goes
+//! to the publisher (`Publisher::run`), the device list to every open health stream.
+//! A stream sends the list at once, on every change, and every
+//! [`RESEND_INTERVAL`] (the kubelet marks devices it has not heard of for
+//! [`HEALTH_TIMEOUT_SECONDS`] as Unknown).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::backend::{GpuBackend, HealthEvent, HealthEventKind};
+use crate::devhealth::{Applied, DeviceHealth, NodeHealth, now_unix};
+use crate::kubever::KubeVersion;
+use crate::node::NodeModel;
+use crate::proto::health_v1alpha1 as pb;
+use crate::slices::{self, ServerFeatures};
+
+/// How often the backend is polled for health events.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often an open health stream repeats the list when nothing changed.
+pub const RESEND_INTERVAL: Duration = Duration::from_secs(20);
+/// `health_check_timeout_seconds` of every entry: well above [`RESEND_INTERVAL`].
+pub const HEALTH_TIMEOUT_SECONDS: i64 = 60;
+/// The kubelet truncates longer messages.
+const MAX_MESSAGE: usize = 1024;
+
+/// The node's devices and their health, as the watcher sees them.
+pub struct HealthWatcher {
+    model: NodeModel,
+    driver: String,
+    node: String,
+    version: KubeVersion,
+    features: ServerFeatures,
+    health: NodeHealth,
+    since: u64,
+    /// Every device of the pool, healthy or not, with its GPU minor.
+    devices: Vec<(String, u32)>,
+}
+
+impl HealthWatcher {
+    /// A watcher with every GPU healthy, under the node config's health policy.
+    pub fn new(
+        model: NodeModel,
+        driver: &str,
+        node: &str,
+        version: KubeVersion,
+        features: ServerFeatures,
+    ) -> Self {
+        let mut gpus: Vec<_> = model.gpus.iter().collect();
+        gpus.sort_by_key(|g| g.gpu.minor);
+        let devices = gpus
+            .iter()
+            .flat_map(|g| {
+                let (devs, _) = slices::devices_for(
+                    g,
+                    &model.inventory,
+                    model.mig.get(&g.gpu.minor),
+                    features,
+                    model.config.shared_slots,
+                );
+                devs.into_iter().map(|d| (d.name, g.gpu.minor))
+            })
+            .collect();
+        HealthWatcher {
+            health: NodeHealth::new(model.config.health.clone()),
+            model,
+            driver: driver.into(),
+            node: node.into(),
+            version,
+            features,
+            since: 0,
+            devices,
+        }
+    }
+
+    pub fn health(&self) -> &NodeHealth {
+        &self.health
+    }
+
+    /// The pool with the current health.
+    pub fn pool(&self) -> Vec<ResourceSlice> {
+        self.model.pool_with_health(
+            &self.driver,
+            &self.node,
+            self.version,
+            self.features,
+            &self.health,
+        )
+    }
+
+    /// The complete device list for the health stream, stamped `now`.
+    pub fn device_list(&self, now: i64) -> Vec<pb::DeviceHealth> {
+        self.devices
+            .iter()
+            .map(|(name, minor)| {
+                let (status, message) = match self.health.gpu(*minor) {
+                    DeviceHealth::Healthy => (pb::HealthStatus::Healthy, "healthy".to_string()),
+                    DeviceHealth::Unhealthy(u) => {
+                        let what = if self.features.device_taints {
+                            format!(
+                                "tainted {}={}:{}",
+                                crate::devhealth::TAINT_KEY,
+                                u.cause.reason(),
+                                u.action.effect().unwrap_or("NoSchedule")
+                            )
+                        } else {
+                            "left out of the ResourceSlice (the API server drops taints)".into()
+                        };
+                        (
+                            pb::HealthStatus::Unhealthy,
+                            format!("{}; {what}", u.message),
+                        )
+                    }
+                };
+                pb::DeviceHealth {
+                    device: Some(pb::DeviceIdentifier {
+                        pool_name: self.node.clone(),
+                        device_name: name.clone(),
+                    }),
+                    health: status as i32,
+                    last_updated_time: now,
+                    health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
+                    message: truncate(message),
+                }
+            })
+            .collect()
+    }
+
+    /// Applies events the backend reported; true when any GPU's health changed.
+    pub fn apply(&mut self, events: &[HealthEvent], now: i64) -> bool {
+        let mut changed = false;
+        for e in events {
+            self.since = self.since.max(e.seq);
+            let r = self.health.apply(e, now);
+            let kind = match e.kind {
+                HealthEventKind::Xid(x) => format!("XID {x}"),
+                HealthEventKind::Lost => "GPU lost".into(),
+                HealthEventKind::Recovered => "recovered".into(),
+            };
+            match (&r, self.health.unhealthy(e.minor)) {
+                (Applied::Changed, Some(u)) if self.features.device_taints => warn!(
+                    gpu = e.minor, event = %kind, effect = u.action.effect().unwrap_or("-"),
+                    "GPU unhealthy: tainting its devices"
+                ),
+                (Applied::Changed, Some(_)) => warn!(
+                    gpu = e.minor, event = %kind,
+                    "GPU unhealthy: leaving its devices out of the ResourceSlices (the API server drops device taints)"
+                ),
+                (Applied::Changed, None) => {
+                    info!(gpu = e.minor, "GPU healthy again: republishing its devices")
+                }
+                (Applied::Ignored, _) => {
+                    info!(gpu = e.minor, event = %kind, "health event ignored by policy")
+                }
+                (Applied::Unchanged, _) => {
+                    info!(gpu = e.minor, event = %kind, "health event changes nothing")
+                }
+            }
+            changed |= r == Applied::Changed;
+        }
+        changed
+    }
+
+    /// Polls the backend once (on a blocking thread) and applies what it reported.
+    pub async fn poll(&mut self) -> Result<bool, crate::backend::BackendError> {
+        let backend: Arc<dyn GpuBackend> = self.model.backend.clone();
+        let since = self.since;
+        let events = match tokio::task::spawn_blocking(move || backend.health_events(since)).await {
+            Ok(r) => r?,
+            Err(e) => {
+                warn!(error = %e, "health poll task failed");
+                Vec::new()
+            }
+        };
+        Ok(self.apply(&events, now_unix()))
+    }
+
+    /// Polls every `interval` until `stop` turns true; on each change sends the new
+    /// pool and device list. Ends (dropping both senders) on stop.
+    pub async fn run(
+        mut self,
+        interval: Duration,
+        slices_tx: watch::Sender<Vec<ResourceSlice>>,
+        devices_tx: watch::Sender<Vec<pb::DeviceHealth>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut failing = false;
+        loop {
+            match self.poll().await {
+                Ok(true) => {
+                    let _ = slices_tx.send(self.pool());
+                    let _ = devices_tx.send(self.device_list(now_unix()));
+                    failing = false;
+                }
+                Ok(false) => failing = false,
+                Err(e) if !failing => {
+                    warn!(error = %e, "cannot read GPU health events");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE - 3;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// `v1alpha1.DRAResourceHealth` on the DRA socket.
+#[derive(Clone)]
+pub struct HealthService {
+    devices: watch::Receiver<Vec<pb::DeviceHealth>>,
+}
+
+impl HealthService {
+    pub fn new(devices: watch::Receiver<Vec<pb::DeviceHealth>>) -> Self {
+        HealthService { devices }
+    }
+}
+
+type HealthStream =
+    Pin<Box<dyn Stream<Item = Result<pb::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<pb::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let mut rx = self.devices.clone();
+        rx.mark_changed();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            tokio::select! {
+                r = rx.changed() => r.ok()?,
+                _ = tokio::time::sleep(RESEND_INTERVAL) => {}
+            }
+            let now = now_unix();
+            let mut devices = rx.borrow_and_update().clone();
+            for d in &mut devices {
+                d.last_updated_time = now;
+            }
+            Some((Ok(pb::NodeWatchResourcesResponse { devices }), rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages are cut to the kubelet's 1024 characters, ending in `...`.
+    #[test]
+    fn long_messages_are_truncated() {
+        assert_eq!(truncate("ok".into()), "ok");
+        let t = truncate("é".repeat(1000));
+        assert!(t.len() <= MAX_MESSAGE && t.ends_with("..."));
+    }
+}
