@@ -816,3 +816,68 @@ fn fake_nvml_mig_calls_keep_the_nvml_contract() {
         },
     );
 }
+
+/// Health over NVML: XIDs injected into the simulated node after the first poll arrive
+/// through the fake's event set (an application XID too: the policy, not the backend,
+/// ignores it); a lost GPU answers `GPU_IS_LOST` and is reported lost, then recovered
+/// once cleared. The fake's MIG writes keep the `health-event` lines, so the mock sees
+/// the same events.
+#[test]
+fn nvml_reports_injected_xids_loss_and_recovery() {
+    use tessera::backend::HealthEventKind;
+    use tessera::backend::mock::{inject_clear, inject_lost, inject_xid};
+    with_fake_host(
+        "nvml_reports_injected_xids_loss_and_recovery",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let nvml = open_nvml(host).expect("the fake NVML initialises");
+            let mock = host.mock_backend();
+            let kinds = |events: Vec<tessera::backend::HealthEvent>| {
+                events
+                    .into_iter()
+                    .map(|e| (e.seq, e.minor, e.kind))
+                    .collect::<Vec<_>>()
+            };
+            assert!(nvml.health_events(0).expect("first poll").is_empty());
+            let state_dir = host.state_dir();
+            inject_xid(&state_dir, 2, 79).unwrap();
+            inject_xid(&state_dir, 3, 13).unwrap();
+            assert_eq!(
+                kinds(nvml.health_events(0).expect("poll")),
+                [
+                    (1, 2, HealthEventKind::Xid(79)),
+                    (2, 3, HealthEventKind::Xid(13))
+                ]
+            );
+            assert!(nvml.health_events(2).expect("poll").is_empty());
+
+            inject_lost(&state_dir, 1).unwrap();
+            assert_eq!(
+                kinds(nvml.health_events(2).expect("poll")),
+                [(3, 1, HealthEventKind::Lost)]
+            );
+            match nvml.discover() {
+                Err(BackendError::NvmlCall {
+                    source: NvmlError::GpuLost,
+                    ..
+                }) => {}
+                other => panic!("discovery of a node with a lost GPU: {other:?}"),
+            }
+            assert!(nvml.health_events(3).expect("poll").is_empty());
+            inject_clear(&state_dir, 1).unwrap();
+            assert_eq!(
+                kinds(nvml.health_events(3).expect("poll")),
+                [(4, 1, HealthEventKind::Recovered)]
+            );
+            assert_eq!(
+                nvml.discover().expect("NVML discovers"),
+                mock.discover().expect("mock discovers")
+            );
+
+            // A MIG change written by the fake keeps the health lines.
+            nvml.set_mig_mode(0, true).expect("MIG mode on");
+            assert_eq!(mock.health_events(0).expect("mock events").len(), 4);
+            assert_state_file_is_canonical(host);
+        },
+    );
+}

@@ -22,7 +22,7 @@
 //! parameter type at every call (`out_ptr`). This is the only `unsafe` in the crate;
 //! every block says why it holds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{OsStr, c_void};
 use std::path::{Component, Path, PathBuf};
 use std::ptr;
@@ -34,8 +34,8 @@ use nvml_wrapper::struct_wrappers::device::ProfileInfo;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{
-    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, MigInstance, MigStatus,
-    NodeInventory,
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, HealthEvent, HealthEventKind,
+    MigInstance, MigStatus, NodeInventory,
 };
 use crate::mig::MigError;
 use crate::mig::geometry::NVML_GPU_INSTANCE_PROFILE_COUNT;
@@ -65,6 +65,42 @@ pub struct NvmlBackend {
     /// GPU handles by minor, filled by one enumeration on the first MIG operation (and
     /// again only for a minor it did not find). NVML handles stay valid until shutdown.
     gpus: Mutex<HashMap<u32, CachedGpu>>,
+    /// Health monitoring: the XID event set (created on the first poll) and the events
+    /// seen so far.
+    health: Mutex<HealthPoll>,
+}
+
+/// `nvmlEventTypeXidCriticalError` (nvml.h).
+const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 8;
+
+/// The state of [`GpuBackend::health_events`] on NVML.
+#[derive(Default)]
+struct HealthPoll {
+    set: Option<EventSetHandle>,
+    /// GPUs registered for XID events (minor, handle); also checked for loss.
+    gpus: Vec<(u32, DeviceHandle)>,
+    /// Every event reported so far, numbered from 1.
+    log: Vec<HealthEvent>,
+    /// GPUs currently answering `GPU_IS_LOST`.
+    lost: BTreeSet<u32>,
+}
+
+impl HealthPoll {
+    fn push(&mut self, minor: u32, kind: HealthEventKind) {
+        let seq = self.log.len() as u64 + 1;
+        self.log.push(HealthEvent { seq, minor, kind });
+    }
+}
+
+/// `nvmlEventData_t` (32 bytes).
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawEventData {
+    device: *mut c_void,
+    event_type: u64,
+    event_data: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
 }
 
 /// A GPU's handle and NVML index (for error reports), as cached by minor.
@@ -112,6 +148,7 @@ impl NvmlBackend {
             proc_root,
             sys_root,
             gpus: Mutex::new(HashMap::new()),
+            health: Mutex::new(HealthPoll::default()),
         })
     }
 
@@ -231,6 +268,16 @@ opaque_handle!(
     /// `nvmlComputeInstance_t`.
     CiHandle
 );
+opaque_handle!(
+    /// `nvmlEventSet_t`.
+    EventSetHandle
+);
+
+// SAFETY: as for DeviceHandle: an opaque token only NVML dereferences; NVML is
+// thread-safe, and the set is only used under the `health` mutex.
+unsafe impl Send for EventSetHandle {}
+// SAFETY: as for Send.
+unsafe impl Sync for EventSetHandle {}
 
 // SAFETY: an NVML device handle is an opaque token that only the library dereferences,
 // and NVML is thread-safe: any thread may pass it to any NVML call. (nvml-wrapper's
@@ -761,6 +808,99 @@ impl NvmlBackend {
     }
 }
 
+/// Health monitoring: one event set with every GPU registered for XID critical
+/// errors, drained without waiting on each poll; loss is a query answering
+/// `GPU_IS_LOST` (and recovery the same query answering again).
+impl NvmlBackend {
+    fn health_poll(&self) -> MutexGuard<'_, HealthPoll> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates the event set and registers every GPU NVML lists for XID events. A GPU
+    /// that cannot be registered (no XID events on this GPU or driver) is still checked
+    /// for loss.
+    fn start_health(&self, p: &mut HealthPoll) -> Result<(), CallFailed> {
+        let mut set = ptr::null_mut();
+        // SAFETY: `set` receives a new event set handle.
+        nvml_call!(self.nvml, nvmlEventSetCreate, |f| unsafe { f(&mut set) })?;
+        let set = EventSetHandle::of(set);
+        p.set = Some(set);
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| CallFailed::new("nvmlDeviceGetCount_v2", e))?;
+        for index in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| CallFailed::new("nvmlDeviceGetHandleByIndex_v2", e))?;
+            let minor = match dev.minor_number() {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(index, error = %e, "cannot monitor the health of a GPU that does not answer");
+                    continue;
+                }
+            };
+            // SAFETY: `handle` only copies the pointer out.
+            let handle = DeviceHandle::of(unsafe { dev.handle() });
+            p.gpus.push((minor, handle));
+            let registered: Result<(), CallFailed> = (|| {
+                // SAFETY: `handle` and `set` are live handles of this NVML.
+                nvml_call!(self.nvml, nvmlDeviceRegisterEvents, |f| unsafe {
+                    f(handle.raw(), NVML_EVENT_TYPE_XID_CRITICAL_ERROR, set.raw())
+                })
+            })();
+            if let Err(CallFailed { call, source }) = registered {
+                tracing::warn!(gpu = minor, call, error = %source, "cannot watch XID events of this GPU; only its loss is detected");
+            }
+        }
+        Ok(())
+    }
+
+    /// The next pending event of the set, without waiting; `None` when there is none.
+    fn next_event(&self, set: EventSetHandle) -> Result<Option<RawEventData>, CallFailed> {
+        let mut data = RawEventData {
+            device: ptr::null_mut(),
+            event_type: 0,
+            event_data: 0,
+            gpu_instance_id: 0,
+            compute_instance_id: 0,
+        };
+        let waited: Result<(), CallFailed> = (|| {
+            // SAFETY: `set` is a live event set; `data` mirrors nvmlEventData_t
+            // (checked by out_ptr).
+            nvml_call!(self.nvml, nvmlEventSetWait_v2, |f| unsafe {
+                f(set.raw(), out_ptr(&mut data), 0)
+            })
+        })();
+        match waited {
+            Ok(()) => Ok(Some(data)),
+            // Nothing pending; a lost GPU is found by the query below.
+            Err(CallFailed {
+                source: NvmlError::Timeout | NvmlError::GpuLost,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn free_event_set(&self, set: EventSetHandle) -> Result<(), CallFailed> {
+        // SAFETY: `set` is a live event set; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlEventSetFree, |f| unsafe { f(set.raw()) })
+    }
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        let set = self.health_poll().set.take();
+        if let Some(set) = set
+            && let Err(CallFailed { call, source }) = self.free_event_set(set)
+        {
+            tracing::warn!(call, error = %source, "cannot free the NVML event set");
+        }
+    }
+}
+
 impl GpuBackend for NvmlBackend {
     fn kind(&self) -> &'static str {
         "nvml"
@@ -937,6 +1077,43 @@ impl GpuBackend for NvmlBackend {
             char_majors,
             gpus,
         })
+    }
+
+    /// Drains the XID event set (created, with every GPU registered, on the first
+    /// call), then asks each GPU for its minor number: `GPU_IS_LOST` makes it lost, an
+    /// answer from a lost GPU makes it recovered. XIDs on MIG devices are reported for
+    /// their parent GPU.
+    ///
+    /// # Errors
+    /// `NvmlSystem` when the event set cannot be created or read.
+    fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
+        let failed = |CallFailed { call, source }| BackendError::NvmlSystem { call, source };
+        let mut p = self.health_poll();
+        if p.set.is_none() {
+            self.start_health(&mut p).map_err(failed)?;
+        }
+        if let Some(set) = p.set {
+            while let Some(e) = self.next_event(set).map_err(failed)? {
+                if e.event_type & NVML_EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+                    continue;
+                }
+                let handle = DeviceHandle(e.device);
+                match p.gpus.iter().find(|(_, h)| *h == handle).map(|(m, _)| *m) {
+                    Some(minor) => p.push(minor, HealthEventKind::Xid(e.event_data)),
+                    None => tracing::warn!(xid = e.event_data, "XID event for an unknown device"),
+                }
+            }
+        }
+        let gpus = p.gpus.clone();
+        for (minor, handle) in gpus {
+            let lost = matches!(self.wrap(handle).minor_number(), Err(NvmlError::GpuLost));
+            if lost && p.lost.insert(minor) {
+                p.push(minor, HealthEventKind::Lost);
+            } else if !lost && p.lost.remove(&minor) {
+                p.push(minor, HealthEventKind::Recovered);
+            }
+        }
+        Ok(p.log.iter().filter(|e| e.seq > since).copied().collect())
     }
 }
 

@@ -57,6 +57,19 @@
  *     not simulated), leaving the mode unchanged.
  *   - State-file I/O failing inside a MIG call: NVML_ERROR_UNKNOWN, with the reason on
  *     stderr.
+ *
+ * Health (the `health-event` lines of the state file, appended by the tests through
+ * `tessera::backend::mock::inject_*`):
+ *   - A GPU whose last `lost`/`clear` line is `lost` answers every call on its handle
+ *     with NVML_ERROR_GPU_IS_LOST (the file is re-read on each such call).
+ *   - Event sets (`nvmlEventSetCreate`, up to 8 live) deliver, through
+ *     `nvmlEventSetWait_v2`, each `xid` line written after the set was created, as
+ *     nvmlEventTypeXidCriticalError with eventData = the XID, on the GPU's handle, if
+ *     the GPU was registered for that type; GI/CI IDs are 0xFFFFFFFF (the whole GPU).
+ *     No event within the timeout: NVML_ERROR_TIMEOUT. Other event types are accepted
+ *     at registration and never delivered.
+ *   - Writers keep the `health-event` lines (rendered after the GPU blocks, as state.rs
+ *     does).
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE
@@ -69,6 +82,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- NVML ABI (subset of nvml.h, NVML_API_VERSION 13) ---------------------------- */
@@ -318,6 +332,21 @@ _Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "CI info layout");
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
 nvmlReturn_t nvmlShutdown(void);
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+typedef struct nvmlEventData_st {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set);
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set);
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms);
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set);
 const char *nvmlErrorString(nvmlReturn_t result);
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion);
@@ -483,6 +512,9 @@ struct fake_node {
     struct fake_gpu gpus[FAKE_MAX_GPUS];
     /* NVML index -> position in gpus. */
     unsigned int by_index[FAKE_MAX_GPUS];
+    /* The `health-event` lines, verbatim (kept by writers). */
+    char health_text[32768];
+    size_t health_len;
 };
 
 /* What the opaque handles point at. A handle's identity is its address in one of the
@@ -1011,6 +1043,14 @@ static nvmlReturn_t parse_state(FILE *f, struct fake_node *node, struct parse_er
         } else if (strcmp(key, "major") == 0) {
             if (node_major(node, value) != 0)
                 rc = fail(err, NVML_ERROR_DRIVER_NOT_LOADED, n, "bad value of", key);
+        } else if (strcmp(key, "health-event") == 0) {
+            int w = snprintf(node->health_text + node->health_len,
+                             sizeof node->health_text - node->health_len, "health-event %s\n",
+                             value);
+            if (w < 0 || (size_t)w >= sizeof node->health_text - node->health_len)
+                rc = fail(err, NVML_ERROR_DRIVER_NOT_LOADED, n, "too many", key);
+            else
+                node->health_len += (size_t)w;
         }
         /* Unknown top-level keys: ignored, as in state.rs. */
     }
@@ -1140,6 +1180,7 @@ static void render_state(FILE *out, const struct fake_node *node) {
             fprintf(out, "mig-busy %u\n", m->busy[k]);
         fprintf(out, "end\n");
     }
+    fwrite(node->health_text, 1, node->health_len, out);
 }
 
 static int write_all(int fd, const char *buf, size_t len) {
@@ -1497,12 +1538,185 @@ static nvmlReturn_t slot_of(nvmlDevice_t device, unsigned int *slot) {
     return NVML_SUCCESS;
 }
 
-/* Resolves a physical GPU handle to its GPU (see slot_of). */
+/* ---- Health events (`health-event` lines) ---------------------------------------- */
+
+struct fake_health_event {
+    unsigned long long seq;
+    unsigned int minor;
+    int kind; /* 0 xid, 1 lost, 2 clear */
+    unsigned long long xid;
+};
+
+/* Calls `each` for every `health-event` line of the state file, in order; 0 when the
+ * file cannot be read (no events). */
+static void scan_health(void (*each)(const struct fake_health_event *, void *), void *arg) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", g_state_dir, STATE_FILE);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        struct fake_health_event e = {0};
+        char what[16] = {0};
+        if (strncmp(line, "health-event ", 13) != 0)
+            continue;
+        int got = sscanf(line + 13, "%llu %u %15s %llu", &e.seq, &e.minor, what, &e.xid);
+        if (got >= 3 && strcmp(what, "xid") == 0 && got == 4)
+            e.kind = 0;
+        else if (got == 3 && strcmp(what, "lost") == 0)
+            e.kind = 1;
+        else if (got == 3 && strcmp(what, "clear") == 0)
+            e.kind = 2;
+        else
+            continue;
+        each(&e, arg);
+    }
+    free(line);
+    fclose(f);
+}
+
+struct lost_query {
+    unsigned int minor;
+    int lost;
+};
+
+static void lost_each(const struct fake_health_event *e, void *arg) {
+    struct lost_query *q = arg;
+    if (e->minor == q->minor && e->kind != 0)
+        q->lost = e->kind == 1;
+}
+
+/* Whether GPU `minor` is lost now (its last lost/clear line is `lost`). */
+static int gpu_is_lost(unsigned int minor) {
+    struct lost_query q = {minor, 0};
+    scan_health(lost_each, &q);
+    return q.lost;
+}
+
+/* Resolves a physical GPU handle to its GPU (see slot_of); GPU_IS_LOST for a lost GPU. */
 static nvmlReturn_t gpu_of(nvmlDevice_t device, const struct fake_gpu **out) {
     unsigned int slot;
     nvmlReturn_t rc = slot_of(device, &slot);
+    if (rc == NVML_SUCCESS && gpu_is_lost(g_node.gpus[slot].minor))
+        return NVML_ERROR_GPU_IS_LOST;
     if (rc == NVML_SUCCESS)
         *out = &g_node.gpus[slot];
+    return rc;
+}
+
+#define FAKE_MAX_EVENT_SETS 8
+
+struct nvmlEventSet_st {
+    int used;
+    unsigned long long last_seq;
+    unsigned long long types[FAKE_MAX_GPUS];
+};
+static struct nvmlEventSet_st g_event_sets[FAKE_MAX_EVENT_SETS];
+
+static void max_seq_each(const struct fake_health_event *e, void *arg) {
+    unsigned long long *max = arg;
+    if (e->seq > *max)
+        *max = e->seq;
+}
+
+static nvmlReturn_t event_set_of(nvmlEventSet_t set, struct nvmlEventSet_st **out) {
+    size_t i;
+    if (g_init_count == 0)
+        return NVML_ERROR_UNINITIALIZED;
+    if (table_index(set, g_event_sets, sizeof g_event_sets[0], FAKE_MAX_EVENT_SETS, &i) != 0 ||
+        !g_event_sets[i].used)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = &g_event_sets[i];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t event_set_create(nvmlEventSet_t *set) {
+    if (g_init_count == 0)
+        return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < FAKE_MAX_EVENT_SETS; i++) {
+        if (!g_event_sets[i].used) {
+            memset(&g_event_sets[i], 0, sizeof g_event_sets[i]);
+            g_event_sets[i].used = 1;
+            scan_health(max_seq_each, &g_event_sets[i].last_seq);
+            *set = &g_event_sets[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+static nvmlReturn_t register_events(nvmlDevice_t device, unsigned long long types,
+                                    nvmlEventSet_t set) {
+    struct nvmlEventSet_st *es;
+    const struct fake_gpu *g;
+    unsigned int slot;
+    nvmlReturn_t rc = event_set_of(set, &es);
+    if (rc == NVML_SUCCESS)
+        rc = gpu_of(device, &g);
+    if (rc == NVML_SUCCESS)
+        rc = slot_of(device, &slot);
+    if (rc == NVML_SUCCESS)
+        es->types[slot] |= types;
+    return rc;
+}
+
+struct next_query {
+    struct nvmlEventSet_st *es;
+    int found;
+    struct fake_health_event event;
+};
+
+static void next_each(const struct fake_health_event *e, void *arg) {
+    struct next_query *q = arg;
+    if (q->found || e->seq <= q->es->last_seq)
+        return;
+    q->es->last_seq = e->seq;
+    if (e->kind != 0)
+        return;
+    for (unsigned int i = 0; i < g_node.gpu_count; i++) {
+        if (g_node.gpus[i].minor == e->minor &&
+            (q->es->types[i] & (unsigned long long)nvmlEventTypeXidCriticalError)) {
+            q->found = 1;
+            q->event = *e;
+            return;
+        }
+    }
+}
+
+/* One try: fills *data with the next deliverable event of the set. */
+static nvmlReturn_t event_set_try(nvmlEventSet_t set, nvmlEventData_t *data) {
+    struct nvmlEventSet_st *es;
+    nvmlReturn_t rc = event_set_of(set, &es);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (data == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct next_query q = {es, 0, {0}};
+    scan_health(next_each, &q);
+    if (!q.found)
+        return NVML_ERROR_TIMEOUT;
+    for (unsigned int i = 0; i < g_node.gpu_count; i++) {
+        if (g_node.gpus[i].minor == q.event.minor) {
+            data->device = &g_gpu_handles[i];
+            break;
+        }
+    }
+    data->eventType = (unsigned long long)nvmlEventTypeXidCriticalError;
+    data->eventData = q.event.xid;
+    data->gpuInstanceId = 0xFFFFFFFFu;
+    data->computeInstanceId = 0xFFFFFFFFu;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t event_set_free(nvmlEventSet_t set) {
+    struct nvmlEventSet_st *es;
+    nvmlReturn_t rc = event_set_of(set, &es);
+    if (rc == NVML_SUCCESS)
+        es->used = 0;
     return rc;
 }
 
@@ -2326,6 +2540,32 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 
 nvmlReturn_t nvmlShutdown(void) { LOCKED(shutdown_locked()); }
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) { LOCKED(event_set_create(set)); }
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set) {
+    LOCKED(register_events(device, eventTypes, set));
+}
+
+/* Polls the state file every 10 ms until an event or the timeout, without holding the
+ * library lock while sleeping. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms) {
+    unsigned int waited = 0;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        nvmlReturn_t rc = event_set_try(set, data);
+        pthread_mutex_unlock(&g_lock);
+        if (rc != NVML_ERROR_TIMEOUT || waited >= timeoutms)
+            return rc;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        waited += 10;
+    }
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { LOCKED(event_set_free(set)); }
 
 /* The strings of the real library, so that logs read the same. */
 const char *nvmlErrorString(nvmlReturn_t result) {
