@@ -490,8 +490,8 @@ pub async fn run(
                 .prepared
                 .push((c.name.to_string(), devices, ids, spec));
         }
-        let mig_minors: std::collections::BTreeSet<u32> = report
-            .prepared
+        let mig_minors: std::collections::BTreeSet<u32> = report.prepared
+            [report.prepared.len() - phase.claims.len()..]
             .iter()
             .flat_map(|(_, devs, _, _)| devs.iter())
             .filter_map(|d| match crate::naming::parse_device_name(d) {
