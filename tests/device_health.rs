@@ -334,6 +334,11 @@ async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
         stored_taints(&h.api, "gpu-3") == Some(None)
     })
     .await;
-    drop(stream);
+    // The plugin stops with the kubelet's stream still open; the stream then ends.
     plugin.stop().await;
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.message().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the health stream outlived the plugin");
 }
