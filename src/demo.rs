@@ -344,7 +344,7 @@ pub async fn run(
             .unwrap_or(0);
         let _ = writeln!(
             out,
-            "  {:<8} type={:<4} {:<24} {:>6.1} GiB  {}",
+            "  {:<8} type={:<10} {:<24} {:>6.1} GiB  {}",
             d.name,
             attr("type"),
             attr("productName"),
