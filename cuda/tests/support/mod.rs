@@ -299,8 +299,8 @@ impl Sandbox {
             "\nmount -t tmpfs tmpfs /usr/local\nmkdir -p /usr/local/tessera/lib\n\
              mount --bind {lib} /usr/local/tessera/lib\n\
              mount -o remount,bind,ro /usr/local/tessera/lib\n\
-             mkdir -p {root}/etc-upper {root}/etc-work\n\
-             mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper,workdir={root}/etc-work /etc\n\
+             mkdir -p {root}/etc-upper-$$ {root}/etc-work-$$\n\
+             mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper-$$,workdir={root}/etc-work-$$ /etc\n\
              touch /etc/ld.so.preload\nmount --bind {root}/ld.so.preload /etc/ld.so.preload\n\
              mount -o remount,bind,ro /etc/ld.so.preload\nexec \"$@\"\n",
             lib = opts.lib_dir.as_ref().unwrap_or(&art.lib_dir).display()
@@ -308,7 +308,9 @@ impl Sandbox {
         s
     }
 
-    /// The command for `program args` inside the sandbox.
+    /// The command for `program args` inside the sandbox. Each command gets its own
+    /// overlay upper and work directories (`$$`): concurrent overlay mounts sharing a
+    /// work directory race on its `work/` subdirectory and fail with ENOENT.
     pub fn command(&self, opts: &RunOpts, program: &Path, args: &[&str]) -> Command {
         let art = artifacts();
         let mut cmd = Command::new("unshare");
