@@ -6,7 +6,8 @@
 //! * 8 processes allocating at once: CPU time per pair against one process;
 //! * `/bin/true` started under the preload.
 //!
-//! Run with `cargo bench -p tessera-cuda` (root, unshare and cc needed, as for the tests).
+//! Run with `cargo bench -p tessera-cuda` (root, unshare and cc needed, as for the tests);
+//! `TESSERA_BENCH_LIB=<path>` measures that library file instead of a fresh release build.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -47,7 +48,11 @@ fn main() {
     if !require("bench") {
         return;
     }
-    let release = built_library_with("release", &["--release"]);
+    // TESSERA_BENCH_LIB measures another build of the library (an older commit, the
+    // zig release artifact) in the same conditions.
+    let release = std::env::var_os("TESSERA_BENCH_LIB")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| built_library_with("release", &["--release"]));
     let lib_dir = release.parent().expect("dir").join("preload");
     std::fs::create_dir_all(&lib_dir).expect("mkdir");
     std::fs::copy(&release, lib_dir.join("libtessera_cuda.so")).expect("copy");
