@@ -3,8 +3,19 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::process::Command;
 
 fn main() {
+    println!("cargo::rerun-if-env-changed=RUSTC_LINKER");
+    let zig = std::env::var("RUSTC_LINKER").is_ok_and(|l| l.contains("zig"));
+    if !zig {
+        static_unwinder();
+        // The library's references to its own exported functions (the hooks, whose
+        // addresses it hands out) bind at link time: ld.so then resolves ~45 fewer
+        // symbols in every process it is preloaded into. (zig's linker driver does
+        // not take the flag.)
+        println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    }
     let src = "data/gpa-variants.tsv";
     println!("cargo::rerun-if-changed={src}");
     let text = std::fs::read_to_string(src).unwrap_or_else(|e| panic!("{src}: {e}"));
@@ -38,4 +49,36 @@ fn main() {
     out.push_str("];\n");
     let dst = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("gpa_variants.rs");
     std::fs::write(&dst, out).unwrap_or_else(|e| panic!("{}: {e}", dst.display()));
+}
+
+/// Links the unwinder statically, as the zig release build does: std names
+/// `-lgcc_s`, which makes `libgcc_s.so.1` NEEDED, and ld.so then loads a second
+/// library into every process of the container (about half of the library's start-up
+/// cost) and silently skips the preload in images without it. A linker script named
+/// `libgcc_s.so`, found first on the search path, points `-lgcc_s` at gcc's
+/// `libgcc_eh.a` (PIC on x86-64, as `-static-libgcc` uses it); its symbols stay local
+/// to the library, whose exports are only its `#[no_mangle]` hooks. Skipped for zig
+/// (its own unwinder) and when gcc has no `libgcc_eh.a`.
+fn static_unwinder() {
+    let target_ok = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
+    if !target_ok {
+        return;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let Ok(out) = Command::new(&cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+    else {
+        return;
+    };
+    let eh = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || !eh.starts_with('/') || !std::path::Path::new(&eh).exists() {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("static-unwind");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    std::fs::write(dir.join("libgcc_s.so"), format!("INPUT({eh})\n"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    println!("cargo::rustc-link-search=native={}", dir.display());
 }

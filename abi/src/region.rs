@@ -384,6 +384,75 @@ impl Region {
         }
     }
 
+    /// [`Region::reserve`] on the allocation path of the process that owns slot `s`
+    /// (holds its lock): the same compare-and-swap on the GPU's usage, so no
+    /// interleaving can exceed the budget, with fewer shared writes. The peak is read
+    /// first and only raised when this reservation is a new maximum (one shared write
+    /// instead of two). The slot's charge stays an atomic add: the owner's threads
+    /// write it concurrently (reclaim touches the slots of dead processes only, so it
+    /// never contends), and a lost update there would let a reclaim return more than
+    /// the process held.
+    pub fn reserve_owned(
+        &self,
+        s: usize,
+        g: usize,
+        bytes: u64,
+        budget: u64,
+    ) -> Result<(), Refusal> {
+        if !self.map.writable() {
+            return Err(Refusal::ReadOnly);
+        }
+        let (Some(used), Some(charged)) = (self.gpu_field(g, gpu::USED), self.charged(s, g)) else {
+            return Err(Refusal::OutOfRange);
+        };
+        let mut cur = used.load(Ordering::Relaxed);
+        loop {
+            let next = match cur.checked_add(bytes) {
+                Some(n) if n <= budget => n,
+                _ => {
+                    if let Some(r) = self.gpu_field(g, gpu::REFUSED) {
+                        r.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(Refusal::OverBudget);
+                }
+            };
+            match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    charged.fetch_add(bytes, Ordering::Release);
+                    if let Some(p) = self.gpu_field(g, gpu::PEAK)
+                        && p.load(Ordering::Relaxed) < next
+                    {
+                        p.fetch_max(next, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// [`Region::release`] for the process that owns slot `s`: the slot's charge as
+    /// before (saturating, on the process's own cache line), the GPU's usage with one
+    /// atomic subtract instead of a compare-and-swap loop, which retries when processes
+    /// contend. Usage includes this slot's charge, so the subtract cannot pass zero
+    /// unless the region was corrupted; if it does, the value is put back to what a
+    /// saturating subtract gives, and meanwhile it reads as huge, which refuses
+    /// reservations rather than admitting them.
+    pub fn release_owned(&self, s: usize, g: usize, bytes: u64) {
+        if !self.map.writable() {
+            return;
+        }
+        if let Some(c) = self.charged(s, g) {
+            sat_sub(c, bytes);
+        }
+        if let Some(u) = self.gpu_field(g, gpu::USED) {
+            let before = u.fetch_sub(bytes, Ordering::AcqRel);
+            if before < bytes {
+                u.fetch_add(bytes - before, Ordering::AcqRel);
+            }
+        }
+    }
+
     /// Returns every charge of slot `s` to the GPU totals and frees the slot. Call only
     /// while holding the slot's OFD lock (after finding it unlocked with a token).
     pub fn reclaim_slot(&self, s: usize) -> Vec<u64> {
@@ -473,4 +542,93 @@ fn sat_sub(a: &std::sync::atomic::AtomicU64, n: u64) {
     let _ = a.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
         Some(v.saturating_sub(n))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::AtomicU64;
+
+    fn region(dir: &tempfile::TempDir, slots: u32) -> std::path::PathBuf {
+        let p = dir.path().join("region");
+        File::create(&p)
+            .unwrap()
+            .write_all(&initial_bytes(&["GPU-a"], slots).unwrap())
+            .unwrap();
+        p
+    }
+
+    /// The owner's fast paths keep the same books as `reserve`/`release`: eight
+    /// threads of one process (one slot) and eight of others race reservations and
+    /// releases; usage never passes the budget, the peak is the true maximum, and every
+    /// release returns exactly what was reserved.
+    #[test]
+    fn owned_reserve_and_release_never_exceed_and_balance() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = region(&dir, 4);
+        let budget = 16 << 20;
+        let max_seen = AtomicU64::new(0);
+        let open = || {
+            let f = File::options().read(true).write(true).open(&p).unwrap();
+            Region::map(&f, true).unwrap()
+        };
+        let shared = open();
+        for s in 0..4 {
+            shared.occupy_slot(s, 1 + s as u128, 0, 0);
+        }
+        std::thread::scope(|sc| {
+            for t in 0..16usize {
+                let (shared, max_seen) = (&shared, &max_seen);
+                let own = open();
+                sc.spawn(move || {
+                    // Threads 0..8 share slot 0 (one process), the rest use slots 1..4.
+                    let (r, s) = if t < 8 {
+                        (shared, 0)
+                    } else {
+                        (&own, 1 + t % 3)
+                    };
+                    let mut held = Vec::new();
+                    for i in 0..4000u64 {
+                        let bytes = (1 + (i * 7 + t as u64) % 5) << 20;
+                        if r.reserve_owned(s, 0, bytes, budget).is_ok() {
+                            held.push(bytes);
+                        }
+                        let used = r.gpu_used(0).unwrap();
+                        assert!(used <= budget, "used {used} > budget {budget}");
+                        max_seen.fetch_max(used, Ordering::Relaxed);
+                        if held.len() > 3 || (i % 3 == 0 && !held.is_empty()) {
+                            r.release_owned(s, 0, held.swap_remove(0));
+                        }
+                    }
+                    for b in held {
+                        r.release_owned(s, 0, b);
+                    }
+                });
+            }
+        });
+        let s = shared.snapshot().unwrap();
+        assert_eq!(s.gpus[0].used, 0);
+        assert!(s.gpus[0].peak <= budget);
+        assert!(s.gpus[0].peak >= max_seen.load(Ordering::Relaxed));
+        assert_eq!(s.slots.len(), 4);
+        assert!(s.slots.iter().all(|x| x.charged == [0]), "{:?}", s.slots);
+        assert!(s.gpus[0].refused > 0, "the budget was never reached");
+    }
+
+    /// A release larger than the charge (a corrupted region) saturates at zero.
+    #[test]
+    fn owned_release_saturates() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = region(&dir, 2);
+        let f = File::options().read(true).write(true).open(&p).unwrap();
+        let r = Region::map(&f, true).unwrap();
+        r.occupy_slot(0, 7, 0, 0);
+        r.reserve_owned(0, 0, 10, 100).unwrap();
+        r.release_owned(0, 0, 25);
+        let s = r.snapshot().unwrap();
+        assert_eq!((s.gpus[0].used, s.gpus[0].peak), (0, 10));
+        assert_eq!(s.slots[0].charged, [0]);
+        assert_eq!(r.reserve_owned(0, 0, 101, 100), Err(Refusal::OverBudget));
+    }
 }
