@@ -139,10 +139,9 @@ pub fn rootfs(dir: &Path, programs: &[&Path]) -> PathBuf {
             std::os::unix::fs::symlink("busybox", r.join("bin").join(applet)).ok();
         }
     }
-    // libgcc_s as in any Debian or Ubuntu image (Priority: required): the debug build
-    // of the interception library needs it (the release build, for glibc 2.17, does
-    // not; cuda/tests/release_artifact.rs runs it in a rootfs without libgcc_s).
-    for lib in ["libc.so.6", "ld-linux-x86-64.so.2", "libgcc_s.so.1"] {
+    // Only libc and the loader: no libgcc_s, as in minimal images. The interception
+    // library links its unwinder statically, so it loads here too.
+    for lib in ["libc.so.6", "ld-linux-x86-64.so.2"] {
         let src = Path::new("/lib/x86_64-linux-gnu").join(lib);
         // `copy` keeps the mode: the loader must stay executable.
         std::fs::copy(&src, r.join("lib/x86_64-linux-gnu").join(lib))
