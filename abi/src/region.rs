@@ -334,71 +334,16 @@ impl Region {
         })
     }
 
-    /// Reserves `bytes` on GPU `g` for slot `s` under `budget`: an atomic
-    /// compare-and-swap on the GPU's usage, so that no interleaving of processes can
-    /// exceed the budget; then the slot's charge. Usage is raised before the slot is
-    /// charged: a process killed between the two leaks its reservation (the budget
-    /// shrinks until the claim ends) rather than letting usage fall below reality.
+    /// Reserves `bytes` on GPU `g` for slot `s` (whose lock the caller holds) under
+    /// `budget`: an atomic compare-and-swap on the GPU's usage, so that no interleaving
+    /// of processes can exceed the budget; then the slot's charge. Usage is raised
+    /// before the slot is charged: a process killed between the two leaks its
+    /// reservation (the budget shrinks until the claim ends) rather than letting usage
+    /// fall below reality. The peak is read first and only raised on a new maximum
+    /// (one shared write instead of two). The slot's charge stays an atomic add: the
+    /// owner's threads write it concurrently, and a lost update would let a reclaim
+    /// return more than the process held.
     pub fn reserve(&self, s: usize, g: usize, bytes: u64, budget: u64) -> Result<(), Refusal> {
-        if !self.map.writable() {
-            return Err(Refusal::ReadOnly);
-        }
-        let (Some(used), Some(charged)) = (self.gpu_field(g, gpu::USED), self.charged(s, g)) else {
-            return Err(Refusal::OutOfRange);
-        };
-        let mut cur = used.load(Ordering::Relaxed);
-        loop {
-            let next = match cur.checked_add(bytes) {
-                Some(n) if n <= budget => n,
-                _ => {
-                    if let Some(r) = self.gpu_field(g, gpu::REFUSED) {
-                        r.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Err(Refusal::OverBudget);
-                }
-            };
-            match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => {
-                    charged.fetch_add(bytes, Ordering::AcqRel);
-                    if let Some(p) = self.gpu_field(g, gpu::PEAK) {
-                        p.fetch_max(next, Ordering::Relaxed);
-                    }
-                    return Ok(());
-                }
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Returns `bytes` charged to slot `s` on GPU `g` (a free, or a rollback after a
-    /// failed allocation). Saturates at zero rather than wrapping.
-    pub fn release(&self, s: usize, g: usize, bytes: u64) {
-        if !self.map.writable() {
-            return;
-        }
-        if let Some(c) = self.charged(s, g) {
-            sat_sub(c, bytes);
-        }
-        if let Some(u) = self.gpu_field(g, gpu::USED) {
-            sat_sub(u, bytes);
-        }
-    }
-
-    /// [`Region::reserve`] on the allocation path of the process that owns slot `s`
-    /// (holds its lock): the same compare-and-swap on the GPU's usage, so no
-    /// interleaving can exceed the budget, with fewer shared writes. The peak is read
-    /// first and only raised when this reservation is a new maximum (one shared write
-    /// instead of two). The slot's charge stays an atomic add: the owner's threads
-    /// write it concurrently (reclaim touches the slots of dead processes only, so it
-    /// never contends), and a lost update there would let a reclaim return more than
-    /// the process held.
-    pub fn reserve_owned(
-        &self,
-        s: usize,
-        g: usize,
-        bytes: u64,
-        budget: u64,
-    ) -> Result<(), Refusal> {
         if !self.map.writable() {
             return Err(Refusal::ReadOnly);
         }
@@ -431,14 +376,14 @@ impl Region {
         }
     }
 
-    /// [`Region::release`] for the process that owns slot `s`: the slot's charge as
-    /// before (saturating, on the process's own cache line), the GPU's usage with one
-    /// atomic subtract instead of a compare-and-swap loop, which retries when processes
-    /// contend. Usage includes this slot's charge, so the subtract cannot pass zero
-    /// unless the region was corrupted; if it does, the value is put back to what a
-    /// saturating subtract gives, and meanwhile it reads as huge, which refuses
+    /// Returns `bytes` charged to slot `s` on GPU `g` (a free, or a rollback after a
+    /// failed allocation), by the process that owns the slot. The slot's charge
+    /// saturates at zero; the GPU's usage takes one atomic subtract (no retry loop when
+    /// processes contend). Usage includes this slot's charge, so the subtract cannot
+    /// pass zero unless the region was corrupted; if it does, the value is put back to
+    /// what a saturating subtract gives, and meanwhile it reads as huge, which refuses
     /// reservations rather than admitting them.
-    pub fn release_owned(&self, s: usize, g: usize, bytes: u64) {
+    pub fn release(&self, s: usize, g: usize, bytes: u64) {
         if !self.map.writable() {
             return;
         }
@@ -591,18 +536,18 @@ mod tests {
                     let mut held = Vec::new();
                     for i in 0..4000u64 {
                         let bytes = (1 + (i * 7 + t as u64) % 5) << 20;
-                        if r.reserve_owned(s, 0, bytes, budget).is_ok() {
+                        if r.reserve(s, 0, bytes, budget).is_ok() {
                             held.push(bytes);
                         }
                         let used = r.gpu_used(0).unwrap();
                         assert!(used <= budget, "used {used} > budget {budget}");
                         max_seen.fetch_max(used, Ordering::Relaxed);
                         if held.len() > 3 || (i % 3 == 0 && !held.is_empty()) {
-                            r.release_owned(s, 0, held.swap_remove(0));
+                            r.release(s, 0, held.swap_remove(0));
                         }
                     }
                     for b in held {
-                        r.release_owned(s, 0, b);
+                        r.release(s, 0, b);
                     }
                 });
             }
@@ -624,11 +569,11 @@ mod tests {
         let f = File::options().read(true).write(true).open(&p).unwrap();
         let r = Region::map(&f, true).unwrap();
         r.occupy_slot(0, 7, 0, 0);
-        r.reserve_owned(0, 0, 10, 100).unwrap();
-        r.release_owned(0, 0, 25);
+        r.reserve(0, 0, 10, 100).unwrap();
+        r.release(0, 0, 25);
         let s = r.snapshot().unwrap();
         assert_eq!((s.gpus[0].used, s.gpus[0].peak), (0, 10));
         assert_eq!(s.slots[0].charged, [0]);
-        assert_eq!(r.reserve_owned(0, 0, 101, 100), Err(Refusal::OverBudget));
+        assert_eq!(r.reserve(0, 0, 101, 100), Err(Refusal::OverBudget));
     }
 }

@@ -240,7 +240,7 @@ impl State {
                 let Some(s) = c.slot else {
                     return Err(Refused::NoSlot);
                 };
-                match c.region.reserve_owned(s, p.gpu, bytes, p.budget) {
+                match c.region.reserve(s, p.gpu, bytes, p.budget) {
                     Ok(()) => {
                         return Ok(Charge {
                             claim: p.claim as u16,
@@ -285,7 +285,7 @@ impl State {
             .map(|p| p.budget)
             .ok_or(Refused::NoSlot)?;
         cl.region
-            .reserve_owned(s, usize::from(c.gpu), bytes, budget)
+            .reserve(s, usize::from(c.gpu), bytes, budget)
             .map_err(|_| Refused::OverBudget)
     }
 
@@ -294,7 +294,7 @@ impl State {
         if let Some(cl) = self.claims.get(usize::from(c.claim))
             && let Some(s) = cl.slot
         {
-            cl.region.release_owned(s, usize::from(c.gpu), c.bytes);
+            cl.region.release(s, usize::from(c.gpu), c.bytes);
         }
     }
 
