@@ -98,11 +98,23 @@ pub struct ClaimRecord {
     /// The interception library version the claim's spec mounts (kept while referenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lib_version: Option<String>,
+    /// The pods the claim was reserved for when it was prepared (`status.reservedFor`):
+    /// the watchdog maps a GPU process to its claim through its pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodRef>,
     /// Unix seconds when prepare started / completed.
     #[serde(default)]
     pub started_at: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<u64>,
+}
+
+/// A pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
 }
 
 /// The whole checkpoint.
@@ -261,6 +273,7 @@ mod tests {
             cdi_spec: Some("tessera.dev-gpu-u1.json".into()),
             claim_files: false,
             lib_version: None,
+            pods: Vec::new(),
             started_at: 1,
             completed_at: None,
         }

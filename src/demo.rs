@@ -271,6 +271,8 @@ pub async fn run(
         adopt_unknown_mig: false,
         interception_lib: Some(interception_lib.to_path_buf()),
         metrics_addr: None,
+        watchdog: crate::watchdog::Mode::Enforce,
+        watchdog_tolerance: crate::watchdog::DEFAULT_TOLERANCE,
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

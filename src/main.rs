@@ -137,6 +137,13 @@ struct PluginArgs {
     /// Seconds between checks of prepared claims against the API server.
     #[arg(long, default_value = "600")]
     stale_claim_check_seconds: u64,
+    /// The memory watchdog: enforce (kill processes of a shared claim over its budget),
+    /// report (only report), or off.
+    #[arg(long, env = "TESSERA_WATCHDOG", default_value = "enforce")]
+    watchdog: tessera::watchdog::Mode,
+    /// How far above its budget a shared claim's real usage may go before the watchdog acts.
+    #[arg(long, default_value = "256Mi", value_parser = tessera::watchdog::parse_tolerance)]
+    watchdog_tolerance: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -349,6 +356,8 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             "off" | "" => None,
             s => Some(tessera::health::parse_addr(s).map_err(anyhow::Error::msg)?),
         },
+        watchdog: a.watchdog,
+        watchdog_tolerance: a.watchdog_tolerance,
     };
     tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())

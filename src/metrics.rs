@@ -9,7 +9,8 @@
 //!
 //! Rendering a snapshot is pure; [`gather`] is the one edge (file reads).
 
-use std::sync::LazyLock;
+use std::collections::BTreeMap;
+use std::sync::{LazyLock, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -89,6 +90,66 @@ pub struct DriverMetrics {
     pub publications: Family<ResultLabel, Counter>,
     pub mig_created: Counter,
     pub mig_destroyed: Counter,
+    pub watchdog_actions: Family<WatchdogLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchdogLabel {
+    /// `kill` or `report`.
+    pub action: String,
+    /// `over_budget`, `no_claim` or `zombie`.
+    pub reason: String,
+}
+
+/// What the background loops (compute controller, watchdog) last found, read at each
+/// scrape. Keys are looked up from the checkpoint's claims, so a claim's series vanish
+/// with its unprepare even if an entry lingers here until the next tick.
+#[derive(Debug, Default)]
+pub struct RuntimeStatus {
+    /// (claim UID, GPU UUID) → compute status.
+    pub compute: BTreeMap<(String, String), ComputeStatus>,
+    /// GPU UUID → (zombie bytes, PIDs).
+    pub zombies: BTreeMap<String, (u64, Vec<u32>)>,
+}
+
+/// A claim's compute on one GPU as the controller last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ComputeStatus {
+    /// Share of the GPU's busy time, 0 to 1 (NVML per-process samples).
+    pub achieved: Option<f64>,
+    /// The controller's target, 0 to 1, while contended or capped.
+    pub target: Option<f64>,
+    /// Thread blocks per second allowed; 0 = unthrottled.
+    pub block_rate: u64,
+}
+
+/// The process-wide runtime status.
+pub fn runtime() -> &'static Mutex<RuntimeStatus> {
+    static S: LazyLock<Mutex<RuntimeStatus>> = LazyLock::new(Mutex::default);
+    &S
+}
+
+/// Replaces the zombie-memory table (the watchdog, each tick).
+pub fn set_zombies(z: BTreeMap<String, (u64, Vec<u32>)>) {
+    runtime().lock().unwrap_or_else(|p| p.into_inner()).zombies = z;
+}
+
+/// Replaces one claim's compute status (the controller, each tick).
+pub fn set_compute(claim: &str, gpu: &str, st: ComputeStatus) {
+    runtime()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .compute
+        .insert((claim.to_string(), gpu.to_string()), st);
+}
+
+/// Forgets compute status of claims no longer present.
+pub fn retain_compute(keep: impl Fn(&str) -> bool) {
+    runtime()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .compute
+        .retain(|(c, _), _| keep(c));
 }
 
 /// The driver metrics of this process.
@@ -102,6 +163,7 @@ pub fn driver() -> &'static DriverMetrics {
         publications: Family::default(),
         mig_created: Counter::default(),
         mig_destroyed: Counter::default(),
+        watchdog_actions: Family::default(),
     });
     &M
 }
@@ -128,6 +190,16 @@ impl DriverMetrics {
                 })
                 .inc();
         }
+    }
+
+    /// Records one watchdog action.
+    pub fn watchdog_action(&self, action: &str, reason: &str) {
+        self.watchdog_actions
+            .get_or_create(&WatchdogLabel {
+                action: action.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Records one publication of the pool.
@@ -182,6 +254,11 @@ impl DriverMetrics {
             "MIG devices destroyed (unprepare, rollback, start-up clean-up)",
             self.mig_destroyed.clone(),
         );
+        r.register(
+            "tessera_watchdog_actions",
+            "Watchdog actions, by action (kill, report) and reason (over_budget, no_claim, zombie)",
+            self.watchdog_actions.clone(),
+        );
     }
 }
 
@@ -202,6 +279,12 @@ pub struct GpuRow {
     pub claims: u64,
     /// Reserved compute of shared claims, 0 to 1.
     pub compute_reserved: f64,
+    /// Memory in use on the device, from the driver (NVML); `None` without one.
+    pub memory_used: Option<u64>,
+    /// Busy ratio over the driver's last sample window, 0 to 1.
+    pub utilization: Option<f64>,
+    /// Memory held by vanished processes or processes of unprepared claims (watchdog).
+    pub memory_zombie: u64,
 }
 
 /// One (claim, GPU) pair of a prepared claim.
@@ -219,6 +302,8 @@ pub struct ClaimRow {
     /// From the accounting region (shares and slots only).
     pub usage: Option<ClaimUsage>,
     pub compute_reserved: f64,
+    /// From the compute controller (shares and slots only).
+    pub compute: Option<ComputeStatus>,
 }
 
 /// What a shared claim's region says about one GPU.
@@ -313,6 +398,29 @@ pub fn render(snap: &NodeSnapshot) -> String {
     );
     gauge_family(
         &mut r,
+        "tessera_gpu_memory_used",
+        "GPU memory in use, as the driver reports it (all processes)",
+        Some(Unit::Bytes),
+        gpus.iter()
+            .filter_map(|g| g.memory_used.map(|u| (gl(g), u as f64))),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_memory_zombie",
+        "GPU memory held by processes that no longer exist or whose claim was unprepared",
+        Some(Unit::Bytes),
+        gpus.iter().map(|g| (gl(g), g.memory_zombie as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_gpu_utilization",
+        "Ratio of the driver's last sample window a kernel was running",
+        Some(Unit::Other("ratio".into())),
+        gpus.iter()
+            .filter_map(|g| g.utilization.map(|u| (gl(g), u))),
+    );
+    gauge_family(
+        &mut r,
         "tessera_gpu_claims",
         "Prepared claims using the GPU",
         None,
@@ -379,6 +487,28 @@ pub fn render(snap: &NodeSnapshot) -> String {
         Some(Unit::Other("ratio".into())),
         claims.iter().map(|c| (cl(c), c.compute_reserved)),
     );
+    let compute = || claims.iter().filter_map(|c| c.compute.map(|s| (c, s)));
+    gauge_family(
+        &mut r,
+        "tessera_claim_compute_achieved",
+        "A shared claim's share of the GPU's busy time, as a ratio (NVML per-process samples)",
+        Some(Unit::Other("ratio".into())),
+        compute().filter_map(|(c, s)| s.achieved.map(|a| (cl(c), a))),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_claim_compute_target",
+        "The compute controller's target share for a claim under contention or a cap, as a ratio",
+        Some(Unit::Other("ratio".into())),
+        compute().filter_map(|(c, s)| s.target.map(|t| (cl(c), t))),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_claim_launch_rate",
+        "Thread blocks per second the controller allows a claim (0 = unthrottled)",
+        Some(Unit::Other("blocks_per_second".into())),
+        compute().map(|(c, s)| (cl(c), s.block_rate as f64)),
+    );
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
@@ -443,7 +573,9 @@ pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
         node: node.to_string(),
         ..Default::default()
     };
+    let rt = runtime().lock().unwrap_or_else(|p| p.into_inner());
     for g in state.gpus() {
+        let usage = state.backend().usage(g.gpu.minor).ok().flatten();
         snap.gpus.push(GpuRow {
             uuid: g.gpu.uuid.clone(),
             minor: g.gpu.minor,
@@ -454,6 +586,11 @@ pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
             memory_charged: 0,
             claims: 0,
             compute_reserved: 0.0,
+            memory_used: usage.as_ref().map(|u| u.used_bytes),
+            utilization: usage
+                .and_then(|u| u.utilization_percent)
+                .map(|p| f64::from(p) / 100.0),
+            memory_zombie: rt.zombies.get(&g.gpu.uuid).map_or(0, |z| z.0),
         });
     }
     for (uid, rec) in &claims {
@@ -498,6 +635,7 @@ pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
                         .find(|(u, _)| u == &d.gpu_uuid)
                         .map(|(_, u)| *u),
                     compute_reserved: compute,
+                    compute: rt.compute.get(&(uid.clone(), d.gpu_uuid.clone())).copied(),
                 }),
             }
         }
@@ -531,6 +669,9 @@ mod tests {
                 memory_charged: 3 << 30,
                 claims: 2,
                 compute_reserved: 0.65,
+                memory_used: Some(5 << 30),
+                utilization: Some(0.875),
+                memory_zombie: 1 << 30,
             }],
             claims: vec![ClaimRow {
                 namespace: "ns".into(),
@@ -546,6 +687,11 @@ mod tests {
                     processes: 1,
                 }),
                 compute_reserved: 0.25,
+                compute: Some(ComputeStatus {
+                    achieved: Some(0.4),
+                    target: Some(0.425),
+                    block_rate: 12000,
+                }),
             }],
         }
     }
@@ -562,6 +708,9 @@ mod tests {
             "tessera_claim_memory_used_bytes{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 3221225472.0",
             "tessera_claim_refused_allocations_total{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 2",
             "tessera_claim_processes{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 1.0",
+            "tessera_gpu_memory_zombie_bytes{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 1073741824.0",
+            "tessera_gpu_utilization_ratio{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 0.875",
+            "tessera_claim_compute_achieved_ratio{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 0.4",
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");
         }

@@ -63,6 +63,9 @@ pub struct PluginOptions {
     pub interception_lib: Option<PathBuf>,
     /// Where `/healthz` and `/readyz` are served (`--metrics-addr`); `None`: nowhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--watchdog` and `--watchdog-tolerance`.
+    pub watchdog: crate::watchdog::Mode,
+    pub watchdog_tolerance: u64,
 }
 
 impl PluginOptions {
@@ -335,6 +338,24 @@ pub async fn run(
     let publish_task = tokio::spawn(publisher.run(slices_rx, opts.publish_debounce, async move {
         let _ = stop.wait_for(|s| *s).await;
     }));
+    // COMPUTE-CONTROLLER-WIRING
+    let watchdog_task = tokio::spawn(
+        crate::watchdog::Watchdog::new(
+            crate::watchdog::WatchdogConfig {
+                mode: opts.watchdog,
+                tolerance: opts.watchdog_tolerance,
+                proc_root: opts.paths.proc_root.clone(),
+                interval: crate::watchdog::INTERVAL,
+            },
+            state.clone(),
+            Some(Box::new(crate::watchdog::KubeEvents {
+                client: client.clone(),
+                node: opts.node_name.clone(),
+                handle: tokio::runtime::Handle::current(),
+            })),
+        )
+        .run(bg_stop_rx.clone()),
+    );
     let cleanup_task = tokio::spawn(stale_claim_cleanup(
         state.clone(),
         client.clone(),
@@ -362,6 +383,7 @@ pub async fn run(
         let _ = std::fs::remove_file(path);
     }
     let _ = devhealth_task.await;
+    let _ = watchdog_task.await;
     let _ = publish_task.await;
     let _ = cleanup_task.await;
     Ok(())

@@ -35,6 +35,13 @@ fn makedev(major: u64, minor: u64) -> u64 {
         | (minor & 0xff)
 }
 
+/// The `(device, inode)` identity a `maps` line refers to, comparable with `stat`'s
+/// `(st_dev, st_ino)`; `None` for unparsable lines.
+pub fn parse_maps_identity(line: &str) -> Option<(u64, u64)> {
+    let (ma, mi, ino) = parse_maps_line(line)?;
+    (ino != 0).then(|| (makedev(ma, mi), ino))
+}
+
 /// Host PIDs (as seen under `proc_root`) that have `file` mapped, sorted. Processes
 /// that exit or deny access while being scanned are skipped.
 pub fn pids_mapping(proc_root: &Path, file: &Path) -> std::io::Result<Vec<u32>> {

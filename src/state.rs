@@ -188,7 +188,26 @@ pub struct DeviceState {
     mutex: Mutex<()>,
     /// The installed interception library version (installed under the node lock).
     library: Mutex<Option<String>>,
+    /// Claims unprepared lately, newest last (bounded): the watchdog attributes memory
+    /// still held after an unprepare (zombie memory) to them.
+    unprepared: Mutex<std::collections::VecDeque<Unprepared>>,
 }
+
+/// A claim unprepared by this process, remembered for [`RECENT_UNPREPARED`] entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unprepared {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub pods: Vec<crate::checkpoint::PodRef>,
+    /// UUIDs of the GPUs its devices were on.
+    pub gpus: Vec<String>,
+    /// Unix seconds.
+    pub at: u64,
+}
+
+/// How many unprepared claims the state remembers for zombie attribution.
+pub const RECENT_UNPREPARED: usize = 256;
 
 struct Locked<'a> {
     _guard: MutexGuard<'a, ()>,
@@ -219,6 +238,7 @@ impl DeviceState {
             cdi,
             mutex: Mutex::new(()),
             library: Mutex::new(None),
+            unprepared: Mutex::new(std::collections::VecDeque::new()),
         };
         let recovery = state.recover()?;
         Ok((state, recovery))
@@ -231,6 +251,21 @@ impl DeviceState {
     /// The GPUs this state manages.
     pub fn gpus(&self) -> &[ManagedGpu] {
         &self.gpus
+    }
+
+    /// The GPU backend (the compute controller and the watchdog query it).
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Claims this process unprepared lately, oldest first.
+    pub fn recently_unprepared(&self) -> Vec<Unprepared> {
+        self.unprepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// The claims in the checkpoint, as last stored (no lock: the file is replaced
@@ -775,6 +810,7 @@ impl DeviceState {
                 } else {
                     None
                 },
+                pods: reserved_pods(claim),
                 started_at: unix_now(),
                 completed_at: None,
             },
@@ -886,6 +922,21 @@ impl DeviceState {
         if rec.lib_version.is_some() {
             self.gc_libraries(&cp)?;
         }
+        let mut recent = self.unprepared.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() >= RECENT_UNPREPARED {
+            recent.pop_front();
+        }
+        let mut gpus: Vec<String> = rec.devices.iter().map(|d| d.gpu_uuid.clone()).collect();
+        gpus.sort();
+        gpus.dedup();
+        recent.push_back(Unprepared {
+            uid: uid.to_string(),
+            namespace: rec.namespace.clone(),
+            name: rec.name.clone(),
+            pods: rec.pods.clone(),
+            gpus,
+            at: unix_now(),
+        });
         Ok(())
     }
 
@@ -923,6 +974,22 @@ fn remove_spec_file(cdi_dir: &Path, file_name: &str) -> Result<(), PrepareError>
     SpecWriter::new(cdi_dir.to_path_buf())
         .remove(&names)
         .map_err(PrepareError::CdiRemove)
+}
+
+/// The pods in a claim's `status.reservedFor`.
+fn reserved_pods(claim: &ResourceClaim) -> Vec<crate::checkpoint::PodRef> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| crate::checkpoint::PodRef {
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect()
 }
 
 /// What the other prepared claims hold: their hold keys and, per GPU minor, the sum of

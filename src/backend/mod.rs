@@ -172,6 +172,37 @@ pub enum HealthEventKind {
     Recovered,
 }
 
+/// A process with a context on a GPU, as the driver lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Host PID (the driver sees the host PID namespace).
+    pub pid: u32,
+    /// Device memory the process holds; `None` when the driver cannot say (NVML
+    /// reports "not available" in some configurations).
+    pub used_bytes: Option<u64>,
+    /// The MIG GPU instance the process runs on; `None` for the whole GPU.
+    pub gi_id: Option<u32>,
+}
+
+/// One per-process utilization sample (NVML `nvmlProcessUtilizationSample_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// Driver timestamp in microseconds; pass the largest seen as `since_us` next time.
+    pub timestamp_us: u64,
+    /// Share of the sample window the process had a kernel running, in percent.
+    pub sm_percent: u32,
+}
+
+/// A GPU's device-wide usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuUsage {
+    /// Device memory in use, all processes (and the driver's own reservations).
+    pub used_bytes: u64,
+    /// Percent of the last sample window a kernel was running; `None` when unsupported.
+    pub utilization_percent: Option<u32>,
+}
+
 /// The narrow interface Tessera needs from a GPU driver. Later issues add MIG
 /// operations and health events here, shaped by what Tessera does, not by NVML.
 pub trait GpuBackend: Send + Sync {
@@ -208,5 +239,30 @@ pub trait GpuBackend: Send + Sync {
     fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
         let _ = since;
         Ok(Vec::new())
+    }
+
+    /// Processes with a compute context on GPU `minor` (and its MIG devices). The
+    /// default is a node without CUDA processes: the mock backend simulates no
+    /// driver-side processes (the fake `libnvidia-ml` does, over the NVML backend).
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let _ = minor;
+        Ok(Vec::new())
+    }
+
+    /// Per-process utilization samples of GPU `minor` taken after `since_us`.
+    fn process_utilization(
+        &self,
+        minor: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessSample>, BackendError> {
+        let _ = (minor, since_us);
+        Ok(Vec::new())
+    }
+
+    /// Device-wide memory use and utilization of GPU `minor`; `None` when the backend
+    /// has no usage to report (the mock backend).
+    fn usage(&self, minor: u32) -> Result<Option<GpuUsage>, BackendError> {
+        let _ = minor;
+        Ok(None)
     }
 }

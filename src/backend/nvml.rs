@@ -34,8 +34,8 @@ use nvml_wrapper::struct_wrappers::device::ProfileInfo;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{
-    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, HealthEvent, HealthEventKind,
-    MigInstance, MigStatus, NodeInventory,
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, GpuProcess, GpuUsage,
+    HealthEvent, HealthEventKind, MigInstance, MigStatus, NodeInventory, ProcessSample,
 };
 use crate::mig::MigError;
 use crate::mig::geometry::NVML_GPU_INSTANCE_PROFILE_COUNT;
@@ -1114,6 +1114,71 @@ impl GpuBackend for NvmlBackend {
             }
         }
         Ok(p.log.iter().filter(|e| e.seq > since).copied().collect())
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: on a MIG-enabled GPU the parent
+    /// handle lists the processes of every MIG device, with their GPU instance.
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let list = self
+            .device(gpu)
+            .running_compute_processes()
+            .map_err(nvml_call(
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                gpu.index,
+            ))?;
+        Ok(list
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                },
+                gi_id: p.gpu_instance_id,
+            })
+            .collect())
+    }
+
+    /// `nvmlDeviceGetProcessUtilization`; NVML's `NOT_FOUND` (no sample newer than
+    /// `since_us`) is an empty list.
+    fn process_utilization(
+        &self,
+        minor: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessSample>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        match self.device(gpu).process_utilization_stats(since_us) {
+            Ok(v) => Ok(v
+                .into_iter()
+                .map(|s| ProcessSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm_percent: s.sm_util,
+                })
+                .collect()),
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            Err(e) => Err(nvml_call("nvmlDeviceGetProcessUtilization", gpu.index)(e)),
+        }
+    }
+
+    /// `nvmlDeviceGetMemoryInfo` and `nvmlDeviceGetUtilizationRates` (the latter may be
+    /// unsupported, e.g. with MIG on).
+    fn usage(&self, minor: u32) -> Result<Option<GpuUsage>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let dev = self.device(gpu);
+        let mem = dev
+            .memory_info()
+            .map_err(nvml_call("nvmlDeviceGetMemoryInfo", gpu.index))?;
+        let utilization_percent = match dev.utilization_rates() {
+            Ok(u) => Some(u.gpu),
+            Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => None,
+            Err(e) => return Err(nvml_call("nvmlDeviceGetUtilizationRates", gpu.index)(e)),
+        };
+        Ok(Some(GpuUsage {
+            used_bytes: mem.used,
+            utilization_percent,
+        }))
     }
 }
 

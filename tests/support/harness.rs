@@ -60,6 +60,8 @@ pub fn options(root: &Path) -> PluginOptions {
         adopt_unknown_mig: false,
         interception_lib: Some(interception_stand_in(root)),
         metrics_addr: None,
+        watchdog: tessera::watchdog::Mode::Enforce,
+        watchdog_tolerance: tessera::watchdog::DEFAULT_TOLERANCE,
     }
 }
 

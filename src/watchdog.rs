@@ -1,0 +1,674 @@
+//! The node-side watchdog behind the interception library's memory wall.
+//!
+//! The library cannot see a statically linked program, a custom loader, allocations
+//! outside its scope, or a tenant who corrupts its own region. The driver can: NVML
+//! lists every process with a context and the memory it holds. The watchdog maps each
+//! of those processes to a claim **by host PID and cgroup**, never through the
+//! library's registry (a process that bypassed the library is not in it): the pod UID
+//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod.
+//!
+//! Per tick and GPU it finds:
+//! * **over budget**: a shared claim whose processes hold more than its budget plus
+//!   the tolerance. `--watchdog=enforce` (default) kills the largest offenders until
+//!   the claim is back within budget; `report` only reports. Either way a Warning
+//!   Event goes to the pod and a log line names the PIDs.
+//! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
+//!   GPU. Reported (log, metric) once per process.
+//! * **zombie memory**: memory held by a process that no longer exists, or by a process
+//!   of a claim this plugin unprepared. Reported (log naming the PIDs, gauge per GPU).
+//!
+//! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
+//! Events).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::checkpoint::{ClaimRecord, ClaimState, PodRef};
+use crate::state::{DeviceState, Unprepared};
+
+/// What the watchdog does about a claim over its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Kill the offending processes (default).
+    Enforce,
+    /// Only report them.
+    Report,
+    /// No watchdog at all.
+    Off,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "report" => Ok(Mode::Report),
+            "off" => Ok(Mode::Off),
+            other => Err(format!(
+                "unknown watchdog mode {other:?} (enforce, report or off)"
+            )),
+        }
+    }
+}
+
+/// The pod UID a process belongs to, from its `/proc/<pid>/cgroup`: the kubelet's
+/// `pod<uid>` path element under `kubepods`, in the systemd (`kubepods-burstable-pod
+/// <uid with _>.slice`) and cgroupfs (`/kubepods/burstable/pod<uid>/`) layouts, cgroup
+/// v1 and v2. `None` for a process outside any pod.
+pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        if !path.contains("kubepods") {
+            continue;
+        }
+        for seg in path.split('/') {
+            let seg = seg.strip_suffix(".slice").unwrap_or(seg);
+            let Some(pos) = seg.rfind("pod") else {
+                continue;
+            };
+            let cand = &seg[pos + 3..];
+            let uid = cand.replace('_', "-");
+            if is_uid(&uid) {
+                return Some(uid);
+            }
+        }
+    }
+    None
+}
+
+fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// One process on a GPU, as the watchdog sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub used_bytes: u64,
+    /// Whether `<proc-root>/<pid>` exists.
+    pub exists: bool,
+    /// Pod UID from the cgroup, when in a pod.
+    pub pod: Option<String>,
+}
+
+/// A prepared claim with devices on the GPU being judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimView {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub pods: Vec<PodRef>,
+    /// Memory budget on this GPU (shares and slots); `None` for a whole GPU or a MIG
+    /// device, which has no budget to exceed.
+    pub budget: Option<u64>,
+}
+
+/// One finding of a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// A claim's processes hold more than budget + tolerance; `kill` are the PIDs to
+    /// stop (largest first) to get back within it.
+    OverBudget {
+        claim: String,
+        namespace: String,
+        name: String,
+        pods: Vec<PodRef>,
+        used: u64,
+        budget: u64,
+        pids: Vec<u32>,
+        kill: Vec<u32>,
+    },
+    /// A GPU process of no prepared claim.
+    NoClaim {
+        pid: u32,
+        used: u64,
+        pod: Option<String>,
+    },
+    /// Memory still held by a vanished process, or by a process of an unprepared claim.
+    Zombie {
+        pid: u32,
+        used: u64,
+        /// The unprepared claim it belonged to, when known.
+        claim: Option<String>,
+        vanished: bool,
+    },
+}
+
+/// Judges one GPU. Pure and deterministic: processes in PID order, claims in the given
+/// order. A process in a pod holding several of the GPU's claims counts against their
+/// summed budget (the library merges budgets by GPU the same way).
+pub fn judge(
+    procs: &[ProcessView],
+    claims: &[ClaimView],
+    unprepared: &[Unprepared],
+    tolerance: u64,
+) -> Vec<Finding> {
+    let mut procs: Vec<&ProcessView> = procs.iter().collect();
+    procs.sort_by_key(|p| p.pid);
+    let mut out = Vec::new();
+    // Group processes by the set of claims their pod holds on this GPU.
+    let mut groups: BTreeMap<Vec<usize>, Vec<&ProcessView>> = BTreeMap::new();
+    for p in procs {
+        if !p.exists {
+            out.push(Finding::Zombie {
+                pid: p.pid,
+                used: p.used_bytes,
+                claim: None,
+                vanished: true,
+            });
+            continue;
+        }
+        let holders: Vec<usize> = match &p.pod {
+            Some(pod) => claims
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.pods.iter().any(|r| &r.uid == pod))
+                .map(|(i, _)| i)
+                .collect(),
+            None => Vec::new(),
+        };
+        if !holders.is_empty() {
+            groups.entry(holders).or_default().push(p);
+            continue;
+        }
+        let gone = p.pod.as_ref().and_then(|pod| {
+            unprepared
+                .iter()
+                .rev()
+                .find(|u| u.pods.iter().any(|r| &r.uid == pod))
+        });
+        match gone {
+            Some(u) => out.push(Finding::Zombie {
+                pid: p.pid,
+                used: p.used_bytes,
+                claim: Some(u.uid.clone()),
+                vanished: false,
+            }),
+            None => out.push(Finding::NoClaim {
+                pid: p.pid,
+                used: p.used_bytes,
+                pod: p.pod.clone(),
+            }),
+        }
+    }
+    for (holders, members) in groups {
+        let budgets: Option<Vec<u64>> = holders.iter().map(|&i| claims[i].budget).collect();
+        let Some(budgets) = budgets else {
+            continue; // a whole GPU or MIG device among them: nothing to exceed
+        };
+        let budget: u64 = budgets.iter().sum();
+        let used: u64 = members.iter().map(|p| p.used_bytes).sum();
+        let limit = budget.saturating_add(tolerance);
+        if used <= limit {
+            continue;
+        }
+        let mut by_size = members.clone();
+        by_size.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
+        let mut left = used;
+        let mut kill = Vec::new();
+        for p in by_size {
+            if left <= limit {
+                break;
+            }
+            left -= p.used_bytes;
+            kill.push(p.pid);
+        }
+        let first = &claims[holders[0]];
+        out.push(Finding::OverBudget {
+            claim: holders
+                .iter()
+                .map(|&i| claims[i].uid.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            namespace: first.namespace.clone(),
+            name: holders
+                .iter()
+                .map(|&i| claims[i].name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            pods: first.pods.clone(),
+            used,
+            budget,
+            pids: members.iter().map(|p| p.pid).collect(),
+            kill,
+        });
+    }
+    out
+}
+
+/// The claims of the checkpoint with devices on GPU `uuid`, with their budget there.
+pub fn claims_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<ClaimView> {
+    claims
+        .iter()
+        .filter(|(_, r)| r.state == ClaimState::PrepareCompleted)
+        .filter_map(|(uid, r)| {
+            let on: Vec<_> = r.devices.iter().filter(|d| d.gpu_uuid == uuid).collect();
+            if on.is_empty() {
+                return None;
+            }
+            let budget = on
+                .iter()
+                .map(|d| d.budget.filter(|_| d.mig.is_none()).map(|b| b.memory_bytes))
+                .sum::<Option<u64>>();
+            Some(ClaimView {
+                uid: uid.clone(),
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                pods: r.pods.clone(),
+                budget,
+            })
+        })
+        .collect()
+}
+
+/// Where the watchdog reports what it did; Kubernetes Events in the plugin, a list in
+/// tests.
+pub trait EventSink: Send + Sync {
+    /// A Warning Event on pod `namespace/pod`.
+    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str);
+}
+
+/// Posts core/v1 Events through the API server (fire and forget: a failed post is
+/// logged, never retried).
+pub struct KubeEvents {
+    pub client: kube::Client,
+    pub node: String,
+    pub handle: tokio::runtime::Handle,
+}
+
+impl EventSink for KubeEvents {
+    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str) {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", pod.name)),
+                namespace: Some(namespace.to_string()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                namespace: Some(namespace.to_string()),
+                uid: Some(pod.uid.clone()),
+                ..Default::default()
+            },
+            reason: Some(reason.to_string()),
+            message: Some(message.to_string()),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("tessera-watchdog".into()),
+                host: Some(self.node.clone()),
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            reporting_component: Some("tessera.dev/watchdog".into()),
+            reporting_instance: Some(self.node.clone()),
+            ..Default::default()
+        };
+        let api: kube::Api<Event> = kube::Api::namespaced(self.client.clone(), namespace);
+        let (reason, pod_name) = (reason.to_string(), pod.name.clone());
+        self.handle.spawn(async move {
+            if let Err(e) = api.create(&Default::default(), &ev).await {
+                warn!(error = %e, pod = %pod_name, reason, "cannot post the watchdog's Event");
+            }
+        });
+    }
+}
+
+/// The watchdog's settings.
+#[derive(Debug, Clone)]
+pub struct WatchdogConfig {
+    pub mode: Mode,
+    /// Bytes a shared claim may hold above its budget before the watchdog acts.
+    pub tolerance: u64,
+    pub proc_root: PathBuf,
+    pub interval: std::time::Duration,
+}
+
+/// Watchdog period: a process over budget is killed within two of them plus NVML's
+/// reporting delay.
+pub const INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Parses `--watchdog-tolerance`: a byte quantity (`256Mi`, `1G`, `0`).
+pub fn parse_tolerance(s: &str) -> Result<u64, String> {
+    let q = crate::validation::quantity::Quantity::parse(s)
+        .map_err(|e| format!("--watchdog-tolerance {s:?}: {}", e.go_message()))?;
+    q.to_i64_value()
+        .filter(|v| *v >= 0 && q.is_integer())
+        .map(|v| v as u64)
+        .ok_or_else(|| format!("--watchdog-tolerance {s:?}: not a whole number of bytes"))
+}
+
+/// Default tolerance: the library charges context creation by an estimate, and NVML
+/// counts the driver's own per-process reservations.
+pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
+
+/// The edge: one tick reads NVML and procfs, judges each GPU, acts and reports.
+pub struct Watchdog {
+    cfg: WatchdogConfig,
+    state: Arc<DeviceState>,
+    events: Option<Box<dyn EventSink>>,
+    /// (pid, kind) already reported, so reports are made once per process.
+    reported: BTreeSet<(u32, &'static str)>,
+}
+
+impl Watchdog {
+    pub fn new(
+        cfg: WatchdogConfig,
+        state: Arc<DeviceState>,
+        events: Option<Box<dyn EventSink>>,
+    ) -> Self {
+        Watchdog {
+            cfg,
+            state,
+            events,
+            reported: BTreeSet::new(),
+        }
+    }
+
+    fn view(&self, pid: u32, used: u64) -> ProcessView {
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        let cgroup = std::fs::read_to_string(dir.join("cgroup")).ok();
+        ProcessView {
+            pid,
+            used_bytes: used,
+            exists: dir.exists(),
+            pod: cgroup.as_deref().and_then(pod_uid_from_cgroup),
+        }
+    }
+
+    /// One pass over every managed GPU. Returns the findings (for tests and logs).
+    pub fn tick(&mut self) -> Vec<(String, Finding)> {
+        if self.cfg.mode == Mode::Off {
+            return Vec::new();
+        }
+        let claims = self.state.prepared().unwrap_or_default();
+        let unprepared = self.state.recently_unprepared();
+        let mut all = Vec::new();
+        let mut seen: BTreeSet<(u32, &'static str)> = BTreeSet::new();
+        let mut zombies: BTreeMap<String, (u64, Vec<u32>)> = BTreeMap::new();
+        let state = self.state.clone();
+        for g in state.gpus() {
+            let uuid = g.gpu.uuid.clone();
+            let procs = match state.backend().processes(g.gpu.minor) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(gpu = %uuid, error = %e, "watchdog: cannot list the GPU's processes");
+                    continue;
+                }
+            };
+            let views: Vec<ProcessView> = procs
+                .iter()
+                .map(|p| self.view(p.pid, p.used_bytes.unwrap_or(0)))
+                .collect();
+            let on_gpu: Vec<Unprepared> = unprepared
+                .iter()
+                .filter(|u| u.gpus.contains(&uuid))
+                .cloned()
+                .collect();
+            for f in judge(
+                &views,
+                &claims_on_gpu(&claims, &uuid),
+                &on_gpu,
+                self.cfg.tolerance,
+            ) {
+                self.act(&uuid, &f, &mut seen);
+                if let Finding::Zombie { pid, used, .. } = &f {
+                    let z = zombies.entry(uuid.clone()).or_default();
+                    z.0 += used;
+                    z.1.push(*pid);
+                }
+                all.push((uuid.clone(), f));
+            }
+        }
+        self.reported.retain(|k| seen.contains(k));
+        crate::metrics::set_zombies(zombies);
+        all
+    }
+
+    fn act(&mut self, gpu: &str, f: &Finding, seen: &mut BTreeSet<(u32, &'static str)>) {
+        let m = crate::metrics::driver();
+        match f {
+            Finding::OverBudget {
+                claim,
+                namespace,
+                name,
+                pods,
+                used,
+                budget,
+                pids,
+                kill,
+            } => {
+                let first = (kill.first().copied().unwrap_or(0), "over");
+                seen.insert(first);
+                let enforce = self.cfg.mode == Mode::Enforce;
+                if !enforce && self.reported.contains(&first) {
+                    return;
+                }
+                let mut killed = Vec::new();
+                if enforce {
+                    for &pid in kill {
+                        // SAFETY: kill(2) with a PID NVML listed and procfs confirmed.
+                        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0 {
+                            killed.push(pid);
+                        } else {
+                            warn!(pid, error = %std::io::Error::last_os_error(), "watchdog: kill failed");
+                        }
+                    }
+                }
+                let action = if enforce { "killed" } else { "would kill" };
+                let msg = format!(
+                    "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action} {kill:?}",
+                    self.cfg.tolerance
+                );
+                warn!(claim = %claim, gpu, used, budget, pids = ?pids, kill = ?kill, killed = ?killed, "watchdog: memory over budget");
+                m.watchdog_action(if enforce { "kill" } else { "report" }, "over_budget");
+                self.reported.insert(first);
+                if let Some(ev) = &self.events {
+                    for pod in pods {
+                        ev.warn(namespace, pod, "GpuMemoryOverBudget", &msg);
+                    }
+                }
+            }
+            Finding::NoClaim { pid, used, pod } => {
+                seen.insert((*pid, "noclaim"));
+                if self.reported.insert((*pid, "noclaim")) {
+                    warn!(pid, gpu, used, pod = ?pod, "watchdog: GPU process belongs to no prepared claim");
+                    m.watchdog_action("report", "no_claim");
+                }
+            }
+            Finding::Zombie {
+                pid,
+                used,
+                claim,
+                vanished,
+            } => {
+                seen.insert((*pid, "zombie"));
+                if self.reported.insert((*pid, "zombie")) {
+                    if *vanished {
+                        warn!(
+                            pid,
+                            gpu,
+                            used,
+                            "zombie memory: GPU memory held by a process that no longer exists"
+                        );
+                    } else {
+                        warn!(pid, gpu, used, claim = ?claim, "zombie memory: GPU memory still held by a process of an unprepared claim");
+                    }
+                    m.watchdog_action("report", "zombie");
+                }
+            }
+        }
+    }
+
+    /// Ticks every `interval` until `stop` turns true.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if self.cfg.mode == Mode::Off {
+            return;
+        }
+        info!(mode = ?self.cfg.mode, tolerance = self.cfg.tolerance, "watchdog running");
+        let mut iv = tokio::time::interval(self.cfg.interval);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => {
+                    self = match tokio::task::spawn_blocking(move || { self.tick(); self }).await {
+                        Ok(s) => s,
+                        Err(e) => { warn!(error = %e, "watchdog tick failed"); return; }
+                    };
+                }
+                _ = stop.changed() => if *stop.borrow() { return },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = "4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f";
+
+    #[test]
+    fn finds_the_pod_in_every_cgroup_layout() {
+        for text in [
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod4b2f6c1e_8d3a_4f5b_9c7e_1a2b3c4d5e6f.slice/cri-containerd-abc.scope\n",
+            "0::/kubepods.slice/kubepods-pod4b2f6c1e_8d3a_4f5b_9c7e_1a2b3c4d5e6f.slice/crio-1.scope\n",
+            "12:memory:/kubepods/besteffort/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/0123abcd\n11:cpu:/kubepods/besteffort/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/0123abcd\n",
+            "0::/kubepods/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/ctr\n",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(text).as_deref(), Some(POD), "{text}");
+        }
+        assert_eq!(
+            pod_uid_from_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"),
+            None
+        );
+        assert_eq!(
+            pod_uid_from_cgroup("0::/kubepods.slice/kubepods-podnotauid.slice\n"),
+            None
+        );
+    }
+
+    fn claim(uid: &str, pod: &str, budget: Option<u64>) -> ClaimView {
+        ClaimView {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("c-{uid}"),
+            pods: vec![PodRef {
+                name: format!("p-{pod}"),
+                uid: pod.into(),
+            }],
+            budget,
+        }
+    }
+
+    fn proc(pid: u32, gib: u64, pod: Option<&str>) -> ProcessView {
+        ProcessView {
+            pid,
+            used_bytes: gib << 30,
+            exists: true,
+            pod: pod.map(Into::into),
+        }
+    }
+
+    /// A claim of 4 GiB whose two processes hold 3 + 2 GiB: the larger is killed.
+    #[test]
+    fn over_budget_kills_the_largest_until_within_budget() {
+        let f = judge(
+            &[proc(10, 3, Some(POD)), proc(11, 2, Some(POD))],
+            &[claim("u1", POD, Some(4 << 30))],
+            &[],
+            DEFAULT_TOLERANCE,
+        );
+        match &f[..] {
+            [Finding::OverBudget { kill, used, .. }] => {
+                assert_eq!(kill, &vec![10]);
+                assert_eq!(*used, 5 << 30);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn below_tolerance_nothing_happens() {
+        let f = judge(
+            &[ProcessView {
+                pid: 10,
+                used_bytes: (4 << 30) + (200 << 20),
+                exists: true,
+                pod: Some(POD.into()),
+            }],
+            &[claim("u1", POD, Some(4 << 30))],
+            &[],
+            DEFAULT_TOLERANCE,
+        );
+        assert!(f.is_empty(), "{f:?}");
+    }
+
+    #[test]
+    fn whole_gpu_claims_have_no_budget_to_exceed() {
+        let f = judge(
+            &[proc(10, 70, Some(POD))],
+            &[claim("u1", POD, None)],
+            &[],
+            0,
+        );
+        assert!(f.is_empty());
+    }
+
+    #[test]
+    fn strangers_and_zombies_are_reported() {
+        let gone = Unprepared {
+            uid: "old".into(),
+            namespace: "ns".into(),
+            name: "old".into(),
+            pods: vec![PodRef {
+                name: "p".into(),
+                uid: POD.into(),
+            }],
+            gpus: vec!["GPU-a".into()],
+            at: 0,
+        };
+        let mut vanished = proc(12, 1, None);
+        vanished.exists = false;
+        let f = judge(
+            &[proc(10, 1, None), proc(11, 2, Some(POD)), vanished],
+            &[],
+            &[gone],
+            0,
+        );
+        assert_eq!(
+            f,
+            vec![
+                Finding::NoClaim {
+                    pid: 10,
+                    used: 1 << 30,
+                    pod: None
+                },
+                Finding::Zombie {
+                    pid: 11,
+                    used: 2 << 30,
+                    claim: Some("old".into()),
+                    vanished: false
+                },
+                Finding::Zombie {
+                    pid: 12,
+                    used: 1 << 30,
+                    claim: None,
+                    vanished: true
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! The memory watchdog, as a specification, on the production NVML path: the plugin's
+//! NVML backend over the fake `libnvidia-ml.so.1`, whose per-process memory comes from
+//! the fake driver's ledger, and real processes (the fake driver's client, run without
+//! the interception library: a bypass) placed in pods through a fake proc root whose
+//! `<pid>/cgroup` files name the pod.
+//!
+//! * a bypass over its claim's budget is killed within 2 s in enforce mode, and only
+//!   reported (with a Warning Event on its pod) in report mode;
+//! * a GPU process of no claim is reported;
+//! * nothing happens below the tolerance;
+//! * after unprepare, memory still held is zombie memory: a finding and a gauge naming
+//!   the PIDs, for a process of the unprepared claim and for one that no longer exists.
+//!
+//! Each test runs in a child process (the fake NVML reads its environment at init).
+
+#[path = "support/harness.rs"]
+mod harness;
+
+#[path = "support/fake_nvml.rs"]
+mod fake_nvml;
+
+#[path = "support/e2e.rs"]
+mod e2e;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fake_nvml::{FakeHost, with_fake_host};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use tessera::backend::mock::{DEFAULT_NODE_YAML, StateAccess};
+use tessera::checkpoint::PodRef;
+use tessera::node::{BackendPaths, BackendSpec, load_node};
+use tessera::plugin;
+use tessera::state::{DeviceState, UnknownMig};
+use tessera::watchdog::{EventSink, Finding, Mode, Watchdog, WatchdogConfig};
+
+const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
+const GPU1_MEMORY: u64 = 85_520_809_984;
+const GIB: u64 = 1 << 30;
+const POD_A: &str = "4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f";
+const POD_B: &str = "7d0e2a9b-1c3f-4e5d-8a6b-9c0d1e2f3a4b";
+const CLAIM: &str = "5e0a2c4d-6b8f-4a1c-9e3d-7f5b1a9c2e40";
+
+/// (namespace, pod, reason, message).
+type Posted = (String, String, String, String);
+
+/// Events the watchdog posted.
+#[derive(Default, Clone)]
+struct Events(Arc<Mutex<Vec<Posted>>>);
+
+impl EventSink for Events {
+    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str) {
+        self.0.lock().unwrap().push((
+            namespace.into(),
+            pod.name.clone(),
+            reason.into(),
+            message.into(),
+        ));
+    }
+}
+
+struct Node {
+    state: Arc<DeviceState>,
+    proc_root: PathBuf,
+    fakes: e2e::CudaFakes,
+    lib_dir: PathBuf,
+    ledger: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+/// The fake host's GPUs with the NVML backend, gpu-1 shared, and a 1 GiB share of it
+/// prepared for pod A.
+fn node(host: &FakeHost) -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    let ledger = tmp.path().join("ledger");
+    std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
+    // SAFETY: the child test runs single-threaded, before NVML is loaded.
+    unsafe {
+        std::env::set_var("FAKE_CUDA_LEDGER", &ledger);
+        std::env::set_var("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"));
+    }
+    let config = tmp.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ngpus:\n- match: {minor: 1}\n  mode: shared\n",
+    )
+    .unwrap();
+    harness::make_driver_root(tmp.path());
+    let model = load_node(
+        &BackendSpec::Nvml(Some(host.lib_path())),
+        Some(&config),
+        &BackendPaths {
+            state_dir: host.state_dir(),
+            proc_root: host.proc_root(),
+            sys_root: host.sys_root(),
+        },
+        StateAccess::ReadWrite,
+    )
+    .expect("NVML backend over the fake library");
+    let mut opts = harness::options(tmp.path());
+    opts.paths.proc_root = host.proc_root();
+    let state = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Keep).unwrap());
+    let mut claim: ResourceClaim = harness::allocated_claim_object(CLAIM, "gpu", "gpu-1");
+    let status = claim.status.as_mut().unwrap();
+    status
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results = Some(vec![harness::shared_result(
+        "gpu", "gpu-1", "0a1b2c3d", "1Gi", "25",
+    )]);
+    status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+        resource: "pods".into(),
+        name: "pod-a".into(),
+        uid: POD_A.into(),
+        api_group: None,
+    }]);
+    state
+        .prepare(&claim, CLAIM)
+        .unwrap_or_else(|e| panic!("{}", e.chain()));
+    let fakes = e2e::cuda_fakes(&tmp.path().join("fakes"));
+    let lib_dir = tmp.path().join("libcuda");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::os::unix::fs::symlink(&fakes.libcuda, lib_dir.join("libcuda.so.1")).unwrap();
+    Node {
+        state,
+        proc_root: host.proc_root(),
+        fakes,
+        lib_dir,
+        ledger,
+        _tmp: tmp,
+    }
+}
+
+impl Node {
+    /// A process holding `bytes` on gpu-1 without the interception library, placed in
+    /// `pod` (or in no pod) by its cgroup file under the fake proc root.
+    fn holder(&self, bytes: u64, pod: Option<&str>) -> Child {
+        let mut child = Command::new(&self.fakes.client)
+            .args(["dlsym", "ctx", "0", "alloc", &bytes.to_string(), "hold"])
+            .env("LD_LIBRARY_PATH", &self.lib_dir)
+            .env("FAKE_CUDA_LEDGER", &self.ledger)
+            .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        for l in lines.by_ref() {
+            let l = l.unwrap();
+            seen.push(l.clone());
+            if l == "holding" {
+                break;
+            }
+        }
+        assert!(
+            seen.iter().any(|l| l.starts_with("ok "))
+                && seen.last().map(String::as_str) == Some("holding"),
+            "client: {seen:?}"
+        );
+        let dir = self.proc_root.join(child.id().to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let cgroup = match pod {
+            Some(p) => format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-0123.scope\n",
+                p.replace('-', "_")
+            ),
+            None => "0::/system.slice/some-daemon.service\n".to_string(),
+        };
+        std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+        child
+    }
+
+    fn watchdog(&self, mode: Mode, events: &Events) -> Watchdog {
+        Watchdog::new(
+            WatchdogConfig {
+                mode,
+                tolerance: 256 << 20,
+                proc_root: self.proc_root.clone(),
+                interval: Duration::from_millis(500),
+            },
+            self.state.clone(),
+            Some(Box::new(events.clone())),
+        )
+    }
+
+    /// Removes a process's fake proc entry (it no longer exists as far as the
+    /// watchdog can tell).
+    fn vanish(&self, pid: u32) {
+        let _ = std::fs::remove_dir_all(self.proc_root.join(pid.to_string()));
+    }
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Report mode: the bypass holding 2 GiB of a 1 GiB claim is reported, once, with an
+/// Event on its pod, and keeps running. Enforce mode: the plugin's watchdog loop kills
+/// it within 2 s.
+#[test]
+fn bypass_over_budget_is_reported_or_killed() {
+    with_fake_host(
+        "bypass_over_budget_is_reported_or_killed",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let n = node(host);
+            let mut bypass = n.holder(2 * GIB, Some(POD_A));
+            let pid = bypass.id();
+            let events = Events::default();
+            let mut wd = n.watchdog(Mode::Report, &events);
+            let found = wd.tick();
+            match &found[..] {
+                [
+                    (
+                        gpu,
+                        Finding::OverBudget {
+                            used,
+                            budget,
+                            kill,
+                            pids,
+                            ..
+                        },
+                    ),
+                ] => {
+                    assert_eq!(gpu, GPU1_UUID);
+                    assert_eq!(*budget, GIB);
+                    assert!(*used >= 2 * GIB, "{used}");
+                    assert_eq!(kill, &vec![pid]);
+                    assert_eq!(pids, &vec![pid]);
+                }
+                other => panic!("{other:?}"),
+            }
+            wd.tick();
+            {
+                let ev = events.0.lock().unwrap();
+                assert_eq!(ev.len(), 1, "reported once: {ev:?}");
+                assert_eq!(ev[0].0, harness::NS);
+                assert_eq!(ev[0].1, "pod-a");
+                assert_eq!(ev[0].2, "GpuMemoryOverBudget");
+                assert!(ev[0].3.contains(&pid.to_string()), "{}", ev[0].3);
+            }
+            assert!(
+                bypass.try_wait().unwrap().is_none(),
+                "report mode kills nothing"
+            );
+
+            // Enforce, through the plugin's loop.
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let wd = n.watchdog(Mode::Enforce, &events);
+            let task = rt.spawn(wd.run(stop_rx));
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = bypass.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not killed within 2 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let took = t.elapsed();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            println!("bypass killed {took:?} after the watchdog started");
+            let _ = stop_tx.send(true);
+            rt.block_on(task).unwrap();
+            assert_eq!(events.0.lock().unwrap().len(), 2);
+            n.vanish(pid);
+        },
+    );
+}
+
+/// A process in no pod, and one in a pod without claims, are reported as holding GPU
+/// memory for no claim; a process of the claim below budget + tolerance is left alone.
+#[test]
+fn strangers_are_reported_and_small_excess_is_tolerated() {
+    with_fake_host(
+        "strangers_are_reported_and_small_excess_is_tolerated",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let n = node(host);
+            let mut within = n.holder(GIB + (200 << 20), Some(POD_A));
+            let mut host_proc = n.holder(GIB / 2, None);
+            let mut other_pod = n.holder(GIB / 2, Some(POD_B));
+            let events = Events::default();
+            let mut wd = n.watchdog(Mode::Enforce, &events);
+            let found = wd.tick();
+            let mut strangers: Vec<u32> = found
+                .iter()
+                .filter_map(|(_, f)| match f {
+                    Finding::NoClaim { pid, .. } => Some(*pid),
+                    _ => None,
+                })
+                .collect();
+            strangers.sort();
+            let mut want = vec![host_proc.id(), other_pod.id()];
+            want.sort();
+            assert_eq!(strangers, want, "{found:?}");
+            assert_eq!(found.len(), 2, "nothing else: {found:?}");
+            assert!(events.0.lock().unwrap().is_empty());
+            std::thread::sleep(Duration::from_millis(300));
+            for c in [&mut within, &mut host_proc, &mut other_pod] {
+                assert!(c.try_wait().unwrap().is_none(), "nothing killed");
+                kill(c);
+            }
+        },
+    );
+}
+
+/// After unprepare, a process of the claim that still holds memory is zombie memory of
+/// that claim; once it is gone but its memory is still held, zombie memory of a
+/// vanished process. The gauge shows the bytes.
+#[test]
+fn zombie_memory_after_unprepare() {
+    with_fake_host("zombie_memory_after_unprepare", DEFAULT_NODE_YAML, |host| {
+        let n = node(host);
+        let mut left = n.holder(GIB / 2, Some(POD_A));
+        let pid = left.id();
+        n.state.unprepare(CLAIM).unwrap();
+        let events = Events::default();
+        let mut wd = n.watchdog(Mode::Enforce, &events);
+        let found = wd.tick();
+        assert_eq!(
+            found,
+            vec![(
+                GPU1_UUID.to_string(),
+                Finding::Zombie {
+                    pid,
+                    used: GIB / 2,
+                    claim: Some(CLAIM.into()),
+                    vanished: false
+                }
+            )]
+        );
+        let text = tessera::metrics::render(&tessera::metrics::gather(&n.state, harness::NODE));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("tessera_gpu_memory_zombie_bytes") && l.contains(GPU1_UUID))
+            .unwrap_or_else(|| panic!("no zombie gauge:\n{text}"));
+        assert!(line.ends_with(&format!(" {}.0", GIB / 2)), "{line}");
+        // SIGKILL: the fake driver keeps the dead process's memory held.
+        kill(&mut left);
+        n.vanish(pid);
+        let found = wd.tick();
+        assert!(
+            matches!(&found[..], [(_, Finding::Zombie { pid: p, vanished: true, .. })] if *p == pid),
+            "{found:?}"
+        );
+        assert!(left.try_wait().is_ok());
+    });
+}
