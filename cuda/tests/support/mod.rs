@@ -247,7 +247,8 @@ impl Sandbox {
                     uuid: g.uuid.clone(),
                     share: 0,
                     compute_limit: 100,
-                    launch_rate: 0,
+                    block_rate: 0,
+                    burst_ns: 0,
                     updates: 0,
                 })
                 .collect();
