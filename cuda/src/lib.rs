@@ -19,3 +19,4 @@ pub mod gpa_table;
 mod hooks;
 pub mod interpose;
 pub mod sizes;
+pub mod throttle;
