@@ -140,7 +140,8 @@ fn every_entry_point_obeys_the_rate() {
     }
     // (mode, entry, symbol the driver must have, version, flags, launches, blocks per
     // launch, kernels per launch)
-    let cases: &[(&str, &str, &str, &str, &str, u64, u64, u64)] = &[
+    type Case<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str, u64, u64, u64);
+    let cases: &[Case] = &[
         ("gpa", "kernel", "cuLaunchKernel", "12000", "0", 100, 100, 1),
         (
             "gpa",
