@@ -62,7 +62,10 @@
  * kernel) enqueue on the stream's device. cuStreamSynchronize(_ptsz),
  * cuCtxSynchronize(_v2) wait until this process has no kernel pending on that device
  * (all of a process's streams on one device share one FIFO), sleeping until the
- * projected completion, not spinning.
+ * projected completion, not spinning. With the simulator a launch needs a context (or
+ * a stream) and a non-zero grid (CUDA_ERROR_INVALID_VALUE otherwise); a full queue
+ * (256 kernels) makes it wait for a slot; a 65th live process on one GPU gets
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701).
  */
 #define _GNU_SOURCE
 #include <errno.h>
