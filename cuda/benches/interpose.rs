@@ -1,7 +1,8 @@
 //! The library's cost per call against the fake driver, measured in one run and
 //! printed as differences and ratios to direct calls (no preload):
 //! * an alloc+free pair (charged: a claim budgets the GPU);
-//! * an unthrottled `cuLaunchKernel` (not intercepted: the driver's pointer);
+//! * `cuLaunchKernel` unthrottled (no claim, and a claim with rate 0) and throttled with
+//!   tokens available (the fast path: one clock read and one compare-and-swap);
 //! * `cuMemGetInfo` (virtualized);
 //! * 8 processes allocating at once: CPU time per pair against one process;
 //! * `/bin/true` started under the preload.
@@ -115,7 +116,7 @@ fn main() {
         "<= +50 ns",
     );
     row(
-        "cuLaunchKernel (unthrottled)",
+        "cuLaunchKernel (claim, rate 0)",
         best_d[1],
         best_p[1],
         "<= +10 ns",
@@ -126,6 +127,48 @@ fn main() {
         best_p[2],
         "HAMi ~ +1 us",
     );
+
+    // Launches without a claim, and throttled with tokens always available (rate
+    // 10^12 blocks/s): the same alternation, launches only.
+    let none = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
+    let fast = Sandbox::new(
+        &[(GPU0, 80 << 30)],
+        vec![ClaimSpec::new("claim-a", &[(GPU0, 64 << 30)])],
+    );
+    {
+        let p = fast.dir.path().join("claims/claim-a/control");
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .expect("control");
+        tessera_abi::control::Control::map(&f, true)
+            .and_then(|c| c.set_rate(0, 1_000_000_000_000, 1_000_000_000))
+            .expect("set the rate");
+    }
+    let mut launch = vec!["ctx", "0"];
+    for _ in 0..BATCHES {
+        launch.extend_from_slice(&["bench-launch", "100000"]);
+    }
+    for (what, sb, target) in [
+        ("cuLaunchKernel (no claim)", &none, "<= +10 ns"),
+        (
+            "cuLaunchKernel (throttled, tokens)",
+            &fast,
+            "no syscall (tests)",
+        ),
+    ] {
+        let (mut d, mut p) = (f64::MAX, f64::MAX);
+        for _ in 0..rounds {
+            for l in run(sb, &o, false, &launch).iter().skip(1) {
+                d = d.min(times(l).1);
+            }
+            for l in run(sb, &o, true, &launch).iter().skip(1) {
+                p = p.min(times(l).1);
+            }
+        }
+        row(what, d, p, target);
+    }
 
     // 8 processes at once against one: CPU time per pair, with and without the
     // library (the fake driver's own shared ledger contends too).

@@ -130,11 +130,18 @@ pub fn remember(h: Hook, p: *mut c_void) {
 
 /// The driver's function for `h`: the pointer last handed out by the driver's own
 /// `dlsym`/`cuGetProcAddress`, else resolved behind the library. 0 when there is none.
+#[inline]
 pub fn real(h: Hook) -> usize {
     let v = REAL[h as usize].load(Ordering::Acquire);
     if v != 0 {
         return v;
     }
+    resolve_real(h)
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_real(h: Hook) -> usize {
     let lib: &CStr = if h.name().starts_with("nvml") {
         c"libnvidia-ml.so.1"
     } else {

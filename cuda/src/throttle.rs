@@ -24,7 +24,6 @@
 //!   decided once; otherwise each launch asks the driver (`cuCtxGetDevice`).
 //!   `cuLaunchCooperativeKernelMultiDevice` charges each entry to its stream's device.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::BuildHasherDefault;
@@ -309,30 +308,32 @@ fn sleep_ns(ns: u64) {
 const THREAD_SLOTS: usize = 256;
 /// Parts (claim × GPU) with per-thread counters; further parts count directly.
 const PARTS_PER_THREAD: usize = 8;
+/// How far a thread looks for a free slot from its hash.
+const SLOT_PROBE: usize = 16;
 
-/// One thread's launch counters: written only by the thread that owns the slot (plain
-/// load and store, no locked instruction), read by the flusher.
+/// One thread's launch counters: written only by the thread whose key tags the slot
+/// (plain load and store, no locked instruction), read by the flusher. Counters are
+/// cumulative per slot whoever owns it, so a slot passes from a dead thread to a new
+/// one without any bookkeeping.
 #[repr(C, align(64))]
 struct ThreadCounters {
-    owned: AtomicBool,
     blocks: [AtomicU64; PARTS_PER_THREAD],
     launches: [AtomicU64; PARTS_PER_THREAD],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO_COUNTERS: ThreadCounters = ThreadCounters {
-    owned: AtomicBool::new(false),
     blocks: [const { AtomicU64::new(0) }; PARTS_PER_THREAD],
     launches: [const { AtomicU64::new(0) }; PARTS_PER_THREAD],
 };
 
 static COUNTERS: [ThreadCounters; THREAD_SLOTS] = [ZERO_COUNTERS; THREAD_SLOTS];
+/// The key of the thread that writes each slot (0 = free).
+static TAGS: [AtomicUsize; THREAD_SLOTS] = [const { AtomicUsize::new(0) }; THREAD_SLOTS];
 /// What the flusher has already added to the regions, per slot and part (global so
 /// that a forked child's flusher continues from its parent's books).
 static FLUSHED: [[[AtomicU64; 2]; PARTS_PER_THREAD]; THREAD_SLOTS] =
     [const { [const { [const { AtomicU64::new(0) }; 2] }; PARTS_PER_THREAD] }; THREAD_SLOTS];
-/// Slots ever handed out (the flusher reads no further).
-static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 
 /// Launches add to the region directly (no flusher, or an idle one).
 static DIRECT: AtomicBool = AtomicBool::new(false);
@@ -340,39 +341,47 @@ static DIRECT: AtomicBool = AtomicBool::new(false);
 static DIRECT_USED: AtomicBool = AtomicBool::new(false);
 static FLUSHER_STARTED: AtomicBool = AtomicBool::new(false);
 
-const SLOT_UNSET: u32 = 0;
-const SLOT_NONE: u32 = u32::MAX;
-
-thread_local! {
-    /// This thread's slot + 1; [`SLOT_UNSET`] before its first launch, [`SLOT_NONE`]
-    /// when it has none (count directly).
-    static MINE: Cell<u32> = const { Cell::new(SLOT_UNSET) };
-    /// Gives the slot back when the thread exits.
-    static RELEASE: SlotRelease = const { SlotRelease(Cell::new(SLOT_UNSET)) };
+/// This thread's key: its thread pointer (`%fs:0`, the TCB's address, unique among
+/// live threads; a dead thread's TCB may be reused by a new thread, which then simply
+/// continues its slot). One load: no `__tls_get_addr` call, no destructor to register.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn thread_key() -> usize {
+    let tp: usize;
+    // SAFETY: on x86-64 Linux %fs:0 holds the thread control block's own address
+    // (glibc and musl); reading it has no side effect.
+    unsafe {
+        core::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) tp,
+            options(nostack, readonly, preserves_flags, pure)
+        );
+    }
+    tp
 }
 
-struct SlotRelease(Cell<u32>);
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn thread_key() -> usize {
+    // SAFETY: no preconditions.
+    unsafe { libc::pthread_self() as usize }
+}
 
-impl Drop for SlotRelease {
-    fn drop(&mut self) {
-        let s = self.0.get();
-        let _ = MINE.try_with(|m| m.set(SLOT_NONE));
-        if s != SLOT_UNSET
-            && s != SLOT_NONE
-            && let Some(c) = COUNTERS.get(s as usize - 1)
-        {
-            c.owned.store(false, Ordering::Release);
-        }
-    }
+#[inline(always)]
+fn slot_hash(key: usize) -> usize {
+    ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % THREAD_SLOTS
 }
 
 /// Adds a launch to this thread's counters (or to the region directly).
 #[inline]
 fn count(p: &LaunchPart, blocks: u64, kernels: u64) {
     if p.index < PARTS_PER_THREAD && !DIRECT.load(Ordering::Relaxed) {
-        let slot = MINE.try_with(Cell::get).unwrap_or(SLOT_NONE);
-        let slot = if slot == SLOT_UNSET { register() } else { slot };
-        if let Some(c) = COUNTERS.get((slot as usize).wrapping_sub(1)) {
+        let key = thread_key();
+        let mut s = slot_hash(key);
+        if TAGS[s].load(Ordering::Relaxed) != key {
+            s = register(key);
+        }
+        if let Some(c) = COUNTERS.get(s) {
             let (b, l) = (&c.blocks[p.index], &c.launches[p.index]);
             b.store(
                 b.load(Ordering::Relaxed).wrapping_add(blocks),
@@ -391,42 +400,39 @@ fn count(p: &LaunchPart, blocks: u64, kernels: u64) {
     }
 }
 
-/// The calling thread's first counted launch: a slot of its own, and the process's
-/// flusher if it has none yet.
+/// A thread's launch finds no slot tagged with its key at its hash: the slot it took
+/// further along, or a free one (and the process's flusher if it has none yet).
+/// `THREAD_SLOTS` (none) when every slot of its probe window is taken.
 #[cold]
-fn register() -> u32 {
+#[inline(never)]
+fn register(key: usize) -> usize {
     start_flusher();
-    let mut got = SLOT_NONE;
-    for (i, c) in COUNTERS.iter().enumerate() {
-        if !c.owned.load(Ordering::Relaxed)
-            && c.owned
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        {
-            SLOTS_USED.fetch_max(i + 1, Ordering::AcqRel);
-            got = i as u32 + 1;
-            break;
+    let h = slot_hash(key);
+    for i in 0..SLOT_PROBE {
+        let s = (h + i) % THREAD_SLOTS;
+        match TAGS[s].load(Ordering::Acquire) {
+            k if k == key => return s,
+            0 if TAGS[s]
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok() =>
+            {
+                return s;
+            }
+            _ => {}
         }
     }
-    let _ = MINE.try_with(|m| m.set(got));
-    if got != SLOT_NONE && RELEASE.try_with(|r| r.0.set(got)).is_err() {
-        // The thread is exiting: give the slot back at once.
-        if let Some(c) = COUNTERS.get(got as usize - 1) {
-            c.owned.store(false, Ordering::Release);
-        }
-        let _ = MINE.try_with(|m| m.set(SLOT_NONE));
-        return SLOT_NONE;
-    }
-    got
+    THREAD_SLOTS
 }
 
-/// A forked child has no flusher and only the forking thread: that thread registers
-/// again (starting the child's flusher) at its next launch.
+/// A forked child has no flusher and only the forking thread: every slot is untagged,
+/// so that thread registers again (starting the child's flusher) at its next launch.
 extern "C" fn after_fork_in_child() {
     FLUSHER_STARTED.store(false, Ordering::Relaxed);
     DIRECT.store(false, Ordering::Relaxed);
-    let _ = MINE.try_with(|m| m.set(SLOT_UNSET));
-    let _ = RELEASE.try_with(|r| r.0.set(SLOT_UNSET));
+    FLUSHING.store(false, Ordering::Relaxed);
+    for t in &TAGS {
+        t.store(0, Ordering::Relaxed);
+    }
 }
 
 fn start_flusher() {
@@ -485,13 +491,25 @@ extern "C" fn flush_at_exit() {
 #[unsafe(link_section = ".fini_array")]
 static FINI: extern "C" fn() = flush_at_exit;
 
+/// One flush at a time (the flusher, and exit): a flag rather than a mutex, so that a
+/// forked child can reset it.
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+
 /// Adds what every thread counted since the last flush to the regions; whether
 /// anything moved.
 pub fn flush() -> bool {
     let Some(st) = accounting::loaded_state() else {
         return false;
     };
-    let used = SLOTS_USED.load(Ordering::Acquire).min(THREAD_SLOTS);
+    while FLUSHING.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    let moved = flush_locked(st);
+    FLUSHING.store(false, Ordering::Release);
+    moved
+}
+
+fn flush_locked(st: &State) -> bool {
     let mut moved = false;
     for gpu in &st.launch {
         for p in gpu {
@@ -499,14 +517,22 @@ pub fn flush() -> bool {
                 continue;
             };
             let (mut blocks, mut launches) = (0u64, 0u64);
-            for (c, f) in COUNTERS.iter().zip(FLUSHED.iter()).take(used) {
+            for (c, f) in COUNTERS.iter().zip(FLUSHED.iter()) {
                 let (b, l) = (
                     c.blocks[i].load(Ordering::Relaxed),
                     c.launches[i].load(Ordering::Relaxed),
                 );
-                blocks = blocks.wrapping_add(b.wrapping_sub(f[i][0].swap(b, Ordering::Relaxed)));
-                launches =
-                    launches.wrapping_add(l.wrapping_sub(f[i][1].swap(l, Ordering::Relaxed)));
+                // Only the flusher writes FLUSHED: plain loads and stores.
+                let (fb, fl) = (&f[i][0], &f[i][1]);
+                let (ob, ol) = (fb.load(Ordering::Relaxed), fl.load(Ordering::Relaxed));
+                if b != ob {
+                    blocks = blocks.wrapping_add(b.wrapping_sub(ob));
+                    fb.store(b, Ordering::Relaxed);
+                }
+                if l != ol {
+                    launches = launches.wrapping_add(l.wrapping_sub(ol));
+                    fl.store(l, Ordering::Relaxed);
+                }
             }
             if blocks != 0 || launches != 0 {
                 p.bucket.count(blocks, launches);
