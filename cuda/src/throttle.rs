@@ -317,14 +317,13 @@ const SLOT_PROBE: usize = 16;
 /// one without any bookkeeping.
 #[repr(C, align(64))]
 struct ThreadCounters {
-    blocks: [AtomicU64; PARTS_PER_THREAD],
-    launches: [AtomicU64; PARTS_PER_THREAD],
+    /// Per part: [blocks, launches], side by side (one cache line per launch).
+    parts: [[AtomicU64; 2]; PARTS_PER_THREAD],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO_COUNTERS: ThreadCounters = ThreadCounters {
-    blocks: [const { AtomicU64::new(0) }; PARTS_PER_THREAD],
-    launches: [const { AtomicU64::new(0) }; PARTS_PER_THREAD],
+    parts: [const { [const { AtomicU64::new(0) }; 2] }; PARTS_PER_THREAD],
 };
 
 static COUNTERS: [ThreadCounters; THREAD_SLOTS] = [ZERO_COUNTERS; THREAD_SLOTS];
@@ -382,7 +381,7 @@ fn count(p: &LaunchPart, blocks: u64, kernels: u64) {
             s = register(key);
         }
         if let Some(c) = COUNTERS.get(s) {
-            let (b, l) = (&c.blocks[p.index], &c.launches[p.index]);
+            let [b, l] = &c.parts[p.index];
             b.store(
                 b.load(Ordering::Relaxed).wrapping_add(blocks),
                 Ordering::Relaxed,
@@ -517,10 +516,16 @@ fn flush_locked(st: &State) -> bool {
                 continue;
             };
             let (mut blocks, mut launches) = (0u64, 0u64);
-            for (c, f) in COUNTERS.iter().zip(FLUSHED.iter()) {
+            // Only slots a thread took (a slot keeps its tag after its thread exits).
+            for ((c, f), _) in COUNTERS
+                .iter()
+                .zip(FLUSHED.iter())
+                .zip(TAGS.iter())
+                .filter(|(_, t)| t.load(Ordering::Relaxed) != 0)
+            {
                 let (b, l) = (
-                    c.blocks[i].load(Ordering::Relaxed),
-                    c.launches[i].load(Ordering::Relaxed),
+                    c.parts[i][0].load(Ordering::Relaxed),
+                    c.parts[i][1].load(Ordering::Relaxed),
                 );
                 // Only the flusher writes FLUSHED: plain loads and stores.
                 let (fb, fl) = (&f[i][0], &f[i][1]);
