@@ -250,6 +250,40 @@ pub struct GpuStats {
     pub waited_ns: u64,
 }
 
+impl GpuUsage {
+    /// The counters, as [`Region::gpu_stats`] returns them.
+    pub fn stats(&self) -> GpuStats {
+        GpuStats {
+            used: self.used,
+            peak: self.peak,
+            refused: self.refused,
+            blocks: self.blocks,
+            launches: self.launches,
+            waited_ns: self.waited_ns,
+        }
+    }
+}
+
+/// Largest region file [`read_gpu_stats`] reads (a tenant can grow its region).
+pub const MAX_READ: u64 = 64 << 20;
+
+/// Every GPU's counters from a region file read with `read(2)` into a buffer: never
+/// through a mapping, which a tenant could shrink under the reader (SIGBUS). The
+/// plugin's safe way to read a region it does not trust (see ARCHITECTURE.md's threat
+/// model); [`Region::gpu_stats`] is the in-place reader for mappings.
+pub fn read_gpu_stats(path: &std::path::Path) -> Result<Vec<GpuStats>, AbiError> {
+    use std::io::Read;
+    let mut b = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_READ).read_to_end(&mut b))
+        .map_err(|e| AbiError::BadLayout(format!("cannot read {}: {e}", path.display())))?;
+    Ok(Snapshot::parse(&b)?
+        .gpus
+        .iter()
+        .map(GpuUsage::stats)
+        .collect())
+}
+
 /// One slot, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotInfo {

@@ -381,6 +381,10 @@ fn the_bucket_admits_a_burst_then_the_rate() {
     let st = ro.gpu_stats(1).unwrap();
     assert_eq!((st.blocks, st.launches, st.waited_ns), (700, 3, 12_345));
     assert!(ro.gpu_stats(2).is_none());
+    let read = region::read_gpu_stats(&p).unwrap();
+    assert_eq!(read.len(), 2);
+    assert_eq!(read[1], st);
+    assert!(region::read_gpu_stats(&dir.path().join("missing")).is_err());
     let snap = ro.snapshot().unwrap();
     assert_eq!(
         (
