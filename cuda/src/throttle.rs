@@ -400,15 +400,18 @@ fn count(p: &LaunchPart, blocks: u64, kernels: u64) {
 }
 
 /// A thread's launch finds no slot tagged with its key at its hash: the slot it took
-/// further along, or a free one (and the process's flusher if it has none yet).
-/// `THREAD_SLOTS` (none) when every slot of its probe window is taken.
+/// further along (a few loads), or a free one (and the process's flusher if it has
+/// none yet). `THREAD_SLOTS` (none) when every slot of its probe window is taken.
 #[cold]
 #[inline(never)]
 fn register(key: usize) -> usize {
-    start_flusher();
     let h = slot_hash(key);
-    for i in 0..SLOT_PROBE {
-        let s = (h + i) % THREAD_SLOTS;
+    let window = || (0..SLOT_PROBE).map(move |i| (h + i) % THREAD_SLOTS);
+    if let Some(s) = window().find(|&s| TAGS[s].load(Ordering::Relaxed) == key) {
+        return s;
+    }
+    start_flusher();
+    for s in window() {
         match TAGS[s].load(Ordering::Acquire) {
             k if k == key => return s,
             0 if TAGS[s]
@@ -424,23 +427,29 @@ fn register(key: usize) -> usize {
 }
 
 /// A forked child has no flusher and only the forking thread: every slot is untagged,
-/// so that thread registers again (starting the child's flusher) at its next launch.
+/// so that thread registers again (starting the child's flusher) at its next launch;
+/// and what the slots hold counts as flushed (the parent flushes its own launches).
 extern "C" fn after_fork_in_child() {
     FLUSHER_STARTED.store(false, Ordering::Relaxed);
     DIRECT.store(false, Ordering::Relaxed);
     FLUSHING.store(false, Ordering::Relaxed);
-    for t in &TAGS {
+    for ((t, c), f) in TAGS.iter().zip(COUNTERS.iter()).zip(FLUSHED.iter()) {
         t.store(0, Ordering::Relaxed);
+        for (cp, fp) in c.parts.iter().zip(f.iter()) {
+            for (cv, fv) in cp.iter().zip(fp.iter()) {
+                fv.store(cv.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
     }
 }
 
 fn start_flusher() {
     static ATFORK: std::sync::Once = std::sync::Once::new();
     ATFORK.call_once(|| {
-        // SAFETY: registering a handler that only stores to atomics and thread-locals.
+        // SAFETY: registering a handler that only stores to atomics.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     });
-    if FLUSHER_STARTED.swap(true, Ordering::AcqRel) {
+    if FLUSHER_STARTED.load(Ordering::Relaxed) || FLUSHER_STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
     let spawned = std::thread::Builder::new()

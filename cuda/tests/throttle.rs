@@ -303,6 +303,53 @@ fn processes_of_a_claim_share_one_bucket() {
     assert_eq!((g.blocks, g.launches), (12_000, 300));
 }
 
+/// Sixteen threads of one process launching at once: each has counters of its own,
+/// none is lost, and together they obey the rate; unthrottled, the counts are exact
+/// too.
+#[test]
+fn threads_of_a_process_are_counted_and_paced() {
+    if !require("threads_of_a_process_are_counted_and_paced") {
+        return;
+    }
+    let sb = sandbox(&[GPU0]);
+    set_rate(&sb, 0, 0);
+    let out = run_ok(&sb, "gpa", &["ctx", "0", "threads", "16", "20000", "3"]);
+    assert_eq!(span(&out[1]).2, 0);
+    let g = &sb.region(CLAIM).gpus[0];
+    assert_eq!((g.blocks, g.launches), (16 * 20_000 * 3, 16 * 20_000));
+    set_rate(&sb, RATE, BURST);
+    let out = run_ok(&sb, "gpa", &["ctx", "0", "threads", "16", "25", "25"]);
+    let (t0, t1, errors) = span(&out[1]);
+    assert_eq!(errors, 0);
+    assert_paced("16 threads", t1 - t0, 16 * 25 * 25, 25);
+    let g = &sb.region(CLAIM).gpus[0];
+    assert_eq!(g.blocks, 16 * 20_000 * 3 + 16 * 25 * 25);
+    assert_eq!(ledger_blocks(&sb)[0], g.blocks, "what the driver ran");
+}
+
+/// A forked child counts its own launches (it starts its own flusher), and nothing
+/// the parent launched before the fork is counted twice.
+#[test]
+fn a_forked_child_counts_its_own_launches() {
+    if !require("a_forked_child_counts_its_own_launches") {
+        return;
+    }
+    let sb = sandbox(&[GPU0]);
+    set_rate(&sb, 0, 0);
+    let out = run_ok(
+        &sb,
+        "gpa",
+        &[
+            "ctx", "0", "launch", "kernel", "1000", "7", "fork", "3000", "5", "launch", "kernel",
+            "10", "7",
+        ],
+    );
+    assert_eq!(out[2], "ok 0", "the child failed");
+    let g = &sb.region(CLAIM).gpus[0];
+    assert_eq!((g.blocks, g.launches), (1000 * 7 + 3000 * 5 + 10 * 7, 4010));
+    assert_eq!(ledger_blocks(&sb)[0], g.blocks, "what the driver ran");
+}
+
 /// Rate 0 (the plugin's default) is unthrottled: 200 000 launches of 1000 blocks go
 /// at the fake driver's speed, and are still counted.
 #[test]

@@ -15,6 +15,10 @@
  *              coop_ptsz | multi (cuLaunchCooperativeKernelMultiDevice on devices 0
  *              and 1, one stream each: <blocks> per device) | graph<K> (a graph of K
  *              kernel nodes of <blocks> each, instantiated once, launched n times)
+ *   threads <t> <n> <blocks>     t threads at once, each with device 0's context and n
+ *                                cuLaunchKernel -> "ok <start ns> <end ns> <errors>"
+ *   fork <n> <blocks>            fork; the child makes n cuLaunchKernel and exits
+ *                                (exit(3)); the parent waits -> "ok <child status>"
  *   spin <blocks>                launches <blocks> forever; prints "spinning" first
  *   nosys <n> <blocks>           in a new thread: device 0's primary context made
  *                                current, 10 launches, then a seccomp filter under
@@ -34,6 +38,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -177,6 +182,19 @@ static long run(const char *entry, long n, unsigned blocks) {
     return errors;
 }
 
+static long threads_n;
+static unsigned threads_blocks;
+
+static void *launcher(void *arg) {
+    launch_t f = get("cuLaunchKernel", 12000, 0, "cuLaunchKernel");
+    long errors = 0;
+    ctx(0);
+    for (long i = 0; i < threads_n; i++)
+        errors += f(KERNEL, threads_blocks, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != 0;
+    *(long *)arg = errors;
+    return NULL;
+}
+
 static long nosys_n;
 static unsigned nosys_blocks;
 static volatile long nosys_errors = -1;
@@ -235,6 +253,36 @@ int main(int argc, char **argv) {
             u64 t1 = now_ns();
             printf("ok %llu %llu %ld\n", t0, t1, errors);
             i += 3;
+        } else if (!strcmp(c, "threads")) {
+            int t = atoi(argv[i + 1]);
+            pthread_t tid[64];
+            long errs[64];
+            long errors = 0;
+            if (t < 1 || t > 64) return 2;
+            threads_n = atol(argv[i + 2]);
+            threads_blocks = (unsigned)atol(argv[i + 3]);
+            u64 t0 = now_ns();
+            for (int k = 0; k < t; k++)
+                if (pthread_create(&tid[k], NULL, launcher, &errs[k])) return 5;
+            for (int k = 0; k < t; k++) { pthread_join(tid[k], NULL); errors += errs[k]; }
+            u64 t1 = now_ns();
+            printf("ok %llu %llu %ld\n", t0, t1, errors);
+            i += 3;
+        } else if (!strcmp(c, "fork")) {
+            launch_t f = get("cuLaunchKernel", 12000, 0, "cuLaunchKernel");
+            long n = atol(argv[i + 1]);
+            unsigned blocks = (unsigned)atol(argv[i + 2]);
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                long errors = 0;
+                for (long k = 0; k < n; k++) errors += f(KERNEL, blocks, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != 0;
+                exit(errors ? 1 : 0);
+            }
+            int st = -1;
+            waitpid(pid, &st, 0);
+            printf("ok %d\n", st);
+            i += 2;
         } else if (!strcmp(c, "spin")) {
             launch_t f = get("cuLaunchKernel", 12000, 0, "cuLaunchKernel");
             unsigned blocks = (unsigned)atol(argv[i + 1]);
