@@ -37,7 +37,7 @@ pub struct ClaimFiles {
 
 /// Renders a shared claim's files: budgets summed per GPU UUID (sorted), `scrubOnFree`
 /// if any shared device asks for it, and per GPU the compute share and the tightest
-/// `computeLimit`. The launch rate starts unthrottled (the compute controller sets it).
+/// `computeLimit`. The block rate starts unthrottled (the compute controller sets it).
 pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, String> {
     let budgets = plan.budgets_by_uuid();
     if budgets.is_empty() {
@@ -63,7 +63,8 @@ pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, String> {
                 .map(u32::from)
                 .min()
                 .unwrap_or(100),
-            launch_rate: 0,
+            block_rate: 0,
+            burst_ns: 0,
             updates: 0,
         })
         .collect();

@@ -4,10 +4,11 @@
 //! * [`limits`]: written once by the plugin, read-only in containers: the claim's
 //!   memory budget per GPU UUID and `scrubOnFree`. Versioned text.
 //! * [`control`]: written in place by the plugin, read-only in containers: each GPU's
-//!   compute share, `computeLimit` and launch rate, under a sequence counter so that a
-//!   reader never sees a torn value.
+//!   compute share, `computeLimit`, block rate and bucket tolerance, under a sequence
+//!   counter so that a reader never sees a torn value.
 //! * [`region`]: the fixed-size accounting region, read-write in containers: per-GPU
-//!   usage, and one slot per process identified by a random token and an OFD lock.
+//!   usage, the claim's token bucket and launch counters per GPU, and one slot per
+//!   process identified by a random token and an OFD lock.
 //!
 //! The byte layouts are documented (as tables) in ARCHITECTURE.md and pinned by
 //! golden-file tests. Only std and libc: the interception library links this crate.

@@ -5,7 +5,9 @@
 //! * header (64 bytes) at 0: magic, version, header size, file size, GPU count, GPU
 //!   entry size, GPU table offset, slot count, slot size, slot table offset;
 //! * GPU table: one 128-byte entry per GPU of the claim's `limits`, in the same order
-//!   (sorted by UUID): UUID, bytes used, peak, refused allocations;
+//!   (sorted by UUID): UUID, bytes used, peak, refused allocations, then the claim's
+//!   token bucket on that GPU ([`Bucket`]: its theoretical arrival time) and the launch
+//!   counters the compute controller reads (thread blocks, launches, ns waited);
 //! * slot table: one slot per process: a random 128-bit token (0 = free), flags, start
 //!   time, then one u64 of bytes charged per GPU.
 //!
@@ -23,7 +25,7 @@
 //! See ARCHITECTURE.md for the table.
 
 use std::fs::File;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::map::{self, Mapping};
 use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
@@ -58,7 +60,22 @@ pub mod gpu {
     pub const USED: usize = 64;
     pub const PEAK: usize = 72;
     pub const REFUSED: usize = 80;
+    /// The token bucket's theoretical arrival time (`CLOCK_MONOTONIC` ns; 0 = never
+    /// charged).
+    pub const TAT: usize = 88;
+    /// Thread blocks launched by all processes of the claim (cumulative).
+    pub const BLOCKS: usize = 96;
+    /// Kernels launched (a graph launch counts its kernel nodes; cumulative).
+    pub const LAUNCHES: usize = 104;
+    /// Nanoseconds launches spent waiting in the bucket, summed over threads
+    /// (cumulative).
+    pub const WAITED_NS: usize = 112;
 }
+
+/// Most a single launch may put a bucket in debt (its cost at the current rate is
+/// capped there), and so how far ahead of now a sane theoretical arrival time can be:
+/// one further ahead (a corrupted region) is treated as now.
+pub const MAX_DEBT_NS: u64 = 60_000_000_000;
 
 /// Slot field offsets.
 pub mod slot {
@@ -205,6 +222,66 @@ pub struct GpuUsage {
     pub used: u64,
     pub peak: u64,
     pub refused: u64,
+    /// Thread blocks launched (cumulative).
+    pub blocks: u64,
+    /// Kernels launched (cumulative).
+    pub launches: u64,
+    /// Nanoseconds spent waiting in the token bucket (cumulative).
+    pub waited_ns: u64,
+}
+
+/// One GPU's counters, read in place ([`Region::gpu_stats`]): memory, and the launch
+/// counters the compute controller turns into rates. Every field is cumulative except
+/// `used`; the launch counters are at most a few milliseconds behind the launches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Bytes used now.
+    pub used: u64,
+    /// Peak bytes used.
+    pub peak: u64,
+    /// Refused allocations.
+    pub refused: u64,
+    /// Thread blocks launched.
+    pub blocks: u64,
+    /// Kernels launched (a graph launch counts its kernel nodes).
+    pub launches: u64,
+    /// Nanoseconds launches spent waiting in the bucket, summed over threads: the
+    /// controller's sign that the claim wants more than its rate.
+    pub waited_ns: u64,
+}
+
+impl GpuUsage {
+    /// The counters, as [`Region::gpu_stats`] returns them.
+    pub fn stats(&self) -> GpuStats {
+        GpuStats {
+            used: self.used,
+            peak: self.peak,
+            refused: self.refused,
+            blocks: self.blocks,
+            launches: self.launches,
+            waited_ns: self.waited_ns,
+        }
+    }
+}
+
+/// Largest region file [`read_gpu_stats`] reads (a tenant can grow its region).
+pub const MAX_READ: u64 = 64 << 20;
+
+/// Every GPU's counters from a region file read with `read(2)` into a buffer: never
+/// through a mapping, which a tenant could shrink under the reader (SIGBUS). The
+/// plugin's safe way to read a region it does not trust (see ARCHITECTURE.md's threat
+/// model); [`Region::gpu_stats`] is the in-place reader for mappings.
+pub fn read_gpu_stats(path: &std::path::Path) -> Result<Vec<GpuStats>, AbiError> {
+    use std::io::Read;
+    let mut b = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_READ).read_to_end(&mut b))
+        .map_err(|e| AbiError::BadLayout(format!("cannot read {}: {e}", path.display())))?;
+    Ok(Snapshot::parse(&b)?
+        .gpus
+        .iter()
+        .map(GpuUsage::stats)
+        .collect())
 }
 
 /// One slot, as read.
@@ -237,6 +314,9 @@ impl Snapshot {
                     used: rd_u64(b, o + gpu::USED),
                     peak: rd_u64(b, o + gpu::PEAK),
                     refused: rd_u64(b, o + gpu::REFUSED),
+                    blocks: rd_u64(b, o + gpu::BLOCKS),
+                    launches: rd_u64(b, o + gpu::LAUNCHES),
+                    waited_ns: rd_u64(b, o + gpu::WAITED_NS),
                 }
             })
             .collect();
@@ -323,6 +403,34 @@ impl Region {
     pub fn gpu_used(&self, g: usize) -> Option<u64> {
         self.gpu_field(g, gpu::USED)
             .map(|a| a.load(Ordering::Acquire))
+    }
+
+    /// GPU `g`'s counters, read in place with one atomic load each (no copy of the
+    /// region): works on a read-only mapping (the plugin) as on a writable one.
+    pub fn gpu_stats(&self, g: usize) -> Option<GpuStats> {
+        let rd = |f| self.gpu_field(g, f).map(|a| a.load(Ordering::Relaxed));
+        Some(GpuStats {
+            used: rd(gpu::USED)?,
+            peak: rd(gpu::PEAK)?,
+            refused: rd(gpu::REFUSED)?,
+            blocks: rd(gpu::BLOCKS)?,
+            launches: rd(gpu::LAUNCHES)?,
+            waited_ns: rd(gpu::WAITED_NS)?,
+        })
+    }
+
+    /// GPU `g`'s token bucket and launch counters, for the interception library (a
+    /// writable mapping; `None` on a read-only one, whose stores would fault).
+    pub fn bucket(&self, g: usize) -> Option<Bucket<'_>> {
+        if !self.map.writable() {
+            return None;
+        }
+        Some(Bucket {
+            tat: self.gpu_field(g, gpu::TAT)?,
+            blocks: self.gpu_field(g, gpu::BLOCKS)?,
+            launches: self.gpu_field(g, gpu::LAUNCHES)?,
+            waited: self.gpu_field(g, gpu::WAITED_NS)?,
+        })
     }
 
     /// Index of `uuid` in the GPU table.
@@ -480,6 +588,107 @@ impl Region {
             }
         }
         Ok(out)
+    }
+}
+
+/// What [`Bucket::try_admit`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Charged: launch now.
+    Now,
+    /// The bucket is in debt until this time (`CLOCK_MONOTONIC` ns): wait, re-read the
+    /// rate, try again.
+    Until(u64),
+}
+
+/// The time a launch of `blocks` thread blocks costs at `rate` blocks per second, in
+/// ns (rounded up; capped at [`MAX_DEBT_NS`]). `rate` must be non-zero.
+#[inline]
+pub fn cost_ns(blocks: u64, rate: u64) -> u64 {
+    let rate = rate.max(1);
+    let ns = match blocks.checked_mul(1_000_000_000) {
+        Some(n) => n.div_ceil(rate),
+        None => (u128::from(blocks) * 1_000_000_000)
+            .div_ceil(u128::from(rate))
+            .try_into()
+            .unwrap_or(u64::MAX),
+    };
+    ns.min(MAX_DEBT_NS)
+}
+
+/// One (claim, GPU) token bucket in the region, shared by every process of the claim,
+/// with the launch counters beside it. A GCRA on one atomic word: the theoretical
+/// arrival time (TAT). A launch is admitted when the bucket is not in debt (TAT ≤ now),
+/// and moves the TAT to `max(TAT, now − burst) + cost`: after an idle period a claim
+/// may run `burst` ahead of its rate, and a kernel bigger than the burst still runs
+/// (it puts the bucket in debt, which the next launches wait out). No lock: a process
+/// killed at any point leaves the bucket usable.
+#[derive(Clone, Copy)]
+pub struct Bucket<'a> {
+    tat: &'a AtomicU64,
+    blocks: &'a AtomicU64,
+    launches: &'a AtomicU64,
+    waited: &'a AtomicU64,
+}
+
+impl Bucket<'_> {
+    /// Tries to charge a launch costing `cost` ns (see [`cost_ns`]) at `now`
+    /// (`CLOCK_MONOTONIC` ns) with tolerance `burst_ns` (0 =
+    /// [`crate::control::DEFAULT_BURST_NS`]). One compare-and-swap when admitted; no
+    /// system call.
+    #[inline]
+    pub fn try_admit(&self, now: u64, cost: u64, burst_ns: u64) -> Admit {
+        let burst = if burst_ns == 0 {
+            crate::control::DEFAULT_BURST_NS
+        } else {
+            burst_ns
+        };
+        let floor = now.saturating_sub(burst);
+        let mut old = self.tat.load(Ordering::Relaxed);
+        loop {
+            // A time further ahead than any launch can put it is a corrupted region.
+            let sane = if old > now.saturating_add(MAX_DEBT_NS) {
+                0
+            } else {
+                old
+            };
+            let base = sane.max(floor);
+            if base > now {
+                return Admit::Until(base);
+            }
+            match self.tat.compare_exchange_weak(
+                old,
+                base.saturating_add(cost),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Admit::Now,
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    /// The theoretical arrival time now stored.
+    pub fn tat(&self) -> u64 {
+        self.tat.load(Ordering::Relaxed)
+    }
+
+    /// Adds to the launch counters.
+    #[inline]
+    pub fn count(&self, blocks: u64, launches: u64) {
+        if blocks != 0 {
+            self.blocks.fetch_add(blocks, Ordering::Relaxed);
+        }
+        if launches != 0 {
+            self.launches.fetch_add(launches, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds time spent waiting in the bucket.
+    pub fn add_waited(&self, ns: u64) {
+        if ns != 0 {
+            self.waited.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 }
 

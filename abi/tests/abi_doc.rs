@@ -48,6 +48,10 @@ fn region_table_matches_the_code() {
         ("GPU entry + ", region::gpu::USED, 8),
         ("GPU entry + ", region::gpu::PEAK, 8),
         ("GPU entry + ", region::gpu::REFUSED, 8),
+        ("GPU entry + ", region::gpu::TAT, 8),
+        ("GPU entry + ", region::gpu::BLOCKS, 8),
+        ("GPU entry + ", region::gpu::LAUNCHES, 8),
+        ("GPU entry + ", region::gpu::WAITED_NS, 8),
         ("slot + ", region::slot::TOKEN, 16),
         ("slot + ", region::slot::FLAGS, 4),
         ("slot + ", region::slot::STARTED_NS, 8),
@@ -87,8 +91,9 @@ fn control_table_matches_the_code() {
         (control::entry::UUID, tessera_abi::UUID_FIELD),
         (control::entry::SHARE, 4),
         (control::entry::LIMIT, 4),
-        (control::entry::LAUNCH_RATE, 8),
+        (control::entry::BLOCK_RATE, 8),
         (control::entry::UPDATES, 8),
+        (control::entry::BURST_NS, 8),
     ];
     assert_eq!(rows.len(), head.len() + entry.len(), "{rows:#?}");
     for ((off, size, field), (o, s)) in rows.iter().zip(&head) {

@@ -252,8 +252,9 @@ fn control_file_updates_are_seen_by_readers() {
         uuid: "GPU-a".into(),
         share: 25,
         compute_limit: 100,
-        launch_rate: 0,
+        block_rate: 0,
         updates: 0,
+        burst_ns: 0,
     }];
     let bytes = control::initial_bytes(&gpus).unwrap();
     assert_eq!(&bytes[..8], b"TSRACTL\0");
@@ -269,14 +270,32 @@ fn control_file_updates_are_seen_by_readers() {
     )
     .unwrap();
     let r = Control::map(&File::open(&p).unwrap(), false).unwrap();
-    assert!(r.set_launch_rate(0, 5).is_err());
+    assert!(r.set_rate(0, 5, 0).is_err());
     assert!(r.repair_sequence().is_err());
-    w.set_launch_rate(0, 1200).unwrap();
-    assert_eq!(r.launch_rate(0), Some(1200));
+    assert!(w.set_rate(1, 5, 0).is_err());
+    w.set_rate(0, 1200, 30_000_000).unwrap();
+    assert_eq!(r.rate(0), Some((1200, 30_000_000)));
+    assert_eq!(r.block_rate(0), Some(1200));
+    assert_eq!(r.burst_ns(0), Some(30_000_000));
+    assert_eq!(r.cells(0).map(|c| c.block_rate()), Some(1200));
+    assert_eq!(r.gpu_index("GPU-a"), Some(0));
+    assert_eq!(r.gpu_index("GPU-b"), None);
     let all = r.read().unwrap();
     assert_eq!(
-        (all[0].launch_rate, all[0].updates, all[0].share),
-        (1200, 1, 25)
+        (
+            all[0].block_rate,
+            all[0].burst_ns,
+            all[0].updates,
+            all[0].share
+        ),
+        (1200, 30_000_000, 1, 25)
+    );
+    // The documented offsets: block rate at entry + 72, burst at entry + 88.
+    let raw = std::fs::read(&p).unwrap();
+    let at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap());
+    assert_eq!(
+        (at(64 + 72), at(64 + 80), at(64 + 88)),
+        (1200, 1, 30_000_000)
     );
     // A writer killed mid-update leaves the sequence odd: readers still answer
     // (bounded retries), and the plugin's repair makes it even again.
@@ -287,8 +306,8 @@ fn control_file_updates_are_seen_by_readers() {
     raw[32..40].copy_from_slice(&(seq(&p) + 1).to_le_bytes());
     std::fs::write(&p, &raw).unwrap();
     assert_eq!(seq(&p) % 2, 1);
-    assert_eq!(r.launch_rate(0), Some(1200));
-    assert_eq!(r.read().unwrap()[0].launch_rate, 1200);
+    assert_eq!(r.rate(0), Some((1200, 30_000_000)));
+    assert_eq!(r.read().unwrap()[0].block_rate, 1200);
     assert!(w.repair_sequence().unwrap());
     assert_eq!(seq(&p) % 2, 0);
     assert!(!w.repair_sequence().unwrap());
@@ -298,4 +317,131 @@ fn control_file_updates_are_seen_by_readers() {
     bad[0].share = 0;
     bad[0].compute_limit = 0;
     assert!(control::initial_bytes(&bad).is_err());
+}
+
+/// The GCRA: after idleness a claim may run `burst` ahead; then each launch waits for
+/// the previous one's cost; a launch bigger than the burst is admitted when the bucket
+/// is not in debt and the next one waits out the debt. Costs round up.
+#[test]
+fn the_bucket_admits_a_burst_then_the_rate() {
+    use region::{Admit, cost_ns};
+    assert_eq!(cost_ns(1000, 1000), 1_000_000_000);
+    assert_eq!(cost_ns(1, 3), 333_333_334);
+    assert_eq!(cost_ns(u64::MAX, 1), region::MAX_DEBT_NS);
+    assert_eq!(cost_ns(1 << 40, 1 << 40), 1_000_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a", "GPU-b"], 4);
+    let r = Region::map(
+        &File::options().read(true).write(true).open(&p).unwrap(),
+        true,
+    )
+    .unwrap();
+    let b = r.bucket(1).unwrap();
+    let ms = 1_000_000u64;
+    let now = 1_000_000 * ms;
+    // Rate 1000 blocks/s: 1 ms per block; burst 10 ms.
+    let c = cost_ns(1, 1000);
+    let mut admitted = 0;
+    while b.try_admit(now, c, 10 * ms) == Admit::Now {
+        admitted += 1;
+    }
+    assert_eq!(
+        admitted, 11,
+        "burst of 10 ms at 1 ms/launch, plus the one at now"
+    );
+    assert_eq!(b.try_admit(now, c, 10 * ms), Admit::Until(now + ms));
+    assert_eq!(b.try_admit(now + ms, c, 10 * ms), Admit::Now);
+    // A 500-block kernel (500 ms > burst) runs when not in debt, then the bucket owes.
+    assert_eq!(
+        b.try_admit(now + 2 * ms, cost_ns(500, 1000), 10 * ms),
+        Admit::Now
+    );
+    assert_eq!(
+        b.try_admit(now + 3 * ms, c, 10 * ms),
+        Admit::Until(now + 502 * ms)
+    );
+    // Burst 0 means the default (50 ms).
+    let b0 = r.bucket(0).unwrap();
+    let mut n = 0;
+    while b0.try_admit(now, c, 0) == Admit::Now {
+        n += 1;
+    }
+    assert_eq!(n, 51);
+    // A corrupted TAT (far beyond any launch's debt) counts as now.
+    let raw_tat = r.layout().gpu_offset(0) + region::gpu::TAT;
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[raw_tat..raw_tat + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    assert_eq!(r.bucket(0).unwrap().try_admit(now, c, 0), Admit::Now);
+    // Read-only mappings have no bucket, but do have the counters.
+    let ro = Region::map(&File::open(&p).unwrap(), false).unwrap();
+    assert!(ro.bucket(0).is_none());
+    b.count(700, 3);
+    b.add_waited(12_345);
+    let st = ro.gpu_stats(1).unwrap();
+    assert_eq!((st.blocks, st.launches, st.waited_ns), (700, 3, 12_345));
+    assert!(ro.gpu_stats(2).is_none());
+    let read = region::read_gpu_stats(&p).unwrap();
+    assert_eq!(read.len(), 2);
+    assert_eq!(read[1], st);
+    assert!(region::read_gpu_stats(&dir.path().join("missing")).is_err());
+    let snap = ro.snapshot().unwrap();
+    assert_eq!(
+        (
+            snap.gpus[1].blocks,
+            snap.gpus[1].launches,
+            snap.gpus[1].waited_ns
+        ),
+        (700, 3, 12_345)
+    );
+    // At the documented offsets: entry + 96, 104, 112.
+    let raw = std::fs::read(&p).unwrap();
+    let o = r.layout().gpu_offset(1);
+    let at = |x: usize| u64::from_le_bytes(raw[o + x..o + x + 8].try_into().unwrap());
+    assert_eq!((at(96), at(104), at(112)), (700, 3, 12_345));
+}
+
+/// Eight threads on separate mappings (as separate processes) share one bucket: over
+/// a simulated second, what they are admitted never exceeds rate × (1 s + burst).
+#[test]
+fn processes_sharing_a_bucket_obey_its_rate_together() {
+    use region::{Admit, cost_ns};
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a", "GPU-b"], 4);
+    let clock = Arc::new(std::sync::atomic::AtomicU64::new(5_000_000_000));
+    let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (rate, burst) = (100_000u64, 20_000_000u64);
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (clock, admitted, p) = (clock.clone(), admitted.clone(), p.clone());
+            s.spawn(move || {
+                let f = File::options().read(true).write(true).open(&p).unwrap();
+                let r = Region::map(&f, true).unwrap();
+                let b = r.bucket(0).unwrap();
+                let blocks = 1 + t * 7;
+                loop {
+                    let now = clock.load(std::sync::atomic::Ordering::Relaxed);
+                    if now >= 6_000_000_000 {
+                        break;
+                    }
+                    if b.try_admit(now, cost_ns(blocks, rate), burst) == Admit::Now {
+                        admitted.fetch_add(blocks, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if t == 0 {
+                        clock.fetch_add(1_000, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let got = admitted.load(std::sync::atomic::Ordering::Relaxed);
+    let max = rate + rate * burst / 1_000_000_000 + 50;
+    assert!(
+        got <= max,
+        "{got} blocks admitted in 1 s at {rate}/s (max {max})"
+    );
+    assert!(
+        got >= rate * 9 / 10,
+        "{got} blocks: the bucket starved its users"
+    );
 }

@@ -15,6 +15,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use tessera_abi::control::Control;
 use tessera_abi::limits::Limits;
 use tessera_abi::map::try_lock_range;
 use tessera_abi::region::{FLAG_NO_CUDA, Refusal, Region};
@@ -25,7 +26,12 @@ use crate::budget::{self, MergedGpu};
 pub struct Claim {
     pub uid: String,
     pub scrub_on_free: bool,
-    pub region: Region,
+    /// Mapped for the process's life (never unmapped), so the launch path can keep
+    /// `'static` references to its bucket.
+    pub region: &'static Region,
+    /// The claim's rates (read-only mapping); `None` when it cannot be mapped, which
+    /// leaves the claim's launches unthrottled (logged).
+    pub control: Option<&'static Control>,
     /// Holds the slot's OFD lock for the process's life; never closed.
     _lock_file: File,
     /// A second open description, for probing other slots' locks.
@@ -45,6 +51,9 @@ pub struct State {
     no_cuda_cleared: std::sync::atomic::AtomicBool,
     /// When memory queries last reclaimed dead slots (wall clock, ns).
     last_reclaim_ns: std::sync::atomic::AtomicU64,
+    /// Per merged GPU (same index as `gpus`): the (claim, GPU) token buckets its
+    /// launches are charged to, in claim-UID order.
+    pub launch: Vec<Vec<crate::throttle::LaunchPart>>,
 }
 
 /// How often memory queries reclaim dead processes' slots. (Reservations that would
@@ -75,8 +84,14 @@ pub enum Refused {
 }
 
 /// The process's state, loaded on first use.
+#[inline]
 pub fn state() -> &'static State {
     STATE.get_or_init(State::load)
+}
+
+/// The process's state if it was loaded (never loads it).
+pub fn loaded_state() -> Option<&'static State> {
+    STATE.get()
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -111,6 +126,7 @@ impl State {
             devices: [const { AtomicU32::new(DEV_UNKNOWN) }; MAX_DEVICES],
             no_cuda_cleared: std::sync::atomic::AtomicBool::new(false),
             last_reclaim_ns: std::sync::atomic::AtomicU64::new(0),
+            launch: Vec::new(),
         }
     }
 
@@ -142,6 +158,7 @@ impl State {
         }
         let claims = &st.claims;
         st.gpus = budget::merge(&limits, |c, uuid| claims[c].region.gpu_index(uuid));
+        st.launch = crate::throttle::parts(&st.claims, &st.gpus);
         st
     }
 
@@ -163,6 +180,21 @@ impl State {
         let lock_file = open()?;
         let reclaim_file = open()?;
         let region = Region::map(&lock_file, true).map_err(|e| format!("region: {e}"))?;
+        // Never unmapped: the state lives as long as the process.
+        let region: &'static Region = Box::leak(Box::new(region));
+        let control = match File::open(format!("{}/control", mc.dir))
+            .map_err(|e| e.to_string())
+            .and_then(|f| Control::map(&f, false).map_err(|e| e.to_string()))
+        {
+            Ok(c) => Some(&*Box::leak(Box::new(c))),
+            Err(e) => {
+                log(format_args!(
+                    "claim {}: control: {e}; its launches are not throttled",
+                    mc.uid
+                ));
+                None
+            }
+        };
         let _ = region.reclaim_dead(&reclaim_file);
         let mut slot = None;
         for s in 0..region.layout().slot_count {
@@ -180,6 +212,7 @@ impl State {
                 uid: mc.uid.clone(),
                 scrub_on_free: limits.scrub_on_free,
                 region,
+                control,
                 _lock_file: lock_file,
                 reclaim_file,
                 slot,

@@ -17,6 +17,8 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUresult};
+
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 /// glibc's `dlsym`, resolved with `dlvsym` (never with `dlsym`, which is ours).
@@ -66,6 +68,7 @@ hook_table!(
     cuMipmappedArrayDestroy,
     cuCtxSetLimit,
     cuGraphAddMemAllocNode,
+    cuGraphInstantiate,
     cuGraphInstantiate_v2,
     cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams,
@@ -76,6 +79,13 @@ hook_table!(
     cuGraphLaunch_ptsz,
     cuGraphExecDestroy,
     cuDeviceGraphMemTrim,
+    cuLaunchKernel,
+    cuLaunchKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuLaunchCooperativeKernelMultiDevice,
     cuMemGetInfo_v2,
     cuDeviceTotalMem_v2,
     nvmlDeviceGetMemoryInfo,
@@ -120,11 +130,18 @@ pub fn remember(h: Hook, p: *mut c_void) {
 
 /// The driver's function for `h`: the pointer last handed out by the driver's own
 /// `dlsym`/`cuGetProcAddress`, else resolved behind the library. 0 when there is none.
+#[inline]
 pub fn real(h: Hook) -> usize {
     let v = REAL[h as usize].load(Ordering::Acquire);
     if v != 0 {
         return v;
     }
+    resolve_real(h)
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_real(h: Hook) -> usize {
     let lib: &CStr = if h.name().starts_with("nvml") {
         c"libnvidia-ml.so.1"
     } else {
@@ -136,41 +153,45 @@ pub fn real(h: Hook) -> usize {
     REAL[h as usize].load(Ordering::Acquire)
 }
 
-/// Driver functions the library calls but does not intercept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum DriverFn {
-    CtxGetDevice,
-    DeviceGetUuidV2,
-    DeviceGetUuid,
-    MemsetD8V2,
-    CtxSynchronize,
-    ArrayGetMemoryRequirements,
-    MemPoolGetAttribute,
-    DeviceGetDefaultMemPool,
-    DeviceGetMemPool,
-    NvmlDeviceGetUuid,
-    MipmappedArrayGetMemoryRequirements,
-    DeviceGetAttribute,
-    DeviceGetGraphMemAttribute,
+macro_rules! driver_table {
+    ($($fn:ident = $name:literal),* $(,)?) => {
+        /// Driver functions the library calls but does not intercept.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum DriverFn { $($fn),* }
+        const DRIVER_COUNT: usize = [$(DriverFn::$fn),*].len();
+        const DRIVER_NAMES: [&str; DRIVER_COUNT] = [$(concat!($name, "\0")),*];
+    };
 }
 
-const DRIVER_NAMES: [&str; 13] = [
-    "cuCtxGetDevice\0",
-    "cuDeviceGetUuid_v2\0",
-    "cuDeviceGetUuid\0",
-    "cuMemsetD8_v2\0",
-    "cuCtxSynchronize\0",
-    "cuArrayGetMemoryRequirements\0",
-    "cuMemPoolGetAttribute\0",
-    "cuDeviceGetDefaultMemPool\0",
-    "cuDeviceGetMemPool\0",
-    "nvmlDeviceGetUUID\0",
-    "cuMipmappedArrayGetMemoryRequirements\0",
-    "cuDeviceGetAttribute\0",
-    "cuDeviceGetGraphMemAttribute\0",
-];
-static DRIVER: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
+driver_table!(
+    CtxGetDevice = "cuCtxGetDevice",
+    DeviceGetUuidV2 = "cuDeviceGetUuid_v2",
+    DeviceGetUuid = "cuDeviceGetUuid",
+    MemsetD8V2 = "cuMemsetD8_v2",
+    CtxSynchronize = "cuCtxSynchronize",
+    ArrayGetMemoryRequirements = "cuArrayGetMemoryRequirements",
+    MemPoolGetAttribute = "cuMemPoolGetAttribute",
+    DeviceGetDefaultMemPool = "cuDeviceGetDefaultMemPool",
+    DeviceGetMemPool = "cuDeviceGetMemPool",
+    NvmlDeviceGetUuid = "nvmlDeviceGetUUID",
+    MipmappedArrayGetMemoryRequirements = "cuMipmappedArrayGetMemoryRequirements",
+    DeviceGetAttribute = "cuDeviceGetAttribute",
+    DeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute",
+    DeviceGetCount = "cuDeviceGetCount",
+    StreamGetDevice = "cuStreamGetDevice",
+    StreamGetCtx = "cuStreamGetCtx",
+    CtxGetDeviceV2 = "cuCtxGetDevice_v2",
+    CtxPushCurrentV2 = "cuCtxPushCurrent_v2",
+    CtxPopCurrentV2 = "cuCtxPopCurrent_v2",
+    GraphGetNodes = "cuGraphGetNodes",
+    GraphNodeGetType = "cuGraphNodeGetType",
+    GraphKernelNodeGetParamsV2 = "cuGraphKernelNodeGetParams_v2",
+    GraphKernelNodeGetParams = "cuGraphKernelNodeGetParams",
+    GraphChildGraphNodeGetGraph = "cuGraphChildGraphNodeGetGraph",
+);
+
+static DRIVER: [AtomicUsize; DRIVER_COUNT] = [const { AtomicUsize::new(0) }; DRIVER_COUNT];
 
 /// The driver's exported function `f`, resolved once; 0 if it has none.
 pub fn driver(f: DriverFn) -> usize {
@@ -188,6 +209,40 @@ pub fn driver(f: DriverFn) -> usize {
     let p = unsafe { resolve_behind(DRIVER_NAMES[i].as_ptr().cast(), lib) } as usize;
     DRIVER[i].store(p, Ordering::Release);
     p
+}
+
+/// The current context's device ordinal.
+pub fn current_device() -> Result<CUdevice, CUresult> {
+    let p = driver(DriverFn::CtxGetDevice);
+    if p == 0 {
+        return Err(CUDA_ERROR_NOT_FOUND);
+    }
+    let mut dev: CUdevice = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*).
+    let f: unsafe extern "C" fn(*mut CUdevice) -> CUresult = unsafe { as_fn(p) };
+    // SAFETY: valid out pointer.
+    match unsafe { f(&mut dev) } {
+        CUDA_SUCCESS => Ok(dev),
+        e => Err(e),
+    }
+}
+
+/// The `GPU-…` UUID of CUDA ordinal `dev`, as NVML and the plugin spell it.
+pub fn cuda_uuid(dev: CUdevice) -> Option<String> {
+    let mut raw = [0u8; 16];
+    for f in [DriverFn::DeviceGetUuidV2, DriverFn::DeviceGetUuid] {
+        let p = driver(f);
+        if p == 0 {
+            continue;
+        }
+        // SAFETY: cuDeviceGetUuid(_v2)(CUuuid*, CUdevice); CUuuid is 16 bytes.
+        let g: unsafe extern "C" fn(*mut u8, CUdevice) -> CUresult = unsafe { as_fn(p) };
+        // SAFETY: valid 16-byte buffer.
+        if unsafe { g(raw.as_mut_ptr(), dev) } == CUDA_SUCCESS {
+            return Some(crate::sizes::format_uuid(&raw));
+        }
+    }
+    None
 }
 
 /// glibc's `dlsym`, resolved on first use if the constructor has not run yet.

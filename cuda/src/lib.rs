@@ -1,12 +1,14 @@
 //! Tessera's interception library, `libtessera_cuda.so`: preloaded into every process
 //! of a shared-GPU container, it enforces each claim's per-GPU memory budget on the
-//! CUDA driver's allocation paths and shows the budget as the device's memory.
+//! CUDA driver's allocation paths and shows the budget as the device's memory, and paces
+//! every kernel launch by the claim's compute rate.
 //!
 //! * [`interpose`]: the `dlsym` trampoline and the real-function slots;
 //! * [`gpa_table`]: which variant `cuGetProcAddress` hands out (generated table);
 //! * [`budget`]: which claims bind the process and the budgets merged by GPU UUID;
 //! * [`accounting`]: the slots, reservations and the allocation table;
 //! * [`sizes`]: what each allocation is charged and what the virtual views report;
+//! * [`throttle`]: compute rates: the claim's token bucket per GPU, launch counters;
 //! * `hooks`: the exported entry points, one module per family of calls.
 //!
 //! Nothing here may panic across the C boundary: errors become CUDA or NVML codes.
@@ -19,3 +21,4 @@ pub mod gpa_table;
 mod hooks;
 pub mod interpose;
 pub mod sizes;
+pub mod throttle;

@@ -70,7 +70,36 @@
  *     at registration and never delivered.
  *   - Writers keep the `health-event` lines (rendered after the GPU blocks, as state.rs
  *     does).
+ *
+ * Work on the GPUs (the fake driver's side, cuda/tests/fakes; included by relative path):
+ *   - FAKE_CUDA_SIM names the simulated GPU's state file (cuda/tests/fakes/fakesim.h,
+ *     shared with the fake libcuda). A GPU is found there by UUID (the header lists the
+ *     UUIDs in FAKE_CUDA_DEVICES order; when no process recorded them yet, this
+ *     library records its own FAKE_CUDA_DEVICES). Each query first advances the
+ *     simulation to now, under the simulator's lock.
+ *   - nvmlDeviceGetProcessUtilization: for each live process record on the GPU, the
+ *     sample of the latest tick (ticks every 1/6 s of CLOCK_MONOTONIC) if its timestamp
+ *     (microseconds of CLOCK_MONOTONIC at the tick) is newer than lastSeenTimeStamp:
+ *     smUtil = round(100 * busy in the 1 s before the tick / 1 s) + noise, uniform in
+ *     [-3, +3], a deterministic hash of FAKE_SIM_SEED (default 0), pid and tick,
+ *     clamped to 0..100; memUtil/encUtil/decUtil 0. Count protocol: a NULL buffer (or
+ *     a count below the number of samples) gives INSUFFICIENT_SIZE with the count set,
+ *     or SUCCESS with count 0 when there is no sample (real NVML says NOT_FOUND then;
+ *     nvml-wrapper and the backend take both). NOT_SUPPORTED with MIG enabled.
+ *   - nvmlDeviceGetUtilizationRates: gpu = the GPU's busy % over the 1 s before the
+ *     latest tick, with the same noise rule (pid 0xFFFFFFFF in the hash); memory 0.
+ *     NOT_SUPPORTED without FAKE_CUDA_SIM or with MIG enabled.
+ *   - FAKE_CUDA_LEDGER names the fake driver's ledger (format in fake_cuda.c); GPUs map
+ *     to its devices by UUID (the UUIDs the driver recorded there, else this
+ *     library's FAKE_CUDA_DEVICES order). nvmlDeviceGetComputeRunningProcesses_v3
+ *     lists every record, live or dead (a dead record holding bytes stands for memory
+ *     a vanished process left held), with bytes on the GPU: pid and bytes, GI/CI IDs
+ *     0xFFFFFFFF. Count protocol as NVML: a count below the list's size gives
+ *     INSUFFICIENT_SIZE with the size; SUCCESS with 0 when empty. Without a ledger the
+ *     list is empty. nvmlDeviceGetMemoryInfo/_v2: used = the ledger's bytes held on the
+ *     GPU, free = total - used (reserved 0); without a ledger all memory is free.
  */
+#define _GNU_SOURCE /* F_OFD_GETLK/F_OFD_SETLK for the simulator's process records */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE
 
@@ -81,9 +110,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../../cuda/tests/fakes/fakesim.h"
 
 /* ---- NVML ABI (subset of nvml.h, NVML_API_VERSION 13) ---------------------------- */
 
@@ -170,6 +204,32 @@ typedef struct nvmlMemory_v2_st {
 
 /* NVML_STRUCT_VERSION(Memory, 2) */
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+/* 32 bytes: pid @0, timeStamp @8 (us), smUtil @16, memUtil @20, encUtil @24, decUtil @28. */
+typedef struct nvmlProcessUtilizationSample_st {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "process utilization sample layout");
+
+/* 24 bytes (nvmlProcessInfo_v2_t): pid @0, usedGpuMemory @8, gpuInstanceId @16,
+ * computeInstanceId @20. */
+typedef struct nvmlProcessInfo_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "process info layout");
+
+typedef struct nvmlUtilization_st {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
 
 typedef struct nvmlPciInfo_st {
     char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
@@ -360,6 +420,13 @@ nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type);
 nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos);
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber);
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
 nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
@@ -1815,7 +1882,131 @@ static nvmlReturn_t device_architecture(nvmlDevice_t device, nvmlDeviceArchitect
     return NVML_SUCCESS;
 }
 
-/* Nothing runs on a simulated GPU: all memory is free, none reserved or used. */
+/* ---- The fake driver's ledger and simulated GPU ---------------------------------- */
+
+#define LEDGER_SIZE 65536
+#define LEDGER_RECS 256
+
+static const volatile uint64_t *g_ledger;
+static int g_ledger_tried;
+
+/* The fake driver's ledger (FAKE_CUDA_LEDGER), mapped read-only; NULL without one. */
+static const volatile uint64_t *ledger_map(void) {
+    if (g_ledger_tried)
+        return g_ledger;
+    g_ledger_tried = 1;
+    const char *path = getenv("FAKE_CUDA_LEDGER");
+    if (path == NULL || path[0] == 0)
+        return NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "fake-nvml: ledger %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size >= LEDGER_SIZE)
+        m = mmap(NULL, LEDGER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "fake-nvml: ledger %s: cannot map %d bytes\n", path, LEDGER_SIZE);
+        return NULL;
+    }
+    g_ledger = m;
+    return g_ledger;
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* "GPU-xxxxxxxx-xxxx-..." to its 16 bytes, as the fake driver parses it. */
+static int uuid_bytes(const char *uuid, unsigned char raw[16]) {
+    if (strncmp(uuid, "GPU-", 4) != 0)
+        return -1;
+    int k = 0;
+    for (const char *c = uuid + 4; *c && k < 32; c++) {
+        if (*c == '-')
+            continue;
+        int v = hex_digit(*c);
+        if (v < 0)
+            return -1;
+        if (k % 2 == 0)
+            raw[k / 2] = (unsigned char)(v << 4);
+        else
+            raw[k / 2] |= (unsigned char)v;
+        k++;
+    }
+    return k == 32 ? 0 : -1;
+}
+
+/* The ledger's device index of the GPU with this UUID, or -1. */
+static int ledger_device(const volatile uint64_t *ledger, const char *uuid) {
+    unsigned char raw[16];
+    if (uuid_bytes(uuid, raw) == 0) {
+        for (int d = 0; d < 8; d++) {
+            if (ledger[(64 + 64 * d + 48) / 8] != 1)
+                continue;
+            const volatile unsigned char *u = (const volatile unsigned char *)ledger + 64 + 64 * d + 32;
+            int same = 1;
+            for (int i = 0; i < 16; i++)
+                same &= u[i] == raw[i];
+            if (same)
+                return d;
+        }
+    }
+    const char *devices = getenv("FAKE_CUDA_DEVICES");
+    if (devices == NULL)
+        return -1;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", devices);
+    int d = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL && d < 8;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(tok, ':');
+        if (colon == NULL)
+            continue;
+        *colon = 0;
+        if (strcasecmp(tok, uuid) == 0)
+            return d;
+        d++;
+    }
+    return -1;
+}
+
+/* Bytes the fake driver holds on this GPU (0 without a ledger). */
+static unsigned long long ledger_used(const struct fake_gpu *g) {
+    const volatile uint64_t *ledger = ledger_map();
+    int d = ledger != NULL ? ledger_device(ledger, g->uuid) : -1;
+    return d < 0 ? 0 : ledger[(64 + 64 * d) / 8];
+}
+
+static struct fakesim g_sim;
+static int g_sim_state; /* 0 not tried, 1 open, -1 none */
+static uint64_t g_sim_seed;
+
+/* The simulated GPUs (FAKE_CUDA_SIM), or NULL. */
+static struct fakesim *sim_handle(void) {
+    if (g_sim_state == 0) {
+        const char *path = getenv("FAKE_CUDA_SIM");
+        g_sim_state = -1;
+        if (path != NULL && path[0] != 0 && fakesim_open(&g_sim, path) == 0) {
+            fakesim_setup(&g_sim, getenv("FAKE_CUDA_DEVICES"), getenv("FAKE_CUDA_SIM_LOG"));
+            const char *seed = getenv("FAKE_SIM_SEED");
+            g_sim_seed = seed != NULL ? strtoull(seed, NULL, 10) : 0;
+            g_sim_state = 1;
+        }
+    }
+    return g_sim_state == 1 ? &g_sim : NULL;
+}
+
+/* Total minus what the fake driver holds (everything is free without a ledger). */
 static nvmlReturn_t device_memory(nvmlDevice_t device, nvmlMemory_t *memory) {
     const struct fake_gpu *g;
     nvmlReturn_t rc = gpu_of(device, &g);
@@ -1823,9 +2014,10 @@ static nvmlReturn_t device_memory(nvmlDevice_t device, nvmlMemory_t *memory) {
         return rc;
     if (memory == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long used = ledger_used(g);
     memory->total = g->memory_bytes;
-    memory->free = g->memory_bytes;
-    memory->used = 0;
+    memory->used = used;
+    memory->free = used >= g->memory_bytes ? 0 : g->memory_bytes - used;
     return NVML_SUCCESS;
 }
 
@@ -1838,10 +2030,115 @@ static nvmlReturn_t device_memory_v2(nvmlDevice_t device, nvmlMemory_v2_t *memor
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long used = ledger_used(g);
     memory->total = g->memory_bytes;
     memory->reserved = 0;
-    memory->free = g->memory_bytes;
-    memory->used = 0;
+    memory->used = used;
+    memory->free = used >= g->memory_bytes ? 0 : g->memory_bytes - used;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
+                                      nvmlProcessInfo_t *infos) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = gpu_of(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    static nvmlProcessInfo_t found[LEDGER_RECS];
+    unsigned int n = 0;
+    const volatile uint64_t *ledger = ledger_map();
+    int d = ledger != NULL ? ledger_device(ledger, g->uuid) : -1;
+    for (int r = 0; d >= 0 && r < LEDGER_RECS; r++) {
+        const volatile uint64_t *rec = &ledger[(4096 + 128 * r) / 8];
+        uint64_t bytes = rec[1 + d];
+        if (rec[0] == 0 || bytes == 0)
+            continue;
+        found[n].pid = (unsigned int)rec[9];
+        found[n].usedGpuMemory = bytes;
+        found[n].gpuInstanceId = 0xFFFFFFFFu;
+        found[n].computeInstanceId = 0xFFFFFFFFu;
+        n++;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n > 0 && infos == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n > 0)
+        memcpy(infos, found, n * sizeof found[0]);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t process_utilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *out,
+                                        unsigned int *count, unsigned long long last_seen) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = gpu_of(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_enabled)
+        return NVML_ERROR_NOT_SUPPORTED;
+    nvmlProcessUtilizationSample_t found[FAKESIM_PROCS];
+    unsigned int n = 0;
+    struct fakesim *s = sim_handle();
+    int gi = s != NULL ? fakesim_index_of(s, g->uuid) : -1;
+    if (gi >= 0) {
+        fakesim_lock(s);
+        struct fakesim_gpu *sg = fakesim_advance(s, (unsigned)gi, fakesim_now());
+        uint64_t k = sg->last_tick;
+        unsigned long long ts = fakesim_tick_ns(k) / 1000;
+        for (unsigned int i = 0; ts > last_seen && i < FAKESIM_PROCS; i++) {
+            const struct fakesim_proc *p = &sg->procs[i];
+            uint64_t busy;
+            if (p->state != FAKESIM_LIVE || k <= p->join_tick ||
+                !fakesim_window(p->snaps, k, p->join_tick, &busy) || !fakesim_alive(s, (unsigned)gi, i))
+                continue;
+            found[n].pid = p->pid;
+            found[n].timeStamp = ts;
+            found[n].smUtil = fakesim_percent(busy, fakesim_noise(g_sim_seed, p->pid, k));
+            found[n].memUtil = 0;
+            found[n].encUtil = 0;
+            found[n].decUtil = 0;
+            n++;
+        }
+        fakesim_unlock(s);
+    }
+    if (out == NULL || *count < n) {
+        *count = n;
+        return n > 0 ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    if (n > 0)
+        memcpy(out, found, n * sizeof found[0]);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t utilization_rates(nvmlDevice_t device, nvmlUtilization_t *u) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = gpu_of(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (u == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fakesim *s = sim_handle();
+    if (s == NULL || g->mig_enabled)
+        return NVML_ERROR_NOT_SUPPORTED;
+    int gi = fakesim_index_of(s, g->uuid);
+    u->gpu = 0;
+    u->memory = 0;
+    if (gi >= 0) {
+        fakesim_lock(s);
+        struct fakesim_gpu *sg = fakesim_advance(s, (unsigned)gi, fakesim_now());
+        uint64_t busy;
+        if (fakesim_window(sg->snaps, sg->last_tick, sg->init_tick, &busy))
+            u->gpu = fakesim_percent(busy, fakesim_noise(g_sim_seed, 0xFFFFFFFFu, sg->last_tick));
+        fakesim_unlock(s);
+    }
     return NVML_SUCCESS;
 }
 
@@ -2650,6 +2947,22 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     LOCKED(device_memory_v2(device, memory));
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    LOCKED(process_utilization(device, utilization, processSamplesCount, lastSeenTimeStamp));
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    LOCKED(utilization_rates(device, utilization));
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos) {
+    LOCKED(running_processes(device, infoCount, infos));
 }
 
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {

@@ -1,8 +1,11 @@
 //! Graph memory: charged when upload or launch materializes it, released by trims.
+//! Graph work: the blocks of a graph's kernel nodes, summed at instantiation and
+//! charged to the claim's token bucket at every launch.
 #![allow(non_snake_case)]
 
 use super::pools::settle_retained;
 use super::*;
+use crate::throttle;
 
 /// `CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 const GRAPH_MEM_RESERVED_CURRENT: c_int = 2;
@@ -79,15 +82,49 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     rc
 }
 
-/// An executable graph inherits its graph's needs.
+/// An executable graph inherits its graph's memory needs, and runs its kernel nodes
+/// (summed now, by walking the graph: stream-captured graphs count too).
 fn instantiated(rc: CUresult, exec: *mut *mut c_void, graph: *mut c_void) {
-    if rc == CUDA_SUCCESS
-        && !exec.is_null()
-        && let Some(n) = accounting::graph_need(graph as u64)
-    {
-        // SAFETY: on success the driver wrote *exec.
-        accounting::add_graph_need(unsafe { *exec } as u64, n.dev, n.bytes);
+    if rc != CUDA_SUCCESS || exec.is_null() {
+        return;
     }
+    // SAFETY: on success the driver wrote *exec.
+    let e = unsafe { *exec } as u64;
+    if let Some(n) = accounting::graph_need(graph as u64) {
+        accounting::add_graph_need(e, n.dev, n.bytes);
+    }
+    if accounting::state().active() {
+        throttle::set_graph_work(e, throttle::graph_work(graph));
+    }
+}
+
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    err_node: *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuGraphInstantiate,
+        unsafe extern "C" fn(
+            *mut *mut c_void,
+            *mut c_void,
+            *mut c_void,
+            *mut c_char,
+            usize,
+        ) -> CUresult,
+        exec,
+        graph,
+        err_node,
+        log,
+        log_size
+    );
+    instantiated(rc, exec, graph);
+    rc
 }
 
 /// # Safety
@@ -183,11 +220,17 @@ type ExecStreamFn = unsafe extern "C" fn(*mut c_void, CUstream) -> CUresult;
 
 /// Upload and launch materialize graph memory: the growth the graph can cause (its
 /// needs beyond what the device's graph pool is charged for) is reserved first,
-/// then the charge follows the pool's reserved size.
+/// then the charge follows the pool's reserved size. A launch is first charged the
+/// blocks of the graph's kernel nodes.
 fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
     let p = real(h);
     if p == 0 {
         return CUDA_ERROR_NOT_FOUND;
+    }
+    if matches!(h, Hook::cuGraphLaunch | Hook::cuGraphLaunch_ptsz)
+        && let Some(w) = throttle::graph_work_of(exec as u64)
+    {
+        throttle::launch(w.blocks, w.kernels, None);
     }
     // SAFETY: the driver's function of this variant.
     let f: ExecStreamFn = unsafe { as_fn(p) };
@@ -266,6 +309,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CUresult {
     );
     if rc == CUDA_SUCCESS {
         accounting::drop_graph_need(exec as u64);
+        throttle::drop_graph_work(exec as u64);
     }
     rc
 }

@@ -8,6 +8,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::accounting::{self, Charge, Entry, Kind, Refused, State};
 use crate::ffi::*;
 use crate::interpose::{DriverFn, Hook, as_fn, driver, hook_address, real, remember};
+pub(crate) use crate::interpose::{cuda_uuid, current_device};
 use crate::{gpa_table, sizes};
 
 /// Calls the driver's function for `$hook` with type `$ty`, or returns NOT_FOUND.
@@ -29,40 +30,6 @@ fn refused_code(st: &State, r: Refused, what: &str) -> CUresult {
         eprintln!("tessera-cuda: {what}: the device's UUID is unavailable; refusing");
     }
     CUDA_ERROR_OUT_OF_MEMORY
-}
-
-/// The current context's device ordinal.
-fn current_device() -> Result<CUdevice, CUresult> {
-    let p = driver(DriverFn::CtxGetDevice);
-    if p == 0 {
-        return Err(CUDA_ERROR_NOT_FOUND);
-    }
-    let mut dev: CUdevice = -1;
-    // SAFETY: cuCtxGetDevice(CUdevice*).
-    let f: unsafe extern "C" fn(*mut CUdevice) -> CUresult = unsafe { as_fn(p) };
-    // SAFETY: valid out pointer.
-    match unsafe { f(&mut dev) } {
-        CUDA_SUCCESS => Ok(dev),
-        e => Err(e),
-    }
-}
-
-/// The `GPU-…` UUID of CUDA ordinal `dev`, as NVML and the plugin spell it.
-fn cuda_uuid(dev: CUdevice) -> Option<String> {
-    let mut raw = [0u8; 16];
-    for f in [DriverFn::DeviceGetUuidV2, DriverFn::DeviceGetUuid] {
-        let p = driver(f);
-        if p == 0 {
-            continue;
-        }
-        // SAFETY: cuDeviceGetUuid(_v2)(CUuuid*, CUdevice); CUuuid is 16 bytes.
-        let g: unsafe extern "C" fn(*mut u8, CUdevice) -> CUresult = unsafe { as_fn(p) };
-        // SAFETY: valid 16-byte buffer.
-        if unsafe { g(raw.as_mut_ptr(), dev) } == CUDA_SUCCESS {
-            return Some(sizes::format_uuid(&raw));
-        }
-    }
-    None
 }
 
 /// What an allocation on the current device must do first.
@@ -166,6 +133,7 @@ fn resize(st: &State, c: Charge, bytes: u64) -> Result<Charge, Charge> {
 
 mod arrays;
 mod graphs;
+mod launch;
 mod limits;
 mod linear;
 mod lookup;
@@ -175,6 +143,7 @@ mod vmm;
 
 pub use arrays::*;
 pub use graphs::*;
+pub use launch::*;
 pub use limits::*;
 pub use linear::*;
 pub use lookup::*;

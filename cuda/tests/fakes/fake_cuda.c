@@ -31,12 +31,41 @@
  *   FAKE_CUDA_NO_BACKING      1: linear memory gets addresses but no host pages (for
  *                             benchmarks, so that mmap does not drown the library's cost)
  *   CUDA_VISIBLE_DEVICES      comma-separated indices into FAKE_CUDA_DEVICES
+ *   FAKE_CUDA_SIM      path of the simulated GPU's state file (fakesim.h; created by
+ *                      the first process if missing). Unset: kernel launches are
+ *                      instant no-ops and synchronisation returns at once.
+ *   FAKE_CUDA_SIM_LOG  the simulator's timeline log (format in fakesim.h); the first
+ *                      process to open the state file records it there for all.
+ *   FAKE_SIM_BLOCK_NS  ns of GPU time per block (default 1000): a kernel occupies the
+ *                      GPU for gridDimX*gridDimY*gridDimZ * FAKE_SIM_BLOCK_NS
+ *   FAKE_SIM_TAG       u32 stored with this process's kernels in the timeline (default 0)
  *
  * The ledger is the independent judge: device memory really held, per device
  * (used, peak across processes) and per process (one 128-byte record per process,
  * owned through an OFD lock on its range, so a reader can tell live records).
- *   offset 0: magic "FAKECUDA"; 64 + 64*dev: used, peak, scrub_ok, scrub_dirty (u64);
- *   4096 + 128*rec: u64 owner flag, u64 bytes[8] per device.
+ *   offset 0: magic "FAKECUDA" (written by the harness; not required);
+ *   64 + 64*dev: used, peak, scrub_ok, scrub_dirty (u64), then at +32 the device's raw
+ *     16-byte UUID and at +48 a u64 1 once the UUID is there (dev = position in
+ *     FAKE_CUDA_DEVICES), so a reader can map UUIDs to ledger devices;
+ *   4096 + 128*rec: u64 owner flag, u64 bytes[8] per device, u64 pid (getpid()) at +72;
+ *   36864 + 64*rec: u64 blocks[8] per device: blocks this process launched (every
+ *     launch entry point, graphs by their kernel nodes; counted with or without the
+ *     simulator), the fake's own count to judge throttling by.
+ * A new process takes a never-used record before one a dead process left, so that
+ * memory a dead process left held stays attributed to its pid as long as possible.
+ *
+ * Kernels (see fakesim.h for the model): cuModuleLoadData / cuModuleGetFunction hand
+ * out handles that carry nothing; cuLaunchKernel, cuLaunchKernelEx (CUlaunchConfig),
+ * cuLaunchCooperativeKernel (each with _ptsz), cuLaunchCooperativeKernelMultiDevice
+ * (CUDA_LAUNCH_PARAMS; each entry's stream picks the device, NULL = the current
+ * context's) and cuGraphLaunch(_ptsz) (each kernel node, in node order, as its own
+ * kernel) enqueue on the stream's device. cuStreamSynchronize(_ptsz),
+ * cuCtxSynchronize(_v2) wait until this process has no kernel pending on that device
+ * (all of a process's streams on one device share one FIFO), sleeping until the
+ * projected completion, not spinning. With the simulator a launch needs a context (or
+ * a stream) and a non-zero grid (CUDA_ERROR_INVALID_VALUE otherwise); a full queue
+ * (256 kernels) makes it wait for a slot; a 65th live process on one GPU gets
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,8 +76,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "fakesim.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -83,6 +115,9 @@ struct dev {
 };
 static struct dev devs[MAXDEV];
 static int ndev;
+static struct dev alldevs[MAXDEV]; /* FAKE_CUDA_DEVICES, before CUDA_VISIBLE_DEVICES */
+static int nalldevs;
+static const char *devices_spec;
 static int inited;
 static int driver_version = 13050;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -108,27 +143,16 @@ static void ledger_scrub(int phys, int clean) {
     if (ledger) __atomic_add_fetch(&ledger[(64 + 64 * phys) / 8 + (clean ? 2 : 3)], 1, __ATOMIC_SEQ_CST);
 }
 
-static void ledger_open(void) {
-    const char *p = getenv("FAKE_CUDA_LEDGER");
-    if (!p || ledger) return;
-    int fd = open(p, O_RDWR | O_CLOEXEC);
-    if (fd < 0) { fprintf(stderr, "fake-cuda: ledger %s: %s\n", p, strerror(errno)); return; }
-    void *m = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) { close(fd); return; }
-    ledger = m;
-    for (int r = 0; r < LEDGER_RECS; r++) {
-        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
-                           .l_start = LEDGER_REC0 + LEDGER_RECSZ * r, .l_len = LEDGER_RECSZ};
-        if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
-            ledger_rec = r;
-            volatile u64 *rec = &ledger[(LEDGER_REC0 + LEDGER_RECSZ * r) / 8];
-            for (int i = 0; i < 1 + MAXDEV; i++) rec[i] = 0;
-            rec[0] = 1;
-            break;
-        }
-    }
-    /* fd stays open: the record's lock lives as long as the process */
+#define LEDGER_BLOCKS0 36864
+#define LEDGER_BLOCKSZ 64
+
+static void ledger_blocks(int phys, u64 blocks) {
+    if (ledger && ledger_rec >= 0)
+        __atomic_add_fetch(&ledger[(LEDGER_BLOCKS0 + LEDGER_BLOCKSZ * ledger_rec) / 8 + phys], blocks,
+                           __ATOMIC_RELAXED);
 }
+
+static void ledger_open(const struct dev *all, int nall);
 
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -142,6 +166,7 @@ static void parse_devices(void) {
     int nall = 0;
     const char *s = getenv("FAKE_CUDA_DEVICES");
     if (!s) s = "GPU-00000000-0000-4000-8000-000000000001:85899345920";
+    devices_spec = s;
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && nall < MAXDEV;
@@ -164,6 +189,8 @@ static void parse_devices(void) {
         }
         nall++;
     }
+    memcpy(alldevs, all, sizeof all);
+    nalldevs = nall;
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     ndev = 0;
     if (vis) {
@@ -180,6 +207,40 @@ static void parse_devices(void) {
     }
 }
 
+/* Claims a record (never-used ones first), stamps it with our pid and records the
+ * devices' UUIDs. */
+static void ledger_open(const struct dev *all, int nall) {
+    const char *p = getenv("FAKE_CUDA_LEDGER");
+    if (!p || ledger) return;
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd < 0) { fprintf(stderr, "fake-cuda: ledger %s: %s\n", p, strerror(errno)); return; }
+    void *m = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { close(fd); return; }
+    ledger = m;
+    for (int i = 0; i < nall; i++) {
+        volatile unsigned char *u = (volatile unsigned char *)m + 64 + 64 * all[i].phys + 32;
+        for (int k = 0; k < 16; k++) u[k] = all[i].raw[k];
+        __atomic_store_n(&ledger[(64 + 64 * all[i].phys + 48) / 8], 1, __ATOMIC_SEQ_CST);
+    }
+    for (int pass = 0; pass < 2 && ledger_rec < 0; pass++)
+        for (int r = 0; r < LEDGER_RECS; r++) {
+            volatile u64 *rec = &ledger[(LEDGER_REC0 + LEDGER_RECSZ * r) / 8];
+            if (pass == 0 && rec[0] != 0) continue;
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                               .l_start = LEDGER_REC0 + LEDGER_RECSZ * r, .l_len = LEDGER_RECSZ};
+            if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+                ledger_rec = r;
+                for (int i = 0; i < 1 + MAXDEV; i++) rec[i] = 0;
+                rec[9] = (u64)getpid();
+                volatile u64 *blk = &ledger[(LEDGER_BLOCKS0 + LEDGER_BLOCKSZ * r) / 8];
+                for (int i = 0; i < MAXDEV; i++) blk[i] = 0;
+                rec[0] = 1;
+                break;
+            }
+        }
+    /* fd stays open: the record's lock lives as long as the process */
+}
+
 /* ---- contexts ---- */
 struct ctx { int magic; int dev; };
 #define CTX_MAGIC 0x43545821
@@ -187,6 +248,95 @@ static struct ctx primary[MAXDEV];
 static __thread struct ctx *current;
 
 static int cur_dev(void) { return current && current->magic == CTX_MAGIC ? current->dev : -1; }
+
+/* ---- simulated GPU (fakesim.h) ---- */
+static struct fakesim sim;
+static int sim_on;
+static u64 sim_block_ns = 1000;
+static uint32_t sim_tag;
+
+static void sim_open(void) {
+    const char *path = getenv("FAKE_CUDA_SIM");
+    if (!path || !*path) return;
+    const char *b = getenv("FAKE_SIM_BLOCK_NS");
+    if (b && strtoull(b, NULL, 10) > 0) sim_block_ns = strtoull(b, NULL, 10);
+    const char *t = getenv("FAKE_SIM_TAG");
+    if (t) sim_tag = (uint32_t)strtoul(t, NULL, 10);
+    if (fakesim_open(&sim, path) != 0) return;
+    fakesim_setup(&sim, devices_spec, getenv("FAKE_CUDA_SIM_LOG"));
+    sim_on = 1;
+}
+
+/* Timer slack makes a sleeping synchroniser oversleep by 50 us; a GPU wakes its
+ * waiters at once. */
+static void sim_tight_timers(void) {
+    static __thread int done;
+    if (!done) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); done = 1; }
+}
+
+/* Enqueues n kernels (blocks[i] each) on logical device dev, waiting while the queue
+ * is full. Also counts the blocks in the ledger. */
+static CUresult enqueue(int dev, const u64 *blocks, size_t n) {
+    if (dev < 0 || dev >= ndev) return INVALID_CONTEXT;
+    int phys = devs[dev].phys;
+    u64 total = 0;
+    for (size_t i = 0; i < n; i++) total += blocks[i];
+    ledger_blocks(phys, total);
+    if (!sim_on || phys >= FAKESIM_MAXDEV) return OK;
+    size_t i = 0;
+    while (i < n) {
+        fakesim_lock(&sim);
+        u64 now = fakesim_now();
+        fakesim_advance(&sim, (unsigned)phys, now);
+        int idx = fakesim_claim(&sim, (unsigned)phys, (uint32_t)getpid(), sim_tag);
+        if (idx < 0) {
+            fakesim_unlock(&sim);
+            fprintf(stderr, "fake-cuda: the simulated GPU has no free process record\n");
+            return 701; /* CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES */
+        }
+        for (; i < n; i++)
+            if (fakesim_push(&sim, (unsigned)phys, (unsigned)idx, blocks[i] * sim_block_ns, blocks[i], now) != 0)
+                break;
+        u64 wake = i < n ? fakesim_project(&sim, (unsigned)phys, (unsigned)idx, 1) : 0;
+        fakesim_unlock(&sim);
+        if (i < n) {
+            /* Queue full: wait for our head kernel, as a full launch queue blocks. */
+            sim_tight_timers();
+            fakesim_sleep_until(wake > now ? wake : now + 20000);
+        }
+    }
+    return OK;
+}
+
+/* Waits until this process has no kernel pending on logical device dev. */
+static void sim_wait(int dev) {
+    if (!sim_on || dev < 0 || dev >= ndev || devs[dev].phys >= FAKESIM_MAXDEV) return;
+    unsigned gi = (unsigned)devs[dev].phys;
+    for (;;) {
+        fakesim_lock(&sim);
+        u64 now = fakesim_now();
+        struct fakesim_gpu *g = fakesim_advance(&sim, gi, now);
+        int idx = sim.own[gi];
+        u64 pending = idx < 0 ? 0 : g->procs[idx].tail - g->procs[idx].head;
+        u64 wake = pending ? fakesim_project(&sim, gi, (unsigned)idx, pending) : 0;
+        fakesim_unlock(&sim);
+        if (!pending) return;
+        sim_tight_timers();
+        fakesim_sleep_until(wake > now ? wake : now + 20000);
+    }
+}
+
+/* ---- streams, modules ---- */
+struct stream { int magic; int dev; };
+#define STREAM_MAGIC 0x5354524d
+/* The logical device a stream's work goes to: NULL, CU_STREAM_LEGACY (1) and
+ * CU_STREAM_PER_THREAD (2) are the current context's. -1: no context; -2: bad handle. */
+static int stream_dev(void *s) {
+    if ((uintptr_t)s <= 2) return cur_dev();
+    const struct stream *st = s;
+    return st->magic == STREAM_MAGIC ? st->dev : -2;
+}
+static CUresult dev_error(int dev) { return dev == -2 ? INVALID_HANDLE : INVALID_CONTEXT; }
 
 /* ---- allocations ---- */
 enum kind { K_LINEAR, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP };
@@ -251,7 +401,8 @@ static CUresult i_cuInit(unsigned flags) {
         const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
         if (v) driver_version = atoi(v);
         parse_devices();
-        ledger_open();
+        ledger_open(alldevs, nalldevs);
+        sim_open();
         for (int i = 0; i < ndev; i++) {
             primary[i] = (struct ctx){CTX_MAGIC, i};
             default_pool[i] = (struct pool){POOL_MAGIC, i, 0, 0, 0};
@@ -334,12 +485,73 @@ static CUresult i_sync_all(void) {
     pthread_mutex_unlock(&mu);
     return OK;
 }
-static CUresult i_cuCtxSynchronize(void) { return cur_dev() < 0 ? INVALID_CONTEXT : i_sync_all(); }
+static CUresult i_cuCtxSynchronize(void) {
+    int dev = cur_dev();
+    if (dev < 0) return INVALID_CONTEXT;
+    sim_wait(dev);
+    return i_sync_all();
+}
 static CUresult i_cuCtxSynchronize_v2(struct ctx *c) {
     if (c && c->magic != CTX_MAGIC) return INVALID_CONTEXT;
-    return c ? i_sync_all() : i_cuCtxSynchronize();
+    if (!c) return i_cuCtxSynchronize();
+    sim_wait(c->dev);
+    return i_sync_all();
 }
-static CUresult i_cuStreamSynchronize(void *s) { (void)s; return i_cuCtxSynchronize(); }
+static CUresult i_cuStreamSynchronize(void *s) {
+    int dev = stream_dev(s);
+    if (dev < 0) return dev_error(dev);
+    sim_wait(dev);
+    return i_sync_all();
+}
+static CUresult i_cuStreamSynchronize_ptsz(void *s) { return i_cuStreamSynchronize(s); }
+static CUresult i_cuStreamCreate(struct stream **out, unsigned flags) {
+    if (flags > 1) return INVALID_VALUE;
+    int dev = cur_dev();
+    if (dev < 0) return INVALID_CONTEXT;
+    if (!out) return INVALID_VALUE;
+    struct stream *st = malloc(sizeof *st);
+    if (!st) return OUT_OF_MEMORY;
+    *st = (struct stream){STREAM_MAGIC, dev};
+    *out = st;
+    return OK;
+}
+static CUresult i_cuStreamDestroy_v2(struct stream *st) {
+    if ((uintptr_t)st <= 2 || st->magic != STREAM_MAGIC) return INVALID_HANDLE;
+    st->magic = 0;
+    free(st);
+    return OK;
+}
+struct module { int magic; };
+struct func { int magic; struct module *m; char name[64]; };
+#define MODULE_MAGIC 0x4d4f4455
+#define FUNC_MAGIC 0x46554e43
+/* Any image loads; any name is found: a function carries nothing but its name. */
+static CUresult i_cuModuleLoadData(struct module **out, const void *image) {
+    if (cur_dev() < 0) return INVALID_CONTEXT;
+    if (!out || !image) return INVALID_VALUE;
+    struct module *m = malloc(sizeof *m);
+    if (!m) return OUT_OF_MEMORY;
+    m->magic = MODULE_MAGIC;
+    *out = m;
+    return OK;
+}
+static CUresult i_cuModuleUnload(struct module *m) {
+    if (!m || m->magic != MODULE_MAGIC) return INVALID_HANDLE;
+    m->magic = 0;
+    free(m); /* its functions leak, as handles into an unloaded module dangle */
+    return OK;
+}
+static CUresult i_cuModuleGetFunction(struct func **out, struct module *m, const char *name) {
+    if (!out || !name) return INVALID_VALUE;
+    if (!m || m->magic != MODULE_MAGIC) return INVALID_HANDLE;
+    struct func *f = malloc(sizeof *f);
+    if (!f) return OUT_OF_MEMORY;
+    f->magic = FUNC_MAGIC;
+    f->m = m;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    *out = f;
+    return OK;
+}
 
 static int no_backing = -1;
 static u64 next_fake_addr = 0x7f0000000000ull;
@@ -669,13 +881,84 @@ static CUresult i_cuCtxSetLimit(int limit, size_t value) {
     return rc;
 }
 
+/* Kernel launches: blocks = gridDimX * gridDimY * gridDimZ. Without the simulator a
+ * launch is an instant no-op (even without a context), as before it existed. */
+static CUresult launch_grid(void *stream, u64 gx, u64 gy, u64 gz) {
+    int dev = stream_dev(stream);
+    if (dev < 0) return sim_on ? dev_error(dev) : OK;
+    if (gx == 0 || gy == 0 || gz == 0) return sim_on ? INVALID_VALUE : OK;
+    u64 blocks = gx * gy * gz;
+    return enqueue(dev, &blocks, 1);
+}
+static CUresult i_cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                 unsigned by, unsigned bz, unsigned shmem, void *s, void **p, void **e) {
+    (void)f; (void)bx; (void)by; (void)bz; (void)shmem; (void)p; (void)e;
+    return launch_grid(s, gx, gy, gz);
+}
+/* CUlaunchConfig (cuda.h 11.8+; x86-64: dims @0..24, hStream @32, attrs @40, numAttrs @48). */
+struct launch_config {
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    void *stream;
+    void *attrs;
+    unsigned nattrs;
+};
+_Static_assert(sizeof(struct launch_config) == 56, "CUlaunchConfig layout");
+static CUresult i_cuLaunchKernelEx(const struct launch_config *c, void *f, void **p, void **e) {
+    (void)f; (void)p; (void)e;
+    if (!c) return INVALID_VALUE;
+    if (c->nattrs && !c->attrs) return INVALID_VALUE;
+    return launch_grid(c->stream, c->gx, c->gy, c->gz);
+}
+static CUresult i_cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                            unsigned by, unsigned bz, unsigned shmem, void *s, void **p) {
+    (void)f; (void)bx; (void)by; (void)bz; (void)shmem; (void)p;
+    return launch_grid(s, gx, gy, gz);
+}
+/* CUDA_LAUNCH_PARAMS (x86-64: function @0, dims @8..32, hStream @40, kernelParams @48). */
+struct launch_params {
+    void *func;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    void *stream;
+    void **params;
+};
+_Static_assert(sizeof(struct launch_params) == 56, "CUDA_LAUNCH_PARAMS layout");
+static CUresult i_cuLaunchCooperativeKernelMultiDevice(struct launch_params *list, unsigned n, unsigned flags) {
+    (void)flags;
+    if (!list || n == 0) return INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        int dev = stream_dev(list[i].stream);
+        if (dev < 0 && sim_on) return dev_error(dev);
+        if (sim_on && (!list[i].gx || !list[i].gy || !list[i].gz)) return INVALID_VALUE;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        CUresult rc = launch_grid(list[i].stream, list[i].gx, list[i].gy, list[i].gz);
+        if (rc != OK) return rc;
+    }
+    return OK;
+}
+
 /* graphs: allocation nodes materialize from a per-device graph pool at upload or
  * launch (the graph frees them by its end); the pool keeps what it reserved until
- * cuDeviceGraphMemTrim. */
-struct graph { int magic; int dev; u64 bytes; };
-struct gexec { int magic; struct graph *g; };
+ * cuDeviceGraphMemTrim. Kernel nodes run at launch, in node order, each as a kernel
+ * of its own on the launch stream's device. An executable graph is a snapshot. */
+#define NODE_KERNEL 0  /* CU_GRAPH_NODE_TYPE_KERNEL */
+#define NODE_MEM_ALLOC 10 /* CU_GRAPH_NODE_TYPE_MEM_ALLOC */
+struct gnode {
+    int magic;
+    int type;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    void *func, *kern, *ctx;
+};
+struct graph { int magic; int dev; u64 bytes; struct gnode **nodes; size_t nnodes, cap; };
+struct gexec { int magic; int dev; u64 bytes; u64 *blocks; size_t nkernels; };
 #define GRAPH_MAGIC 0x47524150
 #define GEXEC_MAGIC 0x47455843
+#define GNODE_MAGIC 0x474e4f44
+/* CUDA_KERNEL_NODE_PARAMS (v1: 56 bytes) and _v2 (72 bytes: + CUkernel kern, CUcontext ctx). */
+struct kparams_v1 { void *func; unsigned gx, gy, gz, bx, by, bz, shmem; void **params; void **extra; };
+struct kparams_v2 { void *func; unsigned gx, gy, gz, bx, by, bz, shmem; void **params; void **extra; void *kern; void *ctx; };
+_Static_assert(sizeof(struct kparams_v1) == 56, "CUDA_KERNEL_NODE_PARAMS_v1 layout");
+_Static_assert(sizeof(struct kparams_v2) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 layout");
 static u64 graph_reserved[MAXDEV];
 static CUresult i_cuGraphCreate(struct graph **g, unsigned flags) {
     (void)flags;
@@ -686,7 +969,22 @@ static CUresult i_cuGraphCreate(struct graph **g, unsigned flags) {
 }
 static CUresult i_cuGraphDestroy(struct graph *g) {
     if (!g || g->magic != GRAPH_MAGIC) return INVALID_VALUE;
+    for (size_t i = 0; i < g->nnodes; i++) { g->nodes[i]->magic = 0; free(g->nodes[i]); }
+    free(g->nodes);
     g->magic = 0; free(g); return OK;
+}
+static struct gnode *add_node(struct graph *g, int type) {
+    if (g->nnodes == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        struct gnode **n = realloc(g->nodes, cap * sizeof *n);
+        if (!n) return NULL;
+        g->nodes = n; g->cap = cap;
+    }
+    struct gnode *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    n->magic = GNODE_MAGIC; n->type = type;
+    g->nodes[g->nnodes++] = n;
+    return n;
 }
 static CUresult i_cuGraphAddMemAllocNode(void **node, struct graph *g, const void *deps, size_t n, unsigned char *params) {
     (void)deps; (void)n;
@@ -694,42 +992,110 @@ static CUresult i_cuGraphAddMemAllocNode(void **node, struct graph *g, const voi
     int ltype, lid; size_t bytes;
     memcpy(&ltype, params + 8, 4); memcpy(&lid, params + 12, 4); memcpy(&bytes, params + 104, 8);
     if (ltype != 1 || lid < 0 || lid >= ndev || bytes == 0) return INVALID_VALUE;
+    struct gnode *nd = add_node(g, NODE_MEM_ALLOC);
+    if (!nd) return OUT_OF_MEMORY;
     g->dev = lid;
     g->bytes += round_up(bytes, PAGE);
     u64 dptr = 0x7e0000000000ull + g->bytes;
     memcpy(params + 112, &dptr, 8);
-    *node = g;
+    *node = nd;
+    return OK;
+}
+static CUresult add_kernel_node(struct gnode **node, struct graph *g, const struct kparams_v2 *p) {
+    if (!node || !g || g->magic != GRAPH_MAGIC) return INVALID_VALUE;
+    if (p->gx == 0 || p->gy == 0 || p->gz == 0 || p->bx == 0 || p->by == 0 || p->bz == 0) return INVALID_VALUE;
+    struct gnode *nd = add_node(g, NODE_KERNEL);
+    if (!nd) return OUT_OF_MEMORY;
+    nd->gx = p->gx; nd->gy = p->gy; nd->gz = p->gz;
+    nd->bx = p->bx; nd->by = p->by; nd->bz = p->bz; nd->shmem = p->shmem;
+    nd->func = p->func; nd->kern = p->kern; nd->ctx = p->ctx;
+    *node = nd;
+    return OK;
+}
+static CUresult i_cuGraphAddKernelNode(struct gnode **node, struct graph *g, const void *deps, size_t n,
+                                       const struct kparams_v1 *p) {
+    (void)deps; (void)n;
+    if (!p) return INVALID_VALUE;
+    struct kparams_v2 v2 = {p->func, p->gx, p->gy, p->gz, p->bx, p->by, p->bz, p->shmem, p->params, p->extra, NULL, NULL};
+    return add_kernel_node(node, g, &v2);
+}
+static CUresult i_cuGraphAddKernelNode_v2(struct gnode **node, struct graph *g, const void *deps, size_t n,
+                                          const struct kparams_v2 *p) {
+    (void)deps; (void)n;
+    if (!p) return INVALID_VALUE;
+    return add_kernel_node(node, g, p);
+}
+static CUresult i_cuGraphGetNodes(struct graph *g, struct gnode **nodes, size_t *num) {
+    if (!g || g->magic != GRAPH_MAGIC || !num) return INVALID_VALUE;
+    if (!nodes) { *num = g->nnodes; return OK; }
+    size_t i = 0;
+    for (; i < *num && i < g->nnodes; i++) nodes[i] = g->nodes[i];
+    for (size_t k = i; k < *num; k++) nodes[k] = NULL;
+    *num = i;
+    return OK;
+}
+static CUresult i_cuGraphNodeGetType(struct gnode *n, int *type) {
+    if (!n || n->magic != GNODE_MAGIC || !type) return INVALID_VALUE;
+    *type = n->type;
+    return OK;
+}
+static CUresult i_cuGraphKernelNodeGetParams_v2(struct gnode *n, struct kparams_v2 *p) {
+    if (!n || n->magic != GNODE_MAGIC || n->type != NODE_KERNEL || !p) return INVALID_VALUE;
+    *p = (struct kparams_v2){n->func, n->gx, n->gy, n->gz, n->bx, n->by, n->bz, n->shmem, NULL, NULL, n->kern, n->ctx};
+    return OK;
+}
+static CUresult i_cuGraphKernelNodeGetParams(struct gnode *n, struct kparams_v1 *p) {
+    if (!n || n->magic != GNODE_MAGIC || n->type != NODE_KERNEL || !p) return INVALID_VALUE;
+    *p = (struct kparams_v1){n->func, n->gx, n->gy, n->gz, n->bx, n->by, n->bz, n->shmem, NULL, NULL};
     return OK;
 }
 static CUresult i_cuGraphInstantiateWithFlags(struct gexec **e, struct graph *g, u64 flags) {
     (void)flags;
     if (!e || !g || g->magic != GRAPH_MAGIC) return INVALID_VALUE;
-    *e = calloc(1, sizeof **e);
-    (*e)->magic = GEXEC_MAGIC; (*e)->g = g;
+    struct gexec *x = calloc(1, sizeof *x);
+    if (!x) return OUT_OF_MEMORY;
+    x->magic = GEXEC_MAGIC; x->dev = g->dev; x->bytes = g->bytes;
+    x->blocks = calloc(g->nnodes ? g->nnodes : 1, sizeof *x->blocks);
+    if (!x->blocks) { free(x); return OUT_OF_MEMORY; }
+    for (size_t i = 0; i < g->nnodes; i++)
+        if (g->nodes[i]->type == NODE_KERNEL)
+            x->blocks[x->nkernels++] = (u64)g->nodes[i]->gx * g->nodes[i]->gy * g->nodes[i]->gz;
+    *e = x;
     return OK;
 }
 static CUresult i_cuGraphExecDestroy(struct gexec *e) {
     if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
-    e->magic = 0; free(e); return OK;
+    e->magic = 0; free(e->blocks); free(e); return OK;
 }
-static CUresult i_cuGraphLaunch(struct gexec *e, void *stream) {
-    (void)stream;
-    if (cur_dev() < 0) return INVALID_CONTEXT;
-    if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
-    struct graph *g = e->g;
-    if (g->dev < 0) return OK;
+/* The graph's memory, reserved from the device's graph pool at upload or launch. */
+static CUresult graph_memory(struct gexec *e) {
+    if (e->dev < 0) return OK;
     CUresult rc = OK;
     pthread_mutex_lock(&mu);
-    if (graph_reserved[g->dev] < g->bytes) {
-        rc = take(g->dev, g->bytes - graph_reserved[g->dev]);
-        if (rc == OK) graph_reserved[g->dev] = g->bytes;
+    if (graph_reserved[e->dev] < e->bytes) {
+        rc = take(e->dev, e->bytes - graph_reserved[e->dev]);
+        if (rc == OK) graph_reserved[e->dev] = e->bytes;
     }
     pthread_mutex_unlock(&mu);
     return rc;
 }
-static CUresult i_cuGraphUpload(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
+static CUresult i_cuGraphUpload(struct gexec *e, void *stream) {
+    (void)stream;
+    if (cur_dev() < 0) return INVALID_CONTEXT;
+    if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
+    return graph_memory(e);
+}
+static CUresult i_cuGraphLaunch(struct gexec *e, void *stream) {
+    if (cur_dev() < 0) return INVALID_CONTEXT;
+    if (!e || e->magic != GEXEC_MAGIC) return INVALID_VALUE;
+    CUresult rc = graph_memory(e);
+    if (rc != OK || e->nkernels == 0) return rc;
+    int dev = stream_dev(stream);
+    if (dev < 0) return dev_error(dev);
+    return enqueue(dev, e->blocks, e->nkernels);
+}
 static CUresult i_cuGraphLaunch_ptsz(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
-static CUresult i_cuGraphUpload_ptsz(struct gexec *e, void *stream) { return i_cuGraphLaunch(e, stream); }
+static CUresult i_cuGraphUpload_ptsz(struct gexec *e, void *stream) { return i_cuGraphUpload(e, stream); }
 static CUresult i_cuDeviceGraphMemTrim(CUdevice d) {
     if (d < 0 || d >= ndev) return INVALID_DEVICE;
     pthread_mutex_lock(&mu);
@@ -748,11 +1114,6 @@ static CUresult i_cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *v) {
     }
 }
 
-static CUresult i_cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                 unsigned by, unsigned bz, unsigned shmem, void *s, void **p, void **e) {
-    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)s; (void)p; (void)e;
-    return OK;
-}
 static CUresult i_cuGetErrorName(CUresult e, const char **s) {
     switch (e) {
     case OK: *s = "CUDA_SUCCESS"; return OK;
@@ -769,6 +1130,13 @@ static CUresult i_cuMemFreeAsync_ptsz(CUdeviceptr d, void *st) { return i_cuMemF
 static CUresult i_cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                       unsigned by, unsigned bz, unsigned shmem, void *s, void **p, void **e) {
     return i_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+}
+static CUresult i_cuLaunchKernelEx_ptsz(const struct launch_config *c, void *f, void **p, void **e) {
+    return i_cuLaunchKernelEx(c, f, p, e);
+}
+static CUresult i_cuLaunchCooperativeKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                 unsigned by, unsigned bz, unsigned shmem, void *s, void **p) {
+    return i_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, p);
 }
 
 static CUresult i_cuGetProcAddress_v2(const char *sym, void **pfn, int ver, u64 flags, int *status);
@@ -802,6 +1170,12 @@ static const struct entry table[] = {
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
     E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz, cuStreamSynchronize),
+    E("cuStreamCreate", 2000, cuStreamCreate),
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    E("cuModuleLoadData", 2000, cuModuleLoadData),
+    E("cuModuleUnload", 2000, cuModuleUnload),
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuMemAlloc", 2000, cuMemAlloc),
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
     E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
@@ -840,6 +1214,12 @@ static const struct entry table[] = {
     E("cuGraphCreate", 10000, cuGraphCreate),
     E("cuGraphDestroy", 10000, cuGraphDestroy),
     E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphKernelNodeGetParams", 10000, cuGraphKernelNodeGetParams),
+    E("cuGraphKernelNodeGetParams", 12000, cuGraphKernelNodeGetParams_v2),
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    E("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     E("cuGraphLaunch", 10000, cuGraphLaunch),
@@ -850,6 +1230,11 @@ static const struct entry table[] = {
     E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
     E("cuLaunchKernel", 4000, cuLaunchKernel),
     P("cuLaunchKernel", 7000, cuLaunchKernel_ptsz, cuLaunchKernel),
+    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz, cuLaunchKernelEx),
+    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel),
+    E("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
     E("cuGetErrorName", 6000, cuGetErrorName),
     E("cuGetProcAddress", 11030, cuGetProcAddress),
     E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
@@ -913,6 +1298,12 @@ X(CUresult, cuCtxSynchronize, (void), ())
 X(CUresult, cuCtxGetDevice_v2, (CUdevice *d, struct ctx *c), (d, c))
 X(CUresult, cuCtxSynchronize_v2, (struct ctx *c), (c))
 X(CUresult, cuStreamSynchronize, (void *s), (s))
+X(CUresult, cuStreamSynchronize_ptsz, (void *s), (s))
+X(CUresult, cuStreamCreate, (struct stream **s, unsigned f), (s, f))
+X(CUresult, cuStreamDestroy_v2, (struct stream *s), (s))
+X(CUresult, cuModuleLoadData, (struct module **m, const void *i), (m, i))
+X(CUresult, cuModuleUnload, (struct module *m), (m))
+X(CUresult, cuModuleGetFunction, (struct func **f, struct module *m, const char *n), (f, m, n))
 X(CUresult, cuMemAlloc, (unsigned *d, unsigned s), (d, s))
 X(CUresult, cuMemAlloc_v2, (CUdeviceptr *d, size_t s), (d, s))
 X(CUresult, cuMemAllocPitch_v2, (CUdeviceptr *d, size_t *p, size_t w, size_t h, unsigned e), (d, p, w, h, e))
@@ -951,6 +1342,12 @@ X(CUresult, cuCtxSetLimit, (int l, size_t v), (l, v))
 X(CUresult, cuGraphCreate, (struct graph **g, unsigned f), (g, f))
 X(CUresult, cuGraphDestroy, (struct graph *g), (g))
 X(CUresult, cuGraphAddMemAllocNode, (void **n, struct graph *g, const void *d, size_t c, unsigned char *p), (n, g, d, c, p))
+X(CUresult, cuGraphAddKernelNode, (struct gnode **n, struct graph *g, const void *d, size_t c, const struct kparams_v1 *p), (n, g, d, c, p))
+X(CUresult, cuGraphAddKernelNode_v2, (struct gnode **n, struct graph *g, const void *d, size_t c, const struct kparams_v2 *p), (n, g, d, c, p))
+X(CUresult, cuGraphKernelNodeGetParams, (struct gnode *n, struct kparams_v1 *p), (n, p))
+X(CUresult, cuGraphKernelNodeGetParams_v2, (struct gnode *n, struct kparams_v2 *p), (n, p))
+X(CUresult, cuGraphGetNodes, (struct graph *g, struct gnode **n, size_t *c), (g, n, c))
+X(CUresult, cuGraphNodeGetType, (struct gnode *n, int *t), (n, t))
 X(CUresult, cuGraphInstantiateWithFlags, (struct gexec **e, struct graph *g, u64 f), (e, g, f))
 X(CUresult, cuGraphExecDestroy, (struct gexec *e), (e))
 X(CUresult, cuGraphLaunch, (struct gexec *e, void *s), (e, s))
@@ -961,6 +1358,11 @@ X(CUresult, cuDeviceGraphMemTrim, (CUdevice d), (d))
 X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice d, int a, void *v), (d, a, v))
 X(CUresult, cuLaunchKernel, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
 X(CUresult, cuLaunchKernel_ptsz, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e))
+X(CUresult, cuLaunchKernelEx, (const struct launch_config *c, void *f, void **p, void **e), (c, f, p, e))
+X(CUresult, cuLaunchKernelEx_ptsz, (const struct launch_config *c, void *f, void **p, void **e), (c, f, p, e))
+X(CUresult, cuLaunchCooperativeKernel, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p), (f, gx, gy, gz, bx, by, bz, sh, s, p))
+X(CUresult, cuLaunchCooperativeKernel_ptsz, (void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, void *s, void **p), (f, gx, gy, gz, bx, by, bz, sh, s, p))
+X(CUresult, cuLaunchCooperativeKernelMultiDevice, (struct launch_params *l, unsigned n, unsigned f), (l, n, f))
 X(CUresult, cuGetErrorName, (CUresult e, const char **s), (e, s))
 X(CUresult, cuGetProcAddress, (const char *s, void **p, int v, u64 f), (s, p, v, f))
 X(CUresult, cuGetProcAddress_v2, (const char *s, void **p, int v, u64 f, int *st), (s, p, v, f, st))

@@ -11,6 +11,8 @@
 //! out), not from the library's own counters.
 #![allow(dead_code)]
 
+pub mod timeline;
+
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -28,6 +30,7 @@ pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
 
 const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
 const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
+const SIM_CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/sim_client.c");
 
 /// Reports a skipped test on the terminal (written to fd 2 directly, so that the
 /// test harness's output capture does not hide it): `tessera-cuda SKIP <test>: <why>`.
@@ -78,6 +81,8 @@ pub struct Artifacts {
     /// A second copy of the fake, for the LD_LIBRARY_PATH trick.
     pub other_fake_dir: PathBuf,
     pub client: PathBuf,
+    /// The simulated GPU's workload client (`tests/fakes/sim_client.c`).
+    pub sim_client: PathBuf,
     _tmp: tempfile::TempDir,
 }
 
@@ -139,6 +144,19 @@ pub fn artifacts() -> &'static Artifacts {
             CLIENT_SRC,
             "-ldl",
         ]);
+        let sim_client = root.join("sim_client");
+        cc(&[
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            sim_client.to_str().expect("utf-8 path"),
+            SIM_CLIENT_SRC,
+            "-ldl",
+            "-lm",
+        ]);
         let built = built_library();
         fs::copy(&built, lib_dir.join("libtessera_cuda.so")).expect("copy library");
         Artifacts {
@@ -146,6 +164,7 @@ pub fn artifacts() -> &'static Artifacts {
             fake_dir,
             other_fake_dir: other,
             client,
+            sim_client,
             _tmp: tmp,
         }
     })
@@ -247,7 +266,8 @@ impl Sandbox {
                     uuid: g.uuid.clone(),
                     share: 0,
                     compute_limit: 100,
-                    launch_rate: 0,
+                    block_rate: 0,
+                    burst_ns: 0,
                     updates: 0,
                 })
                 .collect();
@@ -513,4 +533,17 @@ pub fn fake_nvml(state_dir: &Path, devices: &[(String, u64)]) {
     }
     fs::create_dir_all(state_dir).expect("state dir");
     fs::write(state_dir.join("mock-node.state"), s).expect("state file");
+}
+
+/// The environment that puts a process on the simulated GPU (see
+/// `tests/fakes/fakesim.h`): the shared state file (created by the first process),
+/// the timeline log, and the process's tag in the timeline. Add
+/// `FAKE_SIM_BLOCK_NS` (ns per block, default 1000) and `FAKE_SIM_SEED` (the fake
+/// NVML's noise) as needed.
+pub fn sim_env(state: &Path, log: &Path, tag: u32) -> Vec<(String, String)> {
+    vec![
+        ("FAKE_CUDA_SIM".into(), state.display().to_string()),
+        ("FAKE_CUDA_SIM_LOG".into(), log.display().to_string()),
+        ("FAKE_SIM_TAG".into(), tag.to_string()),
+    ]
 }
