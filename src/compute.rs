@@ -32,22 +32,31 @@ use std::collections::{BTreeMap, VecDeque};
 /// summing to exactly the capacity would leave the GPU the bottleneck, and its
 /// round-robin (not the rates) would then decide the split; a little headroom keeps the
 /// rates in charge at the cost of a few percent of idle time.
-pub const HEADROOM: f64 = 0.95;
+pub const HEADROOM: f64 = 0.92;
 /// Largest relative rate change per tick once a claim's rate is set (the integral term
 /// and capacity drift); entering or leaving contention sets rates directly.
 pub const MAX_STEP: f64 = 0.25;
 /// Bounds of the per-claim integral correction factor.
-pub const CORRECTION_RANGE: (f64, f64) = (0.6, 1.6);
+pub const CORRECTION_RANGE: (f64, f64) = (0.8, 1.25);
 /// Integral gain: fraction of the share error (in points) applied per tick.
-pub const GAIN: f64 = 0.005;
+pub const GAIN: f64 = 0.001;
 /// Share errors below this many points are left alone (NVML samples carry ±3 points).
 pub const DEADBAND: f64 = 1.0;
 /// Window over which launch counters become rates (NVML's utilization window).
 pub const WINDOW_SECS: f64 = 1.0;
+/// Device busy percentage from which a tick feeds the capacity estimate.
+pub const CAPACITY_BUSY: f64 = 80.0;
+/// Horizon of the capacity estimate.
+pub const CAPACITY_SECS: f64 = 8.0;
+/// Time constant (seconds) of the achieved-share average the integral term acts on:
+/// NVML's 1 s windows of a GPU running long kernels swing by tens of points.
+pub const SMOOTHING_SECS: f64 = 5.0;
+/// Largest share error (points) the integral term acts on per tick.
+pub const MAX_ERROR: f64 = 5.0;
 /// Token-bucket tolerance handed to the library: how far a claim may run ahead of its
 /// rate. Long enough that a claim delayed behind a neighbour's long kernel catches up
 /// within the window.
-pub const BURST_NS: u64 = 200_000_000;
+pub const BURST_NS: u64 = 100_000_000;
 /// Utilization (percent of the window) from which a claim counts as active.
 pub const ACTIVE_UTIL: f64 = 2.0;
 /// Device busy percentage from which the GPU counts as contended (and, with
@@ -153,6 +162,10 @@ pub struct GpuController {
     history: VecDeque<(f64, BTreeMap<String, Counters>)>,
     capacity: Option<f64>,
     correction: BTreeMap<String, f64>,
+    /// Smoothed achieved share per claim (the integral term's input).
+    smoothed: BTreeMap<String, f64>,
+    /// Per tick: (time, blocks launched, busy seconds), for the capacity estimate.
+    cap_log: VecDeque<(f64, f64, f64)>,
     rates: BTreeMap<String, f64>,
     contended: bool,
     /// When contention began: NVML's samples lag a window, so the integral term waits
@@ -235,13 +248,42 @@ impl GpuController {
         let full_window = window_start
             .as_ref()
             .is_some_and(|(t, _)| now - t >= 0.5 * WINDOW_SECS);
-        if full_window && busy >= 30.0 && launched > 0.0 {
-            let sample = launched / (busy / 100.0);
-            self.capacity = Some(match self.capacity {
-                Some(c) => 0.7 * c + 0.3 * sample,
-                None => sample,
-            });
+        // Capacity: blocks launched ÷ busy seconds over the last CAPACITY_SECS (long
+        // enough that a few long kernels charged at launch do not swing it).
+        let tick_blocks: f64 = obs
+            .claims
+            .iter()
+            .filter_map(|c| {
+                let (t0, m) = last.as_ref()?;
+                let a = m.get(&c.key)?;
+                let _ = t0;
+                Some(c.blocks.saturating_sub(a.blocks) as f64)
+            })
+            .sum();
+        if let Some((t0, _)) = &last {
+            let dt = now - t0;
+            // Only ticks of a busy GPU: while a GPU ramps up, NVML's 1 s window still
+            // holds idle time the launches of this tick do not, which inflates `C`.
+            if dt > 0.0 && busy >= CAPACITY_BUSY {
+                self.cap_log
+                    .push_back((now, tick_blocks, busy / 100.0 * dt));
+            }
         }
+        while self
+            .cap_log
+            .front()
+            .is_some_and(|(t, _, _)| now - t > CAPACITY_SECS)
+        {
+            self.cap_log.pop_front();
+        }
+        let (blocks, busy_s) = self
+            .cap_log
+            .iter()
+            .fold((0.0, 0.0), |(b, s), (_, db, ds)| (b + db, s + ds));
+        if full_window && busy_s >= 0.5 && blocks > 0.0 {
+            self.capacity = Some(blocks / busy_s);
+        }
+        let _ = launched;
         let n_active = active.iter().filter(|a| **a).count();
         self.contended = n_active >= 2
             && if self.contended {
@@ -319,6 +361,11 @@ impl GpuController {
         }
         // Forget claims that left.
         self.correction
+            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
+        if !self.contended {
+            self.smoothed.clear();
+        }
+        self.smoothed
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.rates
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));

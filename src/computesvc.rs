@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_abi::control::Control;
-use tessera_abi::region::Region;
 use tracing::{debug, info, warn};
 
 use crate::backend::GpuBackend;
@@ -37,7 +36,9 @@ pub struct ControlledClaim {
 
 struct OpenClaim {
     control: Control,
-    region: Region,
+    /// The region is read with read(2), never mapped: a tenant can shrink it, and a
+    /// mapping would then fault the plugin.
+    region: PathBuf,
     /// `(dev, ino)` of the region file, as `/proc/<pid>/maps` shows it.
     ident: (u64, u64),
     /// GPU UUIDs in file order.
@@ -55,10 +56,8 @@ impl OpenClaim {
             .write(true)
             .open(&cpath)
             .map_err(|e| format!("{}: {e}", cpath.display()))?;
-        let rf = std::fs::File::open(&rpath).map_err(|e| format!("{}: {e}", rpath.display()))?;
-        let meta = rf.metadata().map_err(|e| format!("{}: {e}", rpath.display()))?;
+        let meta = std::fs::metadata(&rpath).map_err(|e| format!("{}: {e}", rpath.display()))?;
         let control = Control::map(&cf, true).map_err(|e| format!("{}: {e}", cpath.display()))?;
-        let region = Region::map(&rf, false).map_err(|e| format!("{}: {e}", rpath.display()))?;
         let uuids: Vec<String> = control
             .read()
             .map_err(|e| format!("{}: {e}", cpath.display()))?
@@ -68,7 +67,7 @@ impl OpenClaim {
         Ok(OpenClaim {
             written: vec![None; uuids.len()],
             control,
-            region,
+            region: rpath,
             ident: (meta.dev(), meta.ino()),
             uuids,
         })
@@ -85,6 +84,9 @@ fn mapped_files(proc_root: &Path, pid: u32) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Per PID: (timestamp µs, SM percent) of its latest sample.
+type LatestSamples = HashMap<u32, (u64, u32)>;
+
 /// The controller service for one node.
 pub struct ComputeService {
     backend: Arc<dyn GpuBackend>,
@@ -95,7 +97,7 @@ pub struct ComputeService {
     claims: BTreeMap<String, OpenClaim>,
     pid_claim: HashMap<u32, (Option<String>, Instant)>,
     /// Per GPU minor: newest sample timestamp seen, and the latest sample per PID.
-    samples: HashMap<u32, (u64, HashMap<u32, (u64, u32)>)>,
+    samples: HashMap<u32, (u64, LatestSamples)>,
     start: Instant,
 }
 
@@ -125,7 +127,9 @@ impl ComputeService {
                     debug!(claim = %c.uid, gpus = ?o.uuids, "compute controller: claim opened");
                     self.claims.insert(c.uid.clone(), o);
                 }
-                Err(e) => warn!(claim = %c.uid, error = %e, "compute controller: cannot open the claim's files"),
+                Err(e) => {
+                    warn!(claim = %c.uid, error = %e, "compute controller: cannot open the claim's files")
+                }
             }
         }
     }
@@ -144,6 +148,11 @@ impl ComputeService {
             .map(|(u, _)| u.clone());
         self.pid_claim.insert(pid, (c.clone(), Instant::now()));
         c
+    }
+
+    /// The capacity estimate of GPU `uuid` (blocks per second at 100 % busy).
+    pub fn capacity(&self, uuid: &str) -> Option<f64> {
+        self.controllers.get(uuid).and_then(GpuController::capacity)
     }
 
     /// One control step over every GPU; returns the decisions per GPU UUID.
@@ -204,6 +213,10 @@ impl ComputeService {
             };
             let mut index = Vec::new();
             for uid in &on {
+                let stats = self
+                    .claims
+                    .get(uid)
+                    .and_then(|o| tessera_abi::region::read_gpu_stats(&o.region).ok());
                 let Some(o) = self.claims.get(uid) else {
                     continue;
                 };
@@ -216,7 +229,10 @@ impl ComputeService {
                 let Some(entry) = ctl.get(g) else {
                     continue;
                 };
-                let stats = o.region.gpu_stats(g).unwrap_or_default();
+                let stats = stats
+                    .as_ref()
+                    .and_then(|v| v.get(g).copied())
+                    .unwrap_or_default();
                 obs.claims.push(ClaimObservation {
                     key: uid.clone(),
                     share: f64::from(entry.share),
@@ -240,7 +256,9 @@ impl ComputeService {
                 if o.written[*g] != Some(d.block_rate) {
                     match o.control.set_rate(*g, d.block_rate, BURST_NS) {
                         Ok(()) => o.written[*g] = Some(d.block_rate),
-                        Err(e) => warn!(claim = %uid, gpu = %uuid, error = %e, "compute controller: cannot write the rate"),
+                        Err(e) => {
+                            warn!(claim = %uid, gpu = %uuid, error = %e, "compute controller: cannot write the rate")
+                        }
                     }
                 }
                 crate::metrics::set_compute(

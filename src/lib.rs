@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod claimfiles;
 pub mod claims;
 pub mod compute;
+pub mod computesvc;
 pub mod config;
 pub mod conflicts;
 pub mod demo;

@@ -504,7 +504,7 @@ pub fn render(snap: &NodeSnapshot) -> String {
     );
     gauge_family(
         &mut r,
-        "tessera_claim_launch_rate",
+        "tessera_claim_block_rate",
         "Thread blocks per second the controller allows a claim (0 = unthrottled)",
         Some(Unit::Other("blocks_per_second".into())),
         compute().map(|(c, s)| (cl(c), s.block_rate as f64)),

@@ -338,7 +338,21 @@ pub async fn run(
     let publish_task = tokio::spawn(publisher.run(slices_rx, opts.publish_debounce, async move {
         let _ = stop.wait_for(|s| *s).await;
     }));
-    // COMPUTE-CONTROLLER-WIRING
+    let shared: Vec<(u32, String)> = model
+        .gpus
+        .iter()
+        .filter(|g| g.mode == crate::config::GpuMode::Shared)
+        .map(|g| (g.gpu.minor, g.gpu.uuid.clone()))
+        .collect();
+    let compute_task = tokio::spawn(crate::computesvc::run(
+        crate::computesvc::ComputeService::new(
+            state.backend().clone(),
+            opts.paths.proc_root.clone(),
+            shared,
+        ),
+        state.clone(),
+        bg_stop_rx.clone(),
+    ));
     let watchdog_task = tokio::spawn(
         crate::watchdog::Watchdog::new(
             crate::watchdog::WatchdogConfig {
@@ -383,6 +397,7 @@ pub async fn run(
         let _ = std::fs::remove_file(path);
     }
     let _ = devhealth_task.await;
+    let _ = compute_task.await;
     let _ = watchdog_task.await;
     let _ = publish_task.await;
     let _ = cleanup_task.await;

@@ -12,6 +12,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use harness::{Harness, NODE};
+use tessera::backend::{
+    BackendError, GpuBackend, GpuProcess, GpuUsage, MigInstance, MigStatus, NodeInventory,
+    ProcessSample,
+};
 
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
@@ -90,9 +94,72 @@ fn promtool(text: &str) {
     );
 }
 
+/// The simulated node's backend, answering the driver's usage queries with fixed
+/// figures (the NVML path of these queries runs over the fake `libnvidia-ml` in
+/// `tests/watchdog.rs` and the compute benchmark): gpu-1 has 5 GiB in use and is 87 %
+/// busy, and this test process, which maps the shared claim's region as a process of
+/// the claim does, runs 60 % of it.
+struct Usage(std::sync::Arc<dyn GpuBackend>);
+
+impl GpuBackend for Usage {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        self.0.discover()
+    }
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        self.0.mig_status(minor)
+    }
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.0.set_mig_mode(minor, enabled)
+    }
+    fn create_mig(&self, minor: u32, p: u32, s: u32) -> Result<MigInstance, BackendError> {
+        self.0.create_mig(minor, p, s)
+    }
+    fn destroy_mig(&self, minor: u32, gi: u32) -> Result<(), BackendError> {
+        self.0.destroy_mig(minor, gi)
+    }
+    fn process_utilization(
+        &self,
+        minor: u32,
+        since: u64,
+    ) -> Result<Vec<ProcessSample>, BackendError> {
+        let ts = since + 1;
+        Ok(if minor == 1 {
+            vec![ProcessSample {
+                pid: std::process::id(),
+                timestamp_us: ts,
+                sm_percent: 60,
+            }]
+        } else {
+            Vec::new()
+        })
+    }
+    /// PID 1 (outside any pod) holds 1 GiB of gpu-1: the watchdog reports it.
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        Ok(if minor == 1 {
+            vec![GpuProcess {
+                pid: 1,
+                used_bytes: Some(1 << 30),
+                gi_id: None,
+            }]
+        } else {
+            Vec::new()
+        })
+    }
+    fn usage(&self, minor: u32) -> Result<Option<GpuUsage>, BackendError> {
+        Ok((minor == 1).then_some(GpuUsage {
+            used_bytes: 5 << 30,
+            utilization_percent: Some(87),
+        }))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_budgets_usage_and_allocation() {
     let mut h = Harness::new().await;
+    h.model.backend = std::sync::Arc::new(Usage(h.model.backend.clone()));
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -110,7 +177,15 @@ async fn metrics_show_budgets_usage_and_allocation() {
                 "20Gi",
                 "25",
             )],
-            &[],
+            &[(
+                "FromClaim",
+                &[],
+                serde_json::json!({
+                    "apiVersion": "resource.tessera.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "computeLimit": 50
+                }),
+            )],
         )
         .await;
     let whole = h
@@ -148,7 +223,18 @@ async fn metrics_show_budgets_usage_and_allocation() {
     reg.reserve(3, 0, 3 << 30, 20 << 30).unwrap();
     assert!(reg.reserve(3, 0, 18 << 30, 20 << 30).is_err());
 
-    let text = scrape(addr).await;
+    // The compute controller (every 250 ms) sees this process run 60 % of gpu-1 for the
+    // claim, capped at 50 %.
+    let mut text = String::new();
+    for _ in 0..40 {
+        text = scrape(addr).await;
+        if text.contains("tessera_claim_compute_achieved_ratio{")
+            && text.contains("tessera_watchdog_actions_total{")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     eprintln!("{text}");
     let gpu1 = [("uuid", "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73")];
     let claim = [("uid", shared.uid.as_str())];
@@ -183,6 +269,25 @@ async fn metrics_show_budgets_usage_and_allocation() {
         Some((3u64 << 30) as f64)
     );
     assert_eq!(v("tessera_gpu_claims", &gpu1), Some(1.0));
+    assert_eq!(
+        v("tessera_gpu_memory_used_bytes", &gpu1),
+        Some((5u64 << 30) as f64)
+    );
+    assert_eq!(v("tessera_gpu_utilization_ratio", &gpu1), Some(0.87));
+    assert_eq!(v("tessera_gpu_memory_zombie_bytes", &gpu1), Some(0.0));
+    // Its share of the GPU's busy time is 60 / 87; its target is its computeLimit.
+    let achieved = v("tessera_claim_compute_achieved_ratio", &claim).unwrap();
+    assert!((achieved - 60.0 / 87.0).abs() < 1e-9, "{achieved}");
+    assert_eq!(v("tessera_claim_compute_target_ratio", &claim), Some(0.5));
+    assert!(
+        v(
+            "tessera_watchdog_actions_total",
+            &[("action", "report"), ("reason", "no_claim")]
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "the watchdog reports PID 1's memory as no claim's"
+    );
     let gpu2 = [("minor", "2")];
     assert_eq!(
         v("tessera_gpu_memory_allocated_bytes", &gpu2),
