@@ -22,9 +22,11 @@
 //! average, queueing behind long kernels) from NVML's per-process utilization.
 //!
 //! Expected convergence: the first tick after contention is seen sets every rate from
-//! the capacity estimate (one tick, 250 ms); the estimate itself needs one full 1 s
-//! window of counters; the integral term then removes residual bias with a time
-//! constant of about 2 s, moving each rate by at most [`MAX_STEP`] per tick.
+//! the capacity estimate (one tick, 250 ms, once the estimate has one busy second of
+//! counters), so the split is on target from the first full window. The integral term
+//! is slow on purpose (NVML's 1 s samples of a GPU running long kernels swing by tens of
+//! points): it trims residual bias over tens of seconds, moving each rate by at most
+//! [`MAX_STEP`] per tick.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -44,8 +46,9 @@ pub const GAIN: f64 = 0.001;
 pub const DEADBAND: f64 = 1.0;
 /// Window over which launch counters become rates (NVML's utilization window).
 pub const WINDOW_SECS: f64 = 1.0;
-/// Device busy percentage from which a tick feeds the capacity estimate.
-pub const CAPACITY_BUSY: f64 = 80.0;
+/// Device busy percentage from which a tick feeds the capacity estimate (below it the
+/// ratio is mostly noise).
+pub const CAPACITY_BUSY: f64 = 20.0;
 /// Horizon of the capacity estimate.
 pub const CAPACITY_SECS: f64 = 8.0;
 /// Time constant (seconds) of the achieved-share average the integral term acts on:
@@ -164,7 +167,7 @@ pub struct GpuController {
     correction: BTreeMap<String, f64>,
     /// Smoothed achieved share per claim (the integral term's input).
     smoothed: BTreeMap<String, f64>,
-    /// Per tick: (time, blocks launched, busy seconds), for the capacity estimate.
+    /// Per tick: (time, blocks launched per second, busy fraction) over the last window.
     cap_log: VecDeque<(f64, f64, f64)>,
     rates: BTreeMap<String, f64>,
     contended: bool,
@@ -208,7 +211,7 @@ impl GpuController {
         let window_start = self
             .history
             .iter()
-            .find(|(t, _)| now - t <= WINDOW_SECS + 1e-6)
+            .find(|(t, _)| now - t <= 1.2 * WINDOW_SECS)
             .cloned();
         let last = self.history.back().cloned();
         self.history.push_back((now, counters.clone()));
@@ -244,30 +247,15 @@ impl GpuController {
         }
         let claims_util: f64 = obs.claims.iter().filter_map(|c| c.util).sum();
         let busy = obs.busy.unwrap_or(claims_util).clamp(0.0, 100.0);
-        // Capacity: blocks launched per second ÷ busy fraction, over a full window.
+        // Capacity: blocks launched per second over the last window ÷ the busy fraction
+        // NVML reports for (about) the same window, averaged over CAPACITY_SECS so that a
+        // few long kernels charged at launch do not swing it. Both sides cover the same
+        // second, so ramps up and down (throttling starting) do not bias it.
         let full_window = window_start
             .as_ref()
-            .is_some_and(|(t, _)| now - t >= 0.5 * WINDOW_SECS);
-        // Capacity: blocks launched ÷ busy seconds over the last CAPACITY_SECS (long
-        // enough that a few long kernels charged at launch do not swing it).
-        let tick_blocks: f64 = obs
-            .claims
-            .iter()
-            .filter_map(|c| {
-                let (t0, m) = last.as_ref()?;
-                let a = m.get(&c.key)?;
-                let _ = t0;
-                Some(c.blocks.saturating_sub(a.blocks) as f64)
-            })
-            .sum();
-        if let Some((t0, _)) = &last {
-            let dt = now - t0;
-            // Only ticks of a busy GPU: while a GPU ramps up, NVML's 1 s window still
-            // holds idle time the launches of this tick do not, which inflates `C`.
-            if dt > 0.0 && busy >= CAPACITY_BUSY {
-                self.cap_log
-                    .push_back((now, tick_blocks, busy / 100.0 * dt));
-            }
+            .is_some_and(|(t, _)| now - t >= 0.9 * WINDOW_SECS);
+        if full_window && busy >= CAPACITY_BUSY {
+            self.cap_log.push_back((now, launched, busy / 100.0));
         }
         while self
             .cap_log
@@ -276,14 +264,13 @@ impl GpuController {
         {
             self.cap_log.pop_front();
         }
-        let (blocks, busy_s) = self
+        let (blocks, busy_sum) = self
             .cap_log
             .iter()
             .fold((0.0, 0.0), |(b, s), (_, db, ds)| (b + db, s + ds));
-        if full_window && busy_s >= 0.5 && blocks > 0.0 {
-            self.capacity = Some(blocks / busy_s);
+        if busy_sum > 0.0 && blocks > 0.0 {
+            self.capacity = Some(blocks / busy_sum);
         }
-        let _ = launched;
         let n_active = active.iter().filter(|a| **a).count();
         self.contended = n_active >= 2
             && if self.contended {
