@@ -35,8 +35,8 @@ use std::collections::{BTreeMap, VecDeque};
 /// round-robin (not the rates) would then decide the split; a little headroom keeps the
 /// rates in charge at the cost of a few percent of idle time.
 pub const HEADROOM: f64 = 0.92;
-/// Largest relative rate change per tick once a claim's rate is set (the integral term
-/// and capacity drift); entering or leaving contention sets rates directly.
+/// Largest relative rate change per tick while a claim's target stays the same (the
+/// integral term and capacity drift); a new target is set at once.
 pub const MAX_STEP: f64 = 0.25;
 /// Bounds of the per-claim integral correction factor.
 pub const CORRECTION_RANGE: (f64, f64) = (0.8, 1.25);
@@ -51,11 +51,6 @@ pub const WINDOW_SECS: f64 = 1.0;
 pub const CAPACITY_BUSY: f64 = 20.0;
 /// Horizon of the capacity estimate.
 pub const CAPACITY_SECS: f64 = 8.0;
-/// Time constant (seconds) of the achieved-share average the integral term acts on:
-/// NVML's 1 s windows of a GPU running long kernels swing by tens of points.
-pub const SMOOTHING_SECS: f64 = 5.0;
-/// Largest share error (points) the integral term acts on per tick.
-pub const MAX_ERROR: f64 = 5.0;
 /// Token-bucket tolerance handed to the library: how far a claim may run ahead of its
 /// rate. Long enough that a claim delayed behind a neighbour's long kernel catches up
 /// within the window.
@@ -165,11 +160,10 @@ pub struct GpuController {
     history: VecDeque<(f64, BTreeMap<String, Counters>)>,
     capacity: Option<f64>,
     correction: BTreeMap<String, f64>,
-    /// Smoothed achieved share per claim (the integral term's input).
-    smoothed: BTreeMap<String, f64>,
     /// Per tick: (time, blocks launched per second, busy fraction) over the last window.
     cap_log: VecDeque<(f64, f64, f64)>,
-    rates: BTreeMap<String, f64>,
+    /// Last rate and the target it was set for, per claim.
+    rates: BTreeMap<String, (f64, f64)>,
     contended: bool,
     /// When contention began: NVML's samples lag a window, so the integral term waits
     /// one window after the rates were first set.
@@ -313,8 +307,8 @@ impl GpuController {
             let rate = match (target, self.capacity) {
                 (Some(target), Some(cap)) => {
                     let corr = self.correction.entry(c.key.clone()).or_insert(1.0);
-                    // Integral term, only while contended and the claim wants more than
-                    // it gets (it waited) or gets more than its target.
+                    // Integral term: only under contention, from one window after it
+                    // began, on the claim's measured share (NVML) against its target.
                     if settled && let Some(ach) = achieved {
                         let err = target - ach;
                         if err.abs() > DEADBAND {
@@ -322,15 +316,25 @@ impl GpuController {
                                 .clamp(CORRECTION_RANGE.0, CORRECTION_RANGE.1);
                         }
                     }
-                    let headroom = if self.contended { HEADROOM } else { 1.0 };
-                    let want = target / 100.0 * cap * headroom * *corr;
+                    // The correction learned under contention never loosens a cap on an
+                    // idle GPU.
+                    let (headroom, corr) = if self.contended {
+                        (HEADROOM, *corr)
+                    } else {
+                        (1.0, 1.0)
+                    };
+                    let want = target / 100.0 * cap * headroom * corr;
+                    // Bounded steps for the same target (the integral term, capacity
+                    // drift); a new target (claims came or went) is set at once.
                     let r = match self.rates.get(&c.key) {
-                        Some(&prev) if prev > 0.0 => {
+                        Some(&(prev, prev_target))
+                            if prev > 0.0 && (prev_target - target).abs() < 0.5 =>
+                        {
                             want.clamp(prev * (1.0 - MAX_STEP), prev * (1.0 + MAX_STEP))
                         }
                         _ => want,
                     };
-                    self.rates.insert(c.key.clone(), r);
+                    self.rates.insert(c.key.clone(), (r, target));
                     r.max(1.0)
                 }
                 _ => {
@@ -348,11 +352,6 @@ impl GpuController {
         }
         // Forget claims that left.
         self.correction
-            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
-        if !self.contended {
-            self.smoothed.clear();
-        }
-        self.smoothed
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.rates
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));

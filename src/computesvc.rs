@@ -98,6 +98,9 @@ pub struct ComputeService {
     pid_claim: HashMap<u32, (Option<String>, Instant)>,
     /// Per GPU minor: newest sample timestamp seen, and the latest sample per PID.
     samples: HashMap<u32, (u64, LatestSamples)>,
+    /// Per GPU minor: when NVML last returned a fresh sample (samples stop when all
+    /// processes go idle; the cached ones must not keep claims "active").
+    fresh_at: HashMap<u32, Instant>,
     start: Instant,
 }
 
@@ -111,6 +114,7 @@ impl ComputeService {
             claims: BTreeMap::new(),
             pid_claim: HashMap::new(),
             samples: HashMap::new(),
+            fresh_at: HashMap::new(),
             start: Instant::now(),
         }
     }
@@ -184,6 +188,15 @@ impl ComputeService {
             };
             let mut latest = latest;
             let mut newest = since;
+            if !fresh.is_empty() {
+                self.fresh_at.insert(minor, Instant::now());
+            } else if self
+                .fresh_at
+                .get(&minor)
+                .is_none_or(|t| t.elapsed().as_micros() as u64 > SAMPLE_AGE_US)
+            {
+                latest.clear();
+            }
             for s in fresh {
                 newest = newest.max(s.timestamp_us);
                 let e = latest.entry(s.pid).or_insert((0, 0));
@@ -237,7 +250,7 @@ impl ComputeService {
                     key: uid.clone(),
                     share: f64::from(entry.share),
                     limit: f64::from(entry.compute_limit),
-                    util: Some(util.get(uid).copied().unwrap_or(0.0)),
+                    util: util.get(uid).copied(),
                     blocks: stats.blocks,
                     waited_ns: stats.waited_ns,
                 });

@@ -573,7 +573,15 @@ pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
         node: node.to_string(),
         ..Default::default()
     };
-    let rt = runtime().lock().unwrap_or_else(|p| p.into_inner());
+    // Copied out so that slow NVML calls below never hold the lock the controller and
+    // the watchdog write through.
+    let rt = {
+        let r = runtime().lock().unwrap_or_else(|p| p.into_inner());
+        RuntimeStatus {
+            compute: r.compute.clone(),
+            zombies: r.zombies.clone(),
+        }
+    };
     for g in state.gpus() {
         let usage = state.backend().usage(g.gpu.minor).ok().flatten();
         snap.gpus.push(GpuRow {

@@ -361,7 +361,13 @@ pub struct Watchdog {
     events: Option<Box<dyn EventSink>>,
     /// (pid, kind) already reported, so reports are made once per process.
     reported: BTreeSet<(u32, &'static str)>,
+    /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
+    /// procfs) until its context is torn down; it is not killed or reported again.
+    killed: BTreeMap<u32, std::time::Instant>,
 }
+
+/// How long a killed PID is left alone.
+const KILL_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Watchdog {
     pub fn new(
@@ -374,6 +380,7 @@ impl Watchdog {
             state,
             events,
             reported: BTreeSet::new(),
+            killed: BTreeMap::new(),
         }
     }
 
@@ -452,28 +459,47 @@ impl Watchdog {
             } => {
                 let first = (kill.first().copied().unwrap_or(0), "over");
                 seen.insert(first);
+                self.killed.retain(|_, at| at.elapsed() < KILL_QUIET);
+                if kill.iter().all(|p| self.killed.contains_key(p)) {
+                    return; // killed already; its memory is on its way out
+                }
                 let enforce = self.cfg.mode == Mode::Enforce;
                 if !enforce && self.reported.contains(&first) {
                     return;
                 }
                 let mut killed = Vec::new();
+                let mut failed = Vec::new();
                 if enforce {
-                    for &pid in kill {
-                        // SAFETY: kill(2) with a PID NVML listed and procfs confirmed.
+                    // PID 0 and 1 are never a pod's workload as the host sees it.
+                    for &pid in kill.iter().filter(|p| **p > 1) {
+                        // SAFETY: kill(2) on a PID NVML listed in a pod of the claim.
                         if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0 {
                             killed.push(pid);
+                            self.killed.insert(pid, std::time::Instant::now());
                         } else {
-                            warn!(pid, error = %std::io::Error::last_os_error(), "watchdog: kill failed");
+                            let e = std::io::Error::last_os_error();
+                            warn!(pid, error = %e, "watchdog: kill failed");
+                            failed.push(pid);
                         }
                     }
                 }
-                let action = if enforce { "killed" } else { "would kill" };
+                let action = if enforce {
+                    format!("killed {killed:?}; could not kill {failed:?}")
+                } else {
+                    format!("would kill {kill:?} (report mode)")
+                };
                 let msg = format!(
-                    "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action} {kill:?}",
+                    "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action}",
                     self.cfg.tolerance
                 );
-                warn!(claim = %claim, gpu, used, budget, pids = ?pids, kill = ?kill, killed = ?killed, "watchdog: memory over budget");
-                m.watchdog_action(if enforce { "kill" } else { "report" }, "over_budget");
+                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, "watchdog: memory over budget");
+                if enforce {
+                    for _ in &killed {
+                        m.watchdog_action("kill", "over_budget");
+                    }
+                } else {
+                    m.watchdog_action("report", "over_budget");
+                }
                 self.reported.insert(first);
                 if let Some(ev) = &self.events {
                     for pod in pods {
