@@ -22,6 +22,8 @@ use crate::compute::{BURST_NS, ClaimObservation, Decision, GpuController, GpuObs
 
 /// How long a PID's claim is remembered.
 pub const PID_CACHE: Duration = Duration::from_secs(5);
+/// How long a PID found in no claim is remembered.
+pub const NO_CLAIM_CACHE: Duration = Duration::from_secs(1);
 /// Controller period.
 pub const INTERVAL: Duration = Duration::from_millis(250);
 /// Samples older than this (relative to the newest) no longer count.
@@ -139,8 +141,15 @@ impl ComputeService {
     }
 
     fn claim_of(&mut self, pid: u32) -> Option<String> {
+        // A PID found in no claim is asked again soon: a process that just started may
+        // map its claim's region a moment later.
         if let Some((c, at)) = self.pid_claim.get(&pid)
-            && at.elapsed() < PID_CACHE
+            && at.elapsed()
+                < if c.is_some() {
+                    PID_CACHE
+                } else {
+                    NO_CLAIM_CACHE
+                }
         {
             return c.clone();
         }

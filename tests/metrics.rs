@@ -226,7 +226,7 @@ async fn metrics_show_budgets_usage_and_allocation() {
     // The compute controller (every 250 ms) sees this process run 60 % of gpu-1 for the
     // claim, capped at 50 %.
     let mut text = String::new();
-    for _ in 0..40 {
+    for _ in 0..100 {
         text = scrape(addr).await;
         if text.contains("tessera_claim_compute_achieved_ratio{")
             && text.contains("tessera_watchdog_actions_total{")
