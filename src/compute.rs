@@ -55,8 +55,16 @@ pub const CAPACITY_SECS: f64 = 8.0;
 /// rate. Long enough that a claim delayed behind a neighbour's long kernel catches up
 /// within the window.
 pub const BURST_NS: u64 = 100_000_000;
-/// Utilization (percent of the window) from which a claim counts as active.
+/// Utilization (percent of the window) from which a claim that never launched through
+/// the library (a bypass, or a process loaded before it) counts as active.
 pub const ACTIVE_UTIL: f64 = 2.0;
+/// A claim that launched or waited in its bucket within this many seconds has work
+/// pending. Two ticks: a launch-then-synchronize loop queued behind a neighbour's
+/// 200 ms kernel may launch nothing for one tick. The library's counters decide for
+/// claims that launch through it; NVML's utilization, which trails by its 1 s window,
+/// would keep a claim that went idle "active" (and its neighbours throttled) for a
+/// second more.
+pub const ACTIVE_SECS: f64 = 0.5;
 /// Device busy percentage from which the GPU counts as contended (and, with
 /// hysteresis, stops counting as contended below [`RELEASE_BUSY`]).
 pub const CONTENDED_BUSY: f64 = 90.0;
@@ -201,13 +209,17 @@ impl GpuController {
                 )
             })
             .collect();
-        // Rates over about one window, and activity over the last tick.
+        // Rates over about one window, and activity over the last ACTIVE_SECS.
         let window_start = self
             .history
             .iter()
             .find(|(t, _)| now - t <= 1.2 * WINDOW_SECS)
             .cloned();
-        let last = self.history.back().cloned();
+        let recent = self
+            .history
+            .iter()
+            .find(|(t, _)| now - t <= ACTIVE_SECS + 0.05)
+            .cloned();
         self.history.push_back((now, counters.clone()));
         while self
             .history
@@ -232,9 +244,10 @@ impl GpuController {
         let mut launched = 0.0;
         let mut waiting = false;
         for c in &obs.claims {
-            let (short_rate, short_wait) = delta(&last, &c.key).unwrap_or((0.0, 0.0));
-            let a =
-                short_rate > 0.0 || short_wait > 0.0 || c.util.is_some_and(|u| u >= ACTIVE_UTIL);
+            let (short_rate, short_wait) = delta(&recent, &c.key).unwrap_or((0.0, 0.0));
+            let a = short_rate > 0.0
+                || short_wait > 0.0
+                || (c.blocks == 0 && c.util.is_some_and(|u| u >= ACTIVE_UTIL));
             waiting |= short_wait > 0.0;
             active.push(a);
             launched += delta(&window_start, &c.key).map_or(0.0, |d| d.0);
@@ -467,6 +480,46 @@ mod tests {
         let cap = c.capacity().unwrap();
         assert_eq!(d[0].target, Some(30.0));
         assert!((d[0].block_rate as f64 / cap - 0.30).abs() < 0.01);
+    }
+
+    /// A claim that stops launching goes inactive from its counters within
+    /// ACTIVE_SECS, although NVML's 1 s window still shows it busy; its neighbour,
+    /// alone, is then released at once.
+    #[test]
+    fn a_claim_that_stops_launching_is_idle_before_nvml_says_so() {
+        let mut c = GpuController::new();
+        let (mut a, mut b) = (0u64, 0u64);
+        let mut d = Vec::new();
+        for k in 0..=8u64 {
+            a += 1250;
+            b += 1250;
+            d = c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 50.0, a, 0), ("b", 40.0, 50.0, b, 0)],
+            ));
+        }
+        assert!(c.contended());
+        assert!(d[0].block_rate > 0);
+        // b goes idle; NVML keeps reporting its last second.
+        for k in 9..=11u64 {
+            a += 1250;
+            d = c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 50.0, a, 1), ("b", 40.0, 50.0, b, 0)],
+            ));
+        }
+        assert!(!d[1].active, "{d:?}");
+        assert!(!c.contended());
+        assert_eq!(d[0].block_rate, 0, "the lone claim is unthrottled");
+        // A claim with no counted launches (a bypass) is judged by NVML.
+        let d = c.step(&obs(
+            3.0,
+            100.0,
+            &[("a", 25.0, 50.0, a, 1), ("x", 0.0, 30.0, 0, 0)],
+        ));
+        assert!(d[1].active);
     }
 
     /// The integral term moves a rate by at most MAX_STEP per tick.
