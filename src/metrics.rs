@@ -459,7 +459,7 @@ pub fn render(snap: &NodeSnapshot) -> String {
     gauge_family(
         &mut r,
         "tessera_claim_memory_peak",
-        "Peak memory a shared claim's processes held on a GPU",
+        "Peak memory a shared claim's processes held on a GPU, including what they reserved ahead of small allocations (at most one pool per process)",
         Some(Unit::Bytes),
         used().map(|(c, u)| (cl(c), u.peak as f64)),
     );

@@ -63,6 +63,7 @@ impl Mapping {
         self.len == 0
     }
 
+    #[inline]
     pub fn writable(&self) -> bool {
         self.writable
     }
@@ -80,6 +81,7 @@ impl Mapping {
     }
 
     /// The atomic u64 at `off`, if aligned and inside the mapping.
+    #[inline]
     pub fn u64_at(&self, off: usize) -> Option<&AtomicU64> {
         if !off.is_multiple_of(8) || off.checked_add(8)? > self.len {
             return None;

@@ -9,7 +9,8 @@
 //!   token bucket on that GPU ([`Bucket`]: its theoretical arrival time) and the launch
 //!   counters the compute controller reads (thread blocks, launches, ns waited);
 //! * slot table: one slot per process: a random 128-bit token (0 = free), flags, start
-//!   time, then one u64 of bytes charged per GPU.
+//!   time, then one u64 of bytes charged per GPU and (v2) one u64 per GPU of bytes the
+//!   process reserved ahead of its allocations (its pool, part of its charge).
 //!
 //! A process owns slot *i* while it holds an OFD write lock on the slot's byte range
 //! (`slot_offset(i) .. + slot_size`). The kernel drops that lock at process death,
@@ -31,7 +32,8 @@ use crate::map::{self, Mapping};
 use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
 
 pub const MAGIC: [u8; 8] = *b"TSRAREG\0";
-pub const VERSION: u32 = 1;
+/// v2 appended the per-GPU pool counters to the slots.
+pub const VERSION: u32 = 2;
 pub const HEADER_SIZE: usize = 64;
 pub const GPU_ENTRY_SIZE: usize = 128;
 /// Slots per region: concurrent processes per claim. When all are taken, new processes
@@ -84,6 +86,28 @@ pub mod slot {
     pub const STARTED_NS: usize = 24;
     /// First of the per-GPU charged counters (u64 each, in GPU-table order).
     pub const CHARGED: usize = 64;
+    /// (v2) Offset of GPU `g`'s pool counter in a slot of a region with `gpus` GPUs:
+    /// after the charged counters.
+    pub const fn pooled(gpus: usize, g: usize) -> usize {
+        CHARGED + 8 * gpus + 8 * g
+    }
+}
+
+/// Most a process keeps reserved ahead of its allocations on one GPU (its pool): small
+/// allocations are then charged and returned in the process's own slot, without a
+/// compare-and-swap on the claim's shared usage. What a process holds in its pool is
+/// unavailable to the claim's other processes, so it is bounded by this and by
+/// [`POOL_DIVISOR`] of the budget (allocations larger than the pool are charged
+/// exactly).
+/// Sixteen of the driver's 2 MiB allocation pages.
+pub const POOL_MAX: u64 = 32 << 20;
+/// A pool is at most this fraction (1/n) of the GPU's budget: no pool below 512 MiB.
+pub const POOL_DIVISOR: u64 = 256;
+
+/// The pool size for a GPU with `budget` bytes.
+pub const fn pool_size(budget: u64) -> u64 {
+    let p = budget / POOL_DIVISOR;
+    if p < POOL_MAX { p } else { POOL_MAX }
 }
 
 /// Slot flag: the process took its slot but has made no CUDA call yet.
@@ -108,6 +132,20 @@ fn round_up(x: usize, to: usize) -> usize {
 }
 
 impl Layout {
+    /// The geometry this version writes (v2) for `gpus` GPUs and `slots` slots.
+    pub fn current(gpus: usize, slots: u32) -> Result<Self, AbiError> {
+        let mut l = Self::v1(gpus, slots)?;
+        l.version = VERSION;
+        l.slot_size = round_up(slot::pooled(gpus, gpus), 64);
+        l.file_size = round_up(l.slot_table + l.slot_count * l.slot_size, 4096);
+        Ok(l)
+    }
+
+    /// Whether slots carry pool counters (v2 and later).
+    pub fn has_pools(&self) -> bool {
+        self.version >= 2 && self.slot_size >= slot::pooled(self.gpu_count, self.gpu_count)
+    }
+
     /// The v1 geometry for `gpus` GPUs and `slots` slots; the file size is rounded up
     /// to whole pages.
     pub fn v1(gpus: usize, slots: u32) -> Result<Self, AbiError> {
@@ -122,7 +160,7 @@ impl Layout {
         let slot_count = slots as usize;
         let file_size = round_up(slot_table + slot_count * slot_size, 4096);
         Ok(Layout {
-            version: VERSION,
+            version: 1,
             header_size: HEADER_SIZE,
             file_size,
             gpu_count: gpus,
@@ -196,7 +234,7 @@ impl Layout {
 
 /// The bytes of a fresh region for these GPU UUIDs (in `limits` order).
 pub fn initial_bytes(uuids: &[&str], slots: u32) -> Result<Vec<u8>, AbiError> {
-    let l = Layout::v1(uuids.len(), slots)?;
+    let l = Layout::current(uuids.len(), slots)?;
     let mut b = vec![0u8; l.file_size];
     b[..8].copy_from_slice(&MAGIC);
     wr_u32(&mut b, hdr::VERSION, l.version);
@@ -219,7 +257,11 @@ pub fn initial_bytes(uuids: &[&str], slots: u32) -> Result<Vec<u8>, AbiError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuUsage {
     pub uuid: String,
+    /// Bytes the claim's processes have allocated: the usage counter less what their
+    /// pools hold.
     pub used: u64,
+    /// Bytes reserved in pools, ahead of allocations (v2).
+    pub pooled: u64,
     pub peak: u64,
     pub refused: u64,
     /// Thread blocks launched (cumulative).
@@ -294,7 +336,8 @@ pub struct SlotInfo {
     pub charged: Vec<u64>,
 }
 
-/// A parsed copy of a region (for the plugin's metrics and for tests).
+/// A parsed copy of a region (for the plugin's metrics and for tests). `used` excludes
+/// what the processes' pools hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub layout: Layout,
@@ -309,9 +352,17 @@ impl Snapshot {
         let gpus = (0..l.gpu_count)
             .map(|g| {
                 let o = l.gpu_offset(g);
+                let pooled = if l.has_pools() {
+                    (0..l.slot_count)
+                        .map(|s| rd_u64(b, l.slot_offset(s) + slot::pooled(l.gpu_count, g)))
+                        .fold(0u64, u64::saturating_add)
+                } else {
+                    0
+                };
                 GpuUsage {
                     uuid: get_uuid(&b[o + gpu::UUID..o + gpu::UUID + UUID_FIELD]),
-                    used: rd_u64(b, o + gpu::USED),
+                    used: rd_u64(b, o + gpu::USED).saturating_sub(pooled),
+                    pooled,
                     peak: rd_u64(b, o + gpu::PEAK),
                     refused: rd_u64(b, o + gpu::REFUSED),
                     blocks: rd_u64(b, o + gpu::BLOCKS),
@@ -383,12 +434,135 @@ impl Region {
         Snapshot::parse(&self.map.snapshot())
     }
 
+    #[inline]
     fn gpu_field(&self, g: usize, field: usize) -> Option<&std::sync::atomic::AtomicU64> {
         (g < self.layout.gpu_count)
             .then(|| self.map.u64_at(self.layout.gpu_offset(g) + field))
             .flatten()
     }
 
+    #[inline]
+    fn pooled(&self, s: usize, g: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        (s < self.layout.slot_count && g < self.layout.gpu_count && self.layout.has_pools())
+            .then(|| {
+                self.map
+                    .u64_at(self.layout.slot_offset(s) + slot::pooled(self.layout.gpu_count, g))
+            })
+            .flatten()
+    }
+
+    /// Bytes slot `s` holds in its pool on GPU `g` (0 without pools).
+    #[inline]
+    pub fn pool(&self, s: usize, g: usize) -> u64 {
+        self.pooled(s, g).map_or(0, |p| p.load(Ordering::Relaxed))
+    }
+
+    /// Takes `bytes` from slot `s`'s pool on GPU `g` for an allocation: one
+    /// compare-and-swap on the process's own slot, nothing shared with the claim's
+    /// other processes. The bytes stay in the slot's charge (now as allocated).
+    #[inline]
+    pub fn pool_take(&self, s: usize, g: usize, bytes: u64) -> bool {
+        if !self.map.writable() {
+            return false;
+        }
+        self.pooled(s, g).is_some_and(|p| {
+            p.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                v.checked_sub(bytes)
+            })
+            .is_ok()
+        })
+    }
+
+    /// Empties slot `s`'s pool on GPU `g` into allocated bytes; returns how many.
+    pub fn pool_drain(&self, s: usize, g: usize) -> u64 {
+        if !self.map.writable() {
+            return 0;
+        }
+        self.pooled(s, g)
+            .map_or(0, |p| p.swap(0, Ordering::Relaxed))
+    }
+
+    /// Returns freed `bytes` of slot `s` to its pool on GPU `g`, and what the pool holds
+    /// beyond `keep` to the GPU (as [`Region::release`]). Without pools (a v1 region,
+    /// `keep` 0) everything goes back to the GPU.
+    #[inline]
+    pub fn pool_put(&self, s: usize, g: usize, bytes: u64, keep: u64) {
+        if !self.map.writable() {
+            return;
+        }
+        let Some(p) = self.pooled(s, g).filter(|_| keep > 0) else {
+            self.release(s, g, bytes);
+            return;
+        };
+        if p.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes) > keep
+            && let Ok(old) = p.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v > keep).then_some(keep)
+            })
+        {
+            self.release(s, g, old - keep);
+        }
+    }
+
+    /// Reserves `need` bytes on GPU `g` for slot `s` under `budget`, and `ahead` more
+    /// into the slot's pool when they fit too (and the region has pools); refuses only
+    /// when `need` alone does not fit. Unlike [`Region::reserve`] a refusal is not
+    /// counted ([`Region::count_refusal`]): the caller may still find room elsewhere.
+    pub fn reserve_ahead(
+        &self,
+        s: usize,
+        g: usize,
+        need: u64,
+        ahead: u64,
+        budget: u64,
+    ) -> Result<(), Refusal> {
+        if !self.map.writable() {
+            return Err(Refusal::ReadOnly);
+        }
+        let (Some(used), Some(charged)) = (self.gpu_field(g, gpu::USED), self.charged(s, g)) else {
+            return Err(Refusal::OutOfRange);
+        };
+        let pool = self.pooled(s, g).filter(|_| ahead > 0);
+        let mut cur = used.load(Ordering::Relaxed);
+        loop {
+            let fits = |n: u64| cur.checked_add(n).filter(|&t| t <= budget);
+            let (next, extra) = match (
+                pool.and_then(|_| fits(need.saturating_add(ahead))),
+                fits(need),
+            ) {
+                (Some(t), _) => (t, ahead),
+                (None, Some(t)) => (t, 0),
+                (None, None) => return Err(Refusal::OverBudget),
+            };
+            match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    // Charge first, then pool: a process killed between the two has the
+                    // bytes in its charge, which its reclaim returns.
+                    charged.fetch_add(need + extra, Ordering::Release);
+                    if let (Some(p), true) = (pool, extra > 0) {
+                        p.fetch_add(extra, Ordering::Relaxed);
+                    }
+                    if let Some(pk) = self.gpu_field(g, gpu::PEAK)
+                        && pk.load(Ordering::Relaxed) < next
+                    {
+                        pk.fetch_max(next, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Counts one refused allocation on GPU `g`.
+    pub fn count_refusal(&self, g: usize) {
+        if self.map.writable()
+            && let Some(r) = self.gpu_field(g, gpu::REFUSED)
+        {
+            r.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
     fn charged(&self, s: usize, g: usize) -> Option<&std::sync::atomic::AtomicU64> {
         (s < self.layout.slot_count && g < self.layout.gpu_count)
             .then(|| {
@@ -398,19 +572,24 @@ impl Region {
             .flatten()
     }
 
-    /// Bytes currently used on GPU `g` (one atomic load, no copy: the interception
-    /// library answers memory queries with it).
+    /// Bytes reserved on GPU `g`: allocations plus every process's pool (one atomic
+    /// load, no copy: the interception library answers memory queries with it, less its
+    /// own pool).
     pub fn gpu_used(&self, g: usize) -> Option<u64> {
         self.gpu_field(g, gpu::USED)
             .map(|a| a.load(Ordering::Acquire))
     }
 
     /// GPU `g`'s counters, read in place with one atomic load each (no copy of the
-    /// region): works on a read-only mapping (the plugin) as on a writable one.
+    /// region; `used` less every slot's pool): works on a read-only mapping (the plugin)
+    /// as on a writable one.
     pub fn gpu_stats(&self, g: usize) -> Option<GpuStats> {
         let rd = |f| self.gpu_field(g, f).map(|a| a.load(Ordering::Relaxed));
+        let pooled = (0..self.layout.slot_count)
+            .map(|s| self.pool(s, g))
+            .fold(0u64, u64::saturating_add);
         Some(GpuStats {
-            used: rd(gpu::USED)?,
+            used: rd(gpu::USED)?.saturating_sub(pooled),
             peak: rd(gpu::PEAK)?,
             refused: rd(gpu::REFUSED)?,
             blocks: rd(gpu::BLOCKS)?,
@@ -491,6 +670,7 @@ impl Region {
     /// pass zero unless the region was corrupted; if it does, the value is put back to
     /// what a saturating subtract gives, and meanwhile it reads as huge, which refuses
     /// reservations rather than admitting them.
+    #[inline]
     pub fn release(&self, s: usize, g: usize, bytes: u64) {
         if !self.map.writable() {
             return;
@@ -523,6 +703,10 @@ impl Region {
                 sat_sub(u, n);
             }
             returned.push(n);
+            // The pool is part of the charge just returned.
+            if let Some(p) = self.pooled(s, g) {
+                p.store(0, Ordering::Relaxed);
+            }
         }
         let o = self.layout.slot_offset(s);
         for off in [slot::TOKEN, slot::TOKEN + 8, slot::STARTED_NS] {

@@ -32,7 +32,7 @@ fn doc() -> String {
 
 #[test]
 fn region_table_matches_the_code() {
-    let rows = table(&doc(), "### `region` v1");
+    let rows = table(&doc(), "### `region` v2");
     let want: Vec<(&str, usize, usize)> = vec![
         ("", region::hdr::MAGIC, 8),
         ("", region::hdr::VERSION, 4),
@@ -56,6 +56,7 @@ fn region_table_matches_the_code() {
         ("slot + ", region::slot::FLAGS, 4),
         ("slot + ", region::slot::STARTED_NS, 8),
         ("slot + ", region::slot::CHARGED, 8),
+        ("slot + ", region::slot::pooled(0, 0), 8),
     ];
     assert_eq!(rows.len(), want.len(), "{rows:#?}");
     for ((off, size, field), (prefix, o, s)) in rows.iter().zip(&want) {
@@ -67,11 +68,21 @@ fn region_table_matches_the_code() {
         assert_eq!((n, *size), (*o, *s), "{field}");
     }
     // Values the table states in words.
-    let l = region::Layout::v1(2, region::DEFAULT_SLOTS).unwrap();
+    let l = region::Layout::current(2, region::DEFAULT_SLOTS).unwrap();
+    assert!(rows[1].2.contains(&format!("({};", region::VERSION)));
+    assert!(
+        rows.last().unwrap().0.contains("+ 8·GPUs + 8·g"),
+        "the pool counters follow the charged ones"
+    );
+    assert_eq!(
+        region::slot::pooled(2, 1),
+        region::slot::CHARGED + 8 * 2 + 8
+    );
     assert!(rows[2].2.contains(&format!("({})", region::HEADER_SIZE)));
     assert!(rows[5].2.contains(&format!("({})", region::GPU_ENTRY_SIZE)));
     assert!(rows[7].2.contains(&format!("({})", region::DEFAULT_SLOTS)));
-    assert_eq!(l.slot_size, 128, "64 + 8·2 rounded up to 64");
+    assert_eq!(l.slot_size, 128, "64 + 16·2 rounded up to 64");
+    assert!(rows[8].2.contains("64 + 16·GPUs"));
     assert!(rows[0].2.contains("TSRAREG"));
 }
 

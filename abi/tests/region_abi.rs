@@ -48,25 +48,38 @@ fn golden_v1() -> Vec<u8> {
     b
 }
 
-/// The crate writes exactly the documented bytes, and reads them back.
+/// The v2 file: the v1 bytes with version 2 and each slot's pool counters after its
+/// charged ones (slot + 64 + 8·2 + 8·g); slot 1 holds 300 of its 1000 bytes in its
+/// pool on GPU-a.
+fn golden_v2() -> Vec<u8> {
+    let mut b = golden_v1();
+    put32(&mut b, 8, 2);
+    put64(&mut b, 320 + 128 + 64 + 16, 300);
+    b
+}
+
+/// The crate writes exactly the documented bytes, and reads them back: used is the
+/// usage counter less the pools.
 #[test]
-fn golden_v1_region_matches_the_documented_layout() {
-    let g = golden_v1();
+fn golden_v2_region_matches_the_documented_layout() {
+    let g = golden_v2();
     let fresh = region::initial_bytes(&["GPU-a", "GPU-b"], 3).unwrap();
     // Same header and GPU UUIDs as the hand-written file (counters differ).
     assert_eq!(fresh[..64], g[..64]);
     assert_eq!(fresh[64..128], g[64..128]);
     assert_eq!(fresh[192..256], g[192..256]);
     let s = Snapshot::parse(&g).unwrap();
-    assert_eq!(s.layout, Layout::v1(2, 3).unwrap());
+    assert_eq!(s.layout, Layout::current(2, 3).unwrap());
+    assert!(s.layout.has_pools());
     assert_eq!(
         (
             s.gpus[0].uuid.as_str(),
             s.gpus[0].used,
+            s.gpus[0].pooled,
             s.gpus[0].peak,
             s.gpus[0].refused
         ),
-        ("GPU-a", 1000, 1500, 2)
+        ("GPU-a", 700, 300, 1500, 2)
     );
     assert_eq!(s.slots.len(), 1);
     let sl = &s.slots[0];
@@ -76,6 +89,16 @@ fn golden_v1_region_matches_the_documented_layout() {
         (sl.flags, sl.started_ns, sl.charged.clone()),
         (1, 77, vec![1000, 0])
     );
+}
+
+/// A v1 file (no pools) is still read, its usage counter as it stands.
+#[test]
+fn a_v1_region_is_still_read() {
+    let s = Snapshot::parse(&golden_v1()).unwrap();
+    assert_eq!(s.layout, Layout::v1(2, 3).unwrap());
+    assert!(!s.layout.has_pools());
+    assert_eq!((s.gpus[0].used, s.gpus[0].pooled), (1000, 0));
+    assert_eq!(s.slots[0].charged, vec![1000, 0]);
 }
 
 /// A region written by a later version that grew the header, the GPU entries and the
@@ -89,7 +112,7 @@ fn a_grown_layout_stays_readable() {
     let size = 4096;
     let mut b = vec![0u8; size];
     b[..8].copy_from_slice(b"TSRAREG\0");
-    put32(&mut b, 8, 2);
+    put32(&mut b, 8, 3);
     put32(&mut b, 12, hs as u32);
     put64(&mut b, 16, size as u64);
     put32(&mut b, 24, gpus as u32);
@@ -98,15 +121,15 @@ fn a_grown_layout_stays_readable() {
     put32(&mut b, 36, slots as u32);
     put32(&mut b, 40, ss as u32);
     put32(&mut b, 44, slot_table as u32);
-    b[64..72].copy_from_slice(&[0xff; 8]); // a v2 header field
+    b[64..72].copy_from_slice(&[0xff; 8]); // a v3 header field
     b[hs..hs + 5].copy_from_slice(b"GPU-z");
     put64(&mut b, hs + 64, 42);
-    put64(&mut b, hs + 152, u64::MAX); // a v2 GPU field, after the v1 ones
+    put64(&mut b, hs + 152, u64::MAX); // a v3 GPU field, after the v2 ones
     let s1 = slot_table + ss;
     put64(&mut b, s1, 9);
     put64(&mut b, s1 + 64, 42);
     let s = Snapshot::parse(&b).unwrap();
-    assert_eq!(s.layout.version, 2);
+    assert_eq!(s.layout.version, 3);
     assert_eq!((s.gpus[0].uuid.as_str(), s.gpus[0].used), ("GPU-z", 42));
     assert_eq!(
         (s.slots[0].index, s.slots[0].charged.clone()),
@@ -171,6 +194,117 @@ fn concurrent_reservations_never_exceed_the_budget() {
     assert_eq!(s.gpus[0].used, budget);
     assert_eq!(s.gpus[0].peak, budget);
     assert_eq!(s.gpus[0].refused, 300);
+}
+
+/// A slot's pool: reserved ahead (in the usage counter and the slot's charge, not in
+/// `used` as read), taken by small allocations without touching the usage counter,
+/// refilled by frees and given back beyond its size; near the budget a reservation is
+/// exact; a reclaim returns the pool with the charge.
+#[test]
+fn pools_reserve_ahead_and_give_back_beyond_their_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a"], 4);
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    let (k, budget) = (1u64 << 20, 8u64 << 20);
+    let raw = |r: &Region| r.gpu_used(0).unwrap();
+    r.reserve_ahead(0, 0, 4096, k, budget).unwrap();
+    let s = r.snapshot().unwrap();
+    assert_eq!((s.gpus[0].used, s.gpus[0].pooled), (4096, k));
+    assert_eq!(s.slots.len(), 0, "no token: charged only");
+    assert_eq!(raw(&r), k + 4096);
+    // A small allocation from the pool leaves the usage counter alone.
+    assert!(r.pool_take(0, 0, 4096));
+    assert_eq!(raw(&r), k + 4096);
+    assert_eq!(r.gpu_stats(0).unwrap().used, 8192);
+    assert!(!r.pool_take(0, 0, k), "the pool holds less than that");
+    // Frees refill the pool up to its size; the rest goes back to the claim.
+    r.pool_put(0, 0, 8192, k);
+    assert_eq!((r.pool(0, 0), raw(&r)), (k, k));
+    // Slot 1 fills the budget: the refill no longer fits, the allocation alone does.
+    r.reserve_ahead(1, 0, budget - k - 4096, k, budget).unwrap();
+    assert_eq!(r.pool(1, 0), 0, "exact near the budget");
+    assert_eq!(
+        r.reserve_ahead(1, 0, 8192, 0, budget),
+        Err(Refusal::OverBudget)
+    );
+    assert_eq!(r.snapshot().unwrap().gpus[0].refused, 0, "not counted");
+    r.count_refusal(0);
+    assert_eq!(r.snapshot().unwrap().gpus[0].refused, 1);
+    // Draining the pool makes it allocated; a reclaim returns charge and pool.
+    assert_eq!(r.pool_drain(0, 0), k);
+    assert_eq!(r.reclaim_slot(0), vec![k]);
+    assert_eq!((r.pool(0, 0), raw(&r)), (0, budget - k - 4096));
+    // Keep 0 (no pool for this budget) returns everything.
+    r.pool_put(1, 0, 4096, 0);
+    assert_eq!(raw(&r), budget - k - 8192);
+    // A read-only mapping changes nothing.
+    let ro = Region::map(&File::open(&p).unwrap(), false).unwrap();
+    assert!(!ro.pool_take(1, 0, 1));
+    assert_eq!(ro.reserve_ahead(1, 0, 1, 0, budget), Err(Refusal::ReadOnly));
+}
+
+/// Eight threads, each with its own slot and mapping, allocate and free small pieces
+/// through their pools against a budget the pieces overfill: the usage counter never
+/// exceeds the budget, and once all is freed every charge equals its pool.
+#[test]
+fn concurrent_pools_never_exceed_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a"], 8);
+    let budget: u64 = 4 << 20;
+    let keep = 256 << 10;
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let p = p.clone();
+            let over = over.clone();
+            std::thread::spawn(move || {
+                let f = File::options().read(true).write(true).open(&p).unwrap();
+                let r = Region::map(&f, true).unwrap();
+                r.occupy_slot(t, t as u128 + 1, 0, 0);
+                let mut live = Vec::new();
+                for i in 0..20_000u64 {
+                    let bytes = 4096 * (1 + (i * 7 + t as u64) % 31);
+                    if i % 3 != 2 {
+                        let ok = r.pool_take(t, 0, bytes)
+                            || r.reserve_ahead(t, 0, bytes, keep, budget).is_ok();
+                        if ok {
+                            live.push(bytes);
+                        }
+                    } else if let Some(b) = live.pop() {
+                        r.pool_put(t, 0, b, keep);
+                    }
+                    if r.gpu_used(0).unwrap() > budget {
+                        over.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                for b in live {
+                    r.pool_put(t, 0, b, keep);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(!over.load(std::sync::atomic::Ordering::Relaxed));
+    let f = File::open(&p).unwrap();
+    let r = Region::map(&f, false).unwrap();
+    let s = r.snapshot().unwrap();
+    assert_eq!(s.gpus[0].used, 0, "everything freed");
+    assert!(s.gpus[0].pooled <= 8 * keep);
+    let charged: u64 = (0..8)
+        .map(|t| {
+            let c = s
+                .slots
+                .iter()
+                .find(|x| x.index == t)
+                .map_or(0, |x| x.charged[0]);
+            assert_eq!(c, r.pool(t, 0), "slot {t}: its charge is its pool");
+            c
+        })
+        .sum();
+    assert_eq!(charged, r.gpu_used(0).unwrap());
 }
 
 #[test]

@@ -38,6 +38,38 @@ fn run(sb: &Sandbox, o: &RunOpts, preload: bool, args: &[&str]) -> Vec<String> {
     sb.client(o, args)
 }
 
+/// Each run times BATCHES short batches of each call and keeps the fastest, so that a
+/// batch the scheduler interrupted (the machine may be shared) does not count.
+const BATCHES: usize = 20;
+
+/// Runs `rounds` preloaded clients, each timing BATCHES alternating batches of every
+/// (call, count) in `calls`, direct then intercepted; returns the fastest batch of each
+/// as (direct, intercepted) CPU ns per call.
+fn paired(sb: &Sandbox, o: &RunOpts, calls: &[(&str, &str)], rounds: usize) -> Vec<(f64, f64)> {
+    let names: Vec<(String, String)> = calls
+        .iter()
+        .map(|(c, _)| (format!("bench-direct-{c}"), format!("bench-{c}")))
+        .collect();
+    let mut cmds = vec!["ctx", "0"];
+    for ((d, p), (_, n)) in names.iter().zip(calls) {
+        for _ in 0..BATCHES {
+            cmds.extend_from_slice(&[d, n, p, n]);
+        }
+    }
+    let mut best = vec![(f64::MAX, f64::MAX); calls.len()];
+    for _ in 0..rounds {
+        let out = run(sb, o, true, &cmds);
+        for (k, b) in best.iter_mut().enumerate() {
+            for i in 0..BATCHES {
+                let at = 1 + 2 * (BATCHES * k + i);
+                b.0 = b.0.min(out.get(at).map_or(f64::MAX, |l| times(l).1));
+                b.1 = b.1.min(out.get(at + 1).map_or(f64::MAX, |l| times(l).1));
+            }
+        }
+    }
+    best
+}
+
 fn row(what: &str, base: f64, with: f64, target: &str) {
     println!(
         "{what:<34} {base:>10.1} ns {with:>10.1} ns  {:>+9.1} ns  x{:.2}   (target {target})",
@@ -67,45 +99,54 @@ fn main() {
         env: vec![("FAKE_CUDA_NO_BACKING".into(), "1".into())],
         ..RunOpts::default()
     };
-    let n = "200000";
-    // Each run times 20 short batches of each call and keeps the fastest batch, so that
-    // a batch the scheduler interrupted (the machine may be shared) does not count.
-    const BATCHES: usize = 20;
-    // Pairs and memory queries first: the library starts its launch-counter flusher
-    // thread at a process's first launch, and a second thread turns off glibc's
-    // single-thread fast paths (malloc without locks), which the fake driver's
-    // allocation path uses. A real CUDA process always has the driver's own threads,
-    // so the pair is measured before any launch, and once more after (last row).
-    let kinds = ["bench-pair", "bench-meminfo", "bench-launch", "bench-pair"];
-    let sizes = ["10000", "10000", "100000", "10000"];
-    let mut cmds = vec!["ctx", "0"];
-    for (k, n) in kinds.iter().zip(sizes) {
-        for _ in 0..BATCHES {
-            cmds.extend_from_slice(&[k, n]);
-        }
+    // TESSERA_BENCH_PERF=<file>: record a profile of preloaded alloc+free pairs with
+    // perf(1) into <file> and stop (for finding where the added time goes);
+    // TESSERA_BENCH_PERF_CALL picks another call (bench-launch, bench-meminfo).
+    if let Some(out) = std::env::var_os("TESSERA_BENCH_PERF") {
+        let out = out.to_string_lossy().into_owned();
+        let client = artifacts().client.to_string_lossy().into_owned();
+        let what = std::env::var("TESSERA_BENCH_PERF_CALL").unwrap_or("bench-pair".into());
+        sb.set_preload(PRELOAD_PATH);
+        let st = sb
+            .command(
+                &o,
+                std::path::Path::new("perf"),
+                &[
+                    "record", "-q", "-o", &out, "--", &client, "gpa", "ctx", "0", &what, "5000000",
+                ],
+            )
+            .status()
+            .expect("perf");
+        println!("perf record: {st}; see perf report -i {out}");
+        return;
     }
-    // Alternate direct and preloaded runs, keeping the best of each (three rounds, or
-    // TESSERA_BENCH_ROUNDS).
     let rounds: usize = std::env::var("TESSERA_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
-    let mut best_d = [f64::MAX; 4];
-    let mut best_p = [f64::MAX; 4];
-    for _ in 0..rounds {
-        let d = run(&sb, &o, false, &cmds);
-        let p = run(&sb, &o, true, &cmds);
-        for k in 0..kinds.len() {
-            for b in 0..BATCHES {
-                let i = 1 + BATCHES * k + b;
-                best_d[k] = best_d[k].min(d.get(i).map_or(f64::MAX, |l| times(l).1));
-                best_p[k] = best_p[k].min(p.get(i).map_or(f64::MAX, |l| times(l).1));
-            }
-        }
-    }
+    // Direct and intercepted calls are timed in the same preloaded process, in
+    // alternating batches: the direct ones through the fake driver's own entry points
+    // (`fakecuda_lookup`, past the library), so both see the same address layout, CPU
+    // and cache (separate processes differ by tens of ns per pair from run to run).
+    // Pairs and memory queries first: the library starts its launch-counter flusher
+    // thread at a process's first launch, and a second thread turns off glibc's
+    // single-thread fast paths (malloc without locks), which the fake driver's
+    // allocation path uses. A real CUDA process always has the driver's own threads,
+    // so the pair is measured before any launch, and once more after (last row).
+    let best = paired(
+        &sb,
+        &o,
+        &[
+            ("pair", "10000"),
+            ("meminfo", "10000"),
+            ("launch", "100000"),
+            ("pair", "10000"),
+        ],
+        rounds,
+    );
     println!(
-        "CPU time per call, fastest batch of {rounds} x {BATCHES} (fake driver without host pages; direct = no preload):"
+        "CPU time per call, fastest of {rounds} x {BATCHES} alternating batches in one process (fake driver without host pages; direct = the fake's own entry points):"
     );
     println!(
         "{:<34} {:>13} {:>13} {:>12}  ratio",
@@ -113,26 +154,26 @@ fn main() {
     );
     row(
         "alloc+free pair (4 KiB, charged)",
-        best_d[0],
-        best_p[0],
+        best[0].0,
+        best[0].1,
         "<= +50 ns",
     );
     row(
         "cuLaunchKernel (claim, rate 0)",
-        best_d[2],
-        best_p[2],
+        best[2].0,
+        best[2].1,
         "<= +10 ns",
     );
     row(
         "cuMemGetInfo (virtualized)",
-        best_d[1],
-        best_p[1],
+        best[1].0,
+        best[1].1,
         "HAMi ~ +1 us",
     );
     row(
         "alloc+free pair, flusher running",
-        best_d[3],
-        best_p[3],
+        best[3].0,
+        best[3].1,
         "(2nd thread: glibc)",
     );
 
@@ -154,10 +195,6 @@ fn main() {
             .and_then(|c| c.set_rate(0, 1_000_000_000_000, 1_000_000_000))
             .expect("set the rate");
     }
-    let mut launch = vec!["ctx", "0"];
-    for _ in 0..BATCHES {
-        launch.extend_from_slice(&["bench-launch", "100000"]);
-    }
     for (what, sb, target) in [
         ("cuLaunchKernel (no claim)", &none, "<= +10 ns"),
         (
@@ -166,52 +203,59 @@ fn main() {
             "no syscall (tests)",
         ),
     ] {
-        let (mut d, mut p) = (f64::MAX, f64::MAX);
-        for _ in 0..rounds {
-            for l in run(sb, &o, false, &launch).iter().skip(1) {
-                d = d.min(times(l).1);
-            }
-            for l in run(sb, &o, true, &launch).iter().skip(1) {
-                p = p.min(times(l).1);
-            }
-        }
-        row(what, d, p, target);
+        let b = paired(sb, &o, &[("launch", "100000")], rounds);
+        row(what, b[0].0, b[0].1, target);
     }
 
-    // 8 processes at once against one: CPU time per pair, with and without the
-    // library (the fake driver's own shared ledger contends too).
-    // Best of the rounds for each figure (the machine may be shared).
-    for preload in [false, true] {
-        let (mut one, mut eight) = (f64::MAX, f64::MAX);
-        for _ in 0..rounds {
-            one = one.min(times(&run(&sb, &o, preload, &["ctx", "0", "bench-pair", n])[1]).1);
-            let kids: Vec<_> = (0..8)
-                .map(|_| {
-                    sb.command(
-                        &o,
-                        &artifacts().client,
-                        &["gpa", "ctx", "0", "bench-pair", n],
-                    )
+    // 8 processes at once against one, each alternating direct and intercepted batches
+    // as above (so that both kinds of batch meet the same competition for the two
+    // cores and their caches): CPU time per pair through the library, and through the
+    // fake's own entry points (whose shared ledger contends too). Best of the rounds.
+    let calls = [("pair", "10000")];
+    let (mut one, mut eight) = ((f64::MAX, f64::MAX), (f64::MAX, f64::MAX));
+    for _ in 0..rounds {
+        let b = paired(&sb, &o, &calls, 1)[0];
+        one = (one.0.min(b.0), one.1.min(b.1));
+        sb.set_preload(PRELOAD_PATH);
+        let mut args = vec!["gpa", "ctx", "0"];
+        for _ in 0..BATCHES {
+            args.extend_from_slice(&["bench-direct-pair", "10000", "bench-pair", "10000"]);
+        }
+        let kids: Vec<_> = (0..8)
+            .map(|_| {
+                sb.command(&o, &artifacts().client, &args)
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("spawn")
-                })
-                .collect();
-            let mut sum = 0.0;
-            for k in kids {
-                let out = k.wait_with_output().expect("wait");
-                let l = lines(&out.stdout);
-                sum += l.get(1).map_or(f64::NAN, |l| times(l).1) / 8.0;
-            }
-            // A run with a failed child (NaN) is left out.
-            eight = eight.min(sum);
+            })
+            .collect();
+        let (mut d, mut p) = (0.0, 0.0);
+        for k in kids {
+            let out = k.wait_with_output().expect("wait");
+            let l = lines(&out.stdout);
+            let best = |first: usize| {
+                (0..BATCHES)
+                    .map(|i| l.get(first + 2 * i).map_or(f64::NAN, |x| times(x).1))
+                    .fold(f64::MAX, f64::min)
+            };
+            d += best(1) / 8.0;
+            p += best(2) / 8.0;
         }
-        println!(
-            "8 processes allocating at once, {}: {eight:.1} ns CPU per pair vs {one:.1} alone: x{:.2} (target <= 1.5 preloaded)",
-            if preload { "preloaded" } else { "direct" },
-            eight / one
-        );
+        // A run with a failed child (NaN) is left out.
+        eight = (eight.0.min(d), eight.1.min(p));
     }
+    let ((d1, p1), (d8, p8)) = (one, eight);
+    println!(
+        "8 processes allocating at once, preloaded: {p8:.1} ns CPU per pair vs {p1:.1} alone: x{:.2} (target <= 1.5)",
+        p8 / p1
+    );
+    println!(
+        "  the fake driver alone (direct): {d8:.1} vs {d1:.1}: x{:.2}; the library's added CPU per pair: {:+.1} ns at 8 vs {:+.1} ns alone: x{:.2}",
+        d8 / d1,
+        p8 - d8,
+        p1 - d1,
+        (p8 - d8) / (p1 - d1)
+    );
 
     // Process start-up: /bin/true in the same sandbox with and without the preload
     // line (the sandbox's overlays cost the same either way): 20 batches of 20 per

@@ -37,6 +37,9 @@ pub struct Claim {
     /// A second open description, for probing other slots' locks.
     reclaim_file: File,
     pub slot: Option<usize>,
+    /// Per GPU of the region: what the process may keep reserved in its pool
+    /// ([`tessera_abi::region::pool_size`] of the budget; 0 = no pool).
+    pub pool_keep: Vec<u64>,
 }
 
 /// Everything the library knows about its claims.
@@ -158,6 +161,11 @@ impl State {
         }
         let claims = &st.claims;
         st.gpus = budget::merge(&limits, |c, uuid| claims[c].region.gpu_index(uuid));
+        for p in st.gpus.iter().flat_map(|g| g.parts.iter()) {
+            if let Some(k) = st.claims[p.claim].pool_keep.get_mut(p.gpu) {
+                *k = tessera_abi::region::pool_size(p.budget);
+            }
+        }
         st.launch = crate::throttle::parts(&st.claims, &st.gpus);
         st
     }
@@ -216,6 +224,11 @@ impl State {
                 _lock_file: lock_file,
                 reclaim_file,
                 slot,
+                pool_keep: if region.layout().has_pools() {
+                    vec![0; region.layout().gpu_count]
+                } else {
+                    Vec::new()
+                },
             },
             limits,
         ))
@@ -257,6 +270,15 @@ impl State {
     /// Reserves `bytes` on merged GPU `g`: the first claim (in UID order) with room
     /// for all of it. On refusal, dead processes' slots are reclaimed and the claims
     /// tried once more. Atomic per claim (compare-and-swap in the region).
+    ///
+    /// A small allocation is first taken from the process's pool in its own slot (one
+    /// compare-and-swap that no other process touches); when the pool is short, the
+    /// claim's usage is raised by the allocation plus a refill of the pool, or, when
+    /// that no longer fits, by the allocation alone (with what the pool still holds).
+    /// Near the budget every process therefore charges exactly; what other processes
+    /// hold in their pools (at most [`tessera_abi::region::pool_size`] each) is the
+    /// only room a refusal can leave unused.
+    #[inline]
     pub fn reserve(&self, g: usize, bytes: u64) -> Result<Charge, Refused> {
         if self.fail_closed {
             return Err(Refused::NoSlot);
@@ -273,16 +295,14 @@ impl State {
                 let Some(s) = c.slot else {
                     return Err(Refused::NoSlot);
                 };
-                match c.region.reserve(s, p.gpu, bytes, p.budget) {
-                    Ok(()) => {
-                        return Ok(Charge {
-                            claim: p.claim as u16,
-                            gpu: p.gpu as u16,
-                            bytes,
-                        });
-                    }
-                    // Not this claim: over its budget, or its region is unusable.
-                    Err(Refusal::OverBudget | Refusal::OutOfRange | Refusal::ReadOnly) => {}
+                let charge = Charge {
+                    claim: p.claim as u16,
+                    gpu: p.gpu as u16,
+                    bytes,
+                };
+                // Not this claim: over its budget, or its region is unusable.
+                if reserve_in(c, s, p.gpu, bytes, p.budget) {
+                    return Ok(charge);
                 }
             }
             if attempt == 0 {
@@ -298,6 +318,11 @@ impl State {
                 if !reclaimed {
                     break;
                 }
+            }
+        }
+        for p in &gpu.parts {
+            if let Some(c) = self.claims.get(p.claim) {
+                c.region.count_refusal(p.gpu);
             }
         }
         Err(Refused::OverBudget)
@@ -317,17 +342,24 @@ impl State {
             .find(|p| p.claim == usize::from(c.claim) && p.gpu == usize::from(c.gpu))
             .map(|p| p.budget)
             .ok_or(Refused::NoSlot)?;
-        cl.region
-            .reserve(s, usize::from(c.gpu), bytes, budget)
-            .map_err(|_| Refused::OverBudget)
+        if reserve_in(cl, s, usize::from(c.gpu), bytes, budget) {
+            Ok(())
+        } else {
+            cl.region.count_refusal(usize::from(c.gpu));
+            Err(Refused::OverBudget)
+        }
     }
 
-    /// Returns a charge (a free, or a rollback after the driver failed).
+    /// Returns a charge (a free, or a rollback after the driver failed): into the
+    /// process's pool, which gives back to the claim what exceeds its size.
+    #[inline]
     pub fn release(&self, c: Charge) {
         if let Some(cl) = self.claims.get(usize::from(c.claim))
             && let Some(s) = cl.slot
         {
-            cl.region.release(s, usize::from(c.gpu), c.bytes);
+            let g = usize::from(c.gpu);
+            let keep = cl.pool_keep.get(g).copied().unwrap_or(0);
+            cl.region.pool_put(s, g, c.bytes, keep);
         }
     }
 
@@ -359,7 +391,10 @@ impl State {
         let mut used = 0u64;
         for p in &gpu.parts {
             let c = self.claims.get(p.claim)?;
-            used = used.saturating_add(c.region.gpu_used(p.gpu).unwrap_or(0));
+            // What this process's pool holds is free to it; other processes' pools
+            // are not.
+            let own = c.slot.map_or(0, |s| c.region.pool(s, p.gpu));
+            used = used.saturating_add(c.region.gpu_used(p.gpu).unwrap_or(0).saturating_sub(own));
         }
         Some((gpu.total(), used))
     }
@@ -375,6 +410,41 @@ impl State {
             }
         }
     }
+}
+
+/// Reserves `bytes` in claim `c`'s region, slot `s`, GPU `g`: from the process's pool
+/// when the allocation is small, else raising the claim's usage (with a refill of the
+/// pool for a small one, while it fits), else with what the pool holds plus the rest
+/// exactly. False when it does not fit or the region is unusable (not counted).
+#[inline]
+fn reserve_in(c: &Claim, s: usize, g: usize, bytes: u64, budget: u64) -> bool {
+    let keep = c.pool_keep.get(g).copied().unwrap_or(0);
+    let small = bytes <= keep;
+    if small && c.region.pool_take(s, g, bytes) {
+        return true;
+    }
+    let ahead = if small { keep } else { 0 };
+    match c.region.reserve_ahead(s, g, bytes, ahead, budget) {
+        Ok(()) => return true,
+        Err(Refusal::OutOfRange | Refusal::ReadOnly) => return false,
+        Err(Refusal::OverBudget) => {}
+    }
+    // The pool may hold part of it: the rest must fit exactly.
+    let held = c.region.pool_drain(s, g);
+    if held >= bytes {
+        c.region.pool_put(s, g, held - bytes, keep);
+        return true;
+    }
+    if held > 0 {
+        if c.region
+            .reserve_ahead(s, g, bytes - held, 0, budget)
+            .is_ok()
+        {
+            return true;
+        }
+        c.region.pool_put(s, g, held, keep);
+    }
+    false
 }
 
 /// What the library remembers about a live allocation.
@@ -502,10 +572,12 @@ pub fn keys(kind: Kind) -> Vec<u64> {
     v
 }
 
-/// Slots in the lock-free table of linear allocations (a power of two): 256 KiB,
+/// Slots in the lock-free table of linear allocations (a power of two): 64 KiB,
 /// small enough to stay in cache (with 64 K slots and a scattering hash, the miss on
-/// a cold slot cost more than the whole mutex). What finds no room goes to the mutex table.
-const LINEAR_SLOTS: usize = 1 << 13;
+/// a cold slot cost more than the whole mutex; 256 KiB still cost ~10 ns per pair, and
+/// more with 8 processes sharing two cores' caches). 2,048 live allocations is more
+/// than a caching allocator keeps; what finds no room goes to the mutex table.
+const LINEAR_SLOTS: usize = 1 << 11;
 /// How far an insertion probes before spilling to the mutex table.
 const LINEAR_PROBE: usize = 64;
 /// Key values with a meaning of their own (device pointers are never this small;

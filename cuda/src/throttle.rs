@@ -118,7 +118,7 @@ const ROUTE_PER_CALL: u32 = u32::MAX;
 /// launch.
 static ROUTE: AtomicU32 = AtomicU32::new(ROUTE_UNKNOWN);
 
-fn device_count() -> Option<i32> {
+pub(crate) fn device_count() -> Option<i32> {
     let p = driver(DriverFn::DeviceGetCount);
     if p == 0 {
         return None;

@@ -57,6 +57,49 @@ fn frees_release_what_was_charged() {
     assert_eq!(sb.region("claim-a").gpus[0].used, 0);
 }
 
+/// A budget large enough for a pool (1 GiB: 4 MiB kept ahead per process): 2 MiB
+/// allocations go through the process's pool, yet the budget is usable to the byte and
+/// the next allocation is refused; a second process then finds room for exactly what
+/// the first freed beyond its pool. The region reports allocations, not pools.
+#[test]
+fn pools_leave_the_whole_budget_usable() {
+    if !require("pools") {
+        return;
+    }
+    let budget: u64 = 1 << 30;
+    let keep = tessera_abi::region::pool_size(budget);
+    assert_eq!(keep, 4 * MIB);
+    let sb = one_gpu(budget);
+    let n = (budget / (2 * MIB)) as usize;
+    let mut args = vec!["ctx", "0"];
+    for _ in 0..n {
+        args.extend_from_slice(&["alloc", "2097152"]);
+    }
+    args.extend_from_slice(&["alloc", "1"]);
+    // Free the last 8, then hold.
+    let ids: Vec<String> = (n - 8..n).map(|i| i.to_string()).collect();
+    for id in &ids {
+        args.extend_from_slice(&["free", id]);
+    }
+    args.push("hold");
+    let (a, got) = sb.spawn_client(&opts(), &args, n + 2 + 8 + 1);
+    assert!(got[1..=n].iter().all(|l| l.starts_with("ok ")), "{got:?}");
+    assert_eq!(got[n + 1], OOM, "the budget is full to the byte");
+    assert_eq!(got[n + 10], "holding");
+    let r = sb.region("claim-a");
+    assert_eq!(r.gpus[0].used, budget - 16 * MIB, "allocations only");
+    assert_eq!(r.gpus[0].pooled, keep, "the first process keeps its pool");
+    assert_eq!(sb.ledger().used[0], budget - 16 * MIB);
+    // The other process can take what the first gave back, not its pool.
+    let out = sb.client(
+        &opts(),
+        &["ctx", "0", "alloc", "12582912", "alloc", "2097152"],
+    );
+    drop(a);
+    assert_eq!(out, ["ok", "ok 0", OOM]);
+    assert!(sb.ledger().peak[0] <= budget);
+}
+
 /// Pitched memory is charged at pitch × height with the pitch the driver returned
 /// (512-byte aligned by the fake), not at width × height.
 #[test]

@@ -40,20 +40,78 @@ enum Plan {
     Charged(&'static State, Charge),
 }
 
+const ROUTE_UNKNOWN: u32 = 0;
+const ROUTE_PER_CALL: u32 = 1;
+const ROUTE_FREE: u32 = 2;
+/// Where an allocation on the current context is charged, when that cannot depend on
+/// the context: every device the process sees is the same merged GPU, or none is
+/// budgeted (one GPU in the container, typically). 0: not decided; 1: ask the driver
+/// per call; 2: unbudgeted; 3 + g: merged GPU g. Saves a `cuCtxGetDevice` per call.
+static ALLOC_ROUTE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(ROUTE_UNKNOWN);
+
+/// Decides [`ALLOC_ROUTE`] once the driver can list its devices (else per call, for
+/// now: a process that allocates before `cuInit` gets an error from the driver).
+#[cold]
+fn decide_alloc_route(st: &State) -> u32 {
+    let Some(n) = crate::throttle::device_count().filter(|&n| n > 0) else {
+        return ROUTE_PER_CALL;
+    };
+    let mut seen = None;
+    for d in 0..n {
+        let g = match st.gpu_for(d, cuda_uuid) {
+            Ok(g) => g,
+            Err(_) => return ROUTE_PER_CALL,
+        };
+        match seen {
+            None => seen = Some(g),
+            Some(s) if s == g => {}
+            Some(_) => {
+                seen = None;
+                break;
+            }
+        }
+    }
+    let r = match seen {
+        Some(Some(g)) => 3 + g as u32,
+        Some(None) => ROUTE_FREE,
+        None => ROUTE_PER_CALL,
+    };
+    ALLOC_ROUTE.store(r, std::sync::atomic::Ordering::Relaxed);
+    r
+}
+
+/// The merged GPU an allocation on ordinal `dev` (or the current context) is charged
+/// to; `Ok(None)` when unbudgeted; the error to return when the device is unknown.
+#[inline]
+fn gpu_of(st: &State, dev: Option<CUdevice>, what: &str) -> Result<Option<usize>, CUresult> {
+    let dev = match dev {
+        Some(d) => d,
+        None => {
+            let mut r = ALLOC_ROUTE.load(std::sync::atomic::Ordering::Relaxed);
+            if r == ROUTE_UNKNOWN {
+                r = decide_alloc_route(st);
+            }
+            match r {
+                ROUTE_FREE => return Ok(None),
+                ROUTE_PER_CALL => current_device()?,
+                g => return Ok(Some((g - 3) as usize)),
+            }
+        }
+    };
+    st.gpu_for(dev, cuda_uuid)
+        .map_err(|r| refused_code(st, r, what))
+}
+
 /// Reserves `bytes` on ordinal `dev` (or the current device).
+#[inline]
 fn plan(dev: Option<CUdevice>, bytes: u64, what: &str) -> Result<Plan, CUresult> {
     let st = accounting::state();
     if !st.active() {
         return Ok(Plan::Forward);
     }
-    let dev = match dev {
-        Some(d) => d,
-        None => current_device()?,
-    };
-    let g = match st.gpu_for(dev, cuda_uuid) {
-        Ok(Some(g)) => g,
-        Ok(None) => return Ok(Plan::Forward),
-        Err(r) => return Err(refused_code(st, r, what)),
+    let g = match gpu_of(st, dev, what)? {
+        Some(g) => g,
+        None => return Ok(Plan::Forward),
     };
     match st.reserve(g, bytes) {
         Ok(c) => Ok(Plan::Charged(st, c)),
@@ -65,6 +123,9 @@ fn plan(dev: Option<CUdevice>, bytes: u64, what: &str) -> Result<Plan, CUresult>
 fn settle(plan: Plan, rc: CUresult, kind: Kind, id: impl FnOnce() -> u64, scrub_bytes: u64) {
     if let Plan::Charged(st, c) = plan {
         if rc == CUDA_SUCCESS {
+            // Decided now, so that the free of a claim that does not scrub looks no
+            // further.
+            let scrub_bytes = if st.scrubs(c) { scrub_bytes } else { 0 };
             accounting::record(
                 kind,
                 id(),

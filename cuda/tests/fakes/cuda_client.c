@@ -25,6 +25,8 @@
  *   sleep <ms> / hold          (hold: print "holding" and sleep until killed)
  *   random <seconds> <max>     random alloc/free of up to <max> bytes; -> "ok <allocs> <refusals>"
  *   bench-pair|bench-launch|bench-meminfo <n>   timing loops -> "ok <wall ns/op> <cpu ns/op>"
+ *   bench-direct-pair|-launch|-meminfo <n>     the same through the fake's own entry points
+ *                              (fakecuda_lookup), past any interposer: the in-process baseline
  *   spawn <n> <program>        fork+exec <program> n times, timed the same way
  *   lookup <file.tsv>          every row: "<symbol>\t<ver>\t<flags>\t<answer>\t<fake's own>"
  */
@@ -274,15 +276,27 @@ int main(int argc, char **argv) {
             FN(la, CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **),
                "cuLaunchKernel", 4000, "cuLaunchKernel");
             FN(mi, CUresult (*)(size_t *, size_t *), "cuMemGetInfo", 3020, "cuMemGetInfo_v2");
+            int direct = !strncmp(c, "bench-direct-", 13);
+            const char *what = direct ? c + 13 : c + 6;
+            if (direct) {
+                void *(*own)(const char *, int, u64) = (void *(*)(const char *, int, u64))dlsym(lib, "fakecuda_lookup");
+                if (!own) return 4;
+                al = (__typeof__(al))own("cuMemAlloc", 3020, 0);
+                fr = (__typeof__(fr))own("cuMemFree", 3020, 0);
+                la = (__typeof__(la))own("cuLaunchKernel", 4000, 0);
+                mi = (__typeof__(mi))own("cuMemGetInfo", 3020, 0);
+                if (!al || !fr || !la || !mi) return 4;
+            }
+            int op = !strcmp(what, "pair") ? 0 : !strcmp(what, "launch") ? 1 : !strcmp(what, "meminfo") ? 2 : 3;
             clock_gettime(CLOCK_MONOTONIC, &w0);
             clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
             for (u64 k = 0; k < n; k++) {
-                if (!strcmp(c, "bench-pair")) {
+                if (op == 0) {
                     u64 p;
                     if (al(&p, 4096) || fr(p)) { printf("err\n"); return 1; }
-                } else if (!strcmp(c, "bench-launch")) {
+                } else if (op == 1) {
                     la(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-                } else if (!strcmp(c, "bench-meminfo")) {
+                } else if (op == 2) {
                     size_t f, t;
                     mi(&f, &t);
                 } else {
