@@ -555,6 +555,22 @@ static CUresult i_cuModuleGetFunction(struct func **out, struct module *m, const
 
 static int no_backing = -1;
 static u64 next_fake_addr = 0x7f0000000000ull;
+/* Without host pages, freed addresses are handed out again (last freed first, same
+ * size), as the kernel does for the backed mode's mappings and a real driver for its
+ * device addresses: a free-then-alloc loop sees the same pointer, not a new one each
+ * time. Under `mu`. */
+#define FREE_ADDRS 1024
+static struct { u64 addr, size; } free_addrs[FREE_ADDRS];
+static int nfree_addrs;
+static u64 fake_addr(u64 led) {
+    for (int i = nfree_addrs - 1; i >= 0; i--)
+        if (free_addrs[i].size == led) {
+            u64 a = free_addrs[i].addr;
+            free_addrs[i] = free_addrs[--nfree_addrs];
+            return a;
+        }
+    return next_fake_addr += led;
+}
 static CUresult alloc_linear(CUdeviceptr *dptr, u64 size, int kind) {
     if (no_backing < 0) {
         const char *nb = getenv("FAKE_CUDA_NO_BACKING");
@@ -567,7 +583,7 @@ static CUresult alloc_linear(CUdeviceptr *dptr, u64 size, int kind) {
     pthread_mutex_lock(&mu);
     CUresult rc = take(dev, led);
     if (rc == OK) {
-        void *p = no_backing ? (void *)(uintptr_t)(next_fake_addr += led) : host_map(size);
+        void *p = no_backing ? (void *)(uintptr_t)fake_addr(led) : host_map(size);
         if (!p) { give(dev, led); rc = OUT_OF_MEMORY; }
         else { *dptr = (CUdeviceptr)(uintptr_t)p; track(*dptr, size, led, dev, kind, NULL); }
     }
@@ -610,6 +626,9 @@ static CUresult i_cuMemFree_v2(CUdeviceptr ptr) {
         if (no_backing != 1) {
             check_scrub(&a);
             munmap((void *)(uintptr_t)a.id, a.size ? a.size : 1);
+        } else if (nfree_addrs < FREE_ADDRS) {
+            free_addrs[nfree_addrs].addr = a.id;
+            free_addrs[nfree_addrs++].size = a.ledger;
         }
     }
     pthread_mutex_unlock(&mu);
