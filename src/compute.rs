@@ -13,13 +13,16 @@
 //!
 //! The actuator is a launch budget in **thread blocks per second** per claim and GPU,
 //! which the interception library enforces with one token bucket shared by all of the
-//! claim's processes. The controller expresses every rate as a fraction of the GPU's
-//! measured capacity `C` (blocks per second the GPU retires at 100 % busy: the blocks
-//! the claims launched ÷ the device's busy fraction). Because `C` grows with the
-//! device's size (SM count, clocks), that normalises the gain: the same controller runs
-//! a 1g MIG slice and an H200. On top of this feed-forward, a bounded integral term per
-//! claim corrects the bias left (a claim whose kernels cost more per block than the
-//! average, queueing behind long kernels) from NVML's per-process utilization.
+//! claim's processes. The controller expresses every rate as a fraction of a measured
+//! capacity: blocks per second retired at 100 % busy. Each claim has its own, `C_i` =
+//! the blocks it launched ÷ its NVML utilization over the same windows, because a block
+//! of one workload can cost many times a block of another (a claim with twice as
+//! expensive blocks gets half the block rate for the same share). Until a claim has
+//! [`MIN_COST_SAMPLES`] such windows the GPU's capacity `C` (all blocks ÷ the device's
+//! busy fraction) stands in. Because capacities grow with the device's size (SM count,
+//! clocks), that normalises the gain: the same controller runs a 1g MIG slice and an
+//! H200. On top of this feed-forward, a bounded integral term per claim trims the bias
+//! left (queueing behind long kernels, NVML noise) from NVML's per-process utilization.
 //!
 //! Expected convergence: the first tick after contention is seen sets every rate from
 //! the capacity estimate (one tick, 250 ms, once the estimate has one busy second of
@@ -51,6 +54,12 @@ pub const WINDOW_SECS: f64 = 1.0;
 pub const CAPACITY_BUSY: f64 = 20.0;
 /// Horizon of the capacity estimate.
 pub const CAPACITY_SECS: f64 = 8.0;
+/// A claim's utilization (percent) from which a tick feeds its own capacity estimate
+/// (its cost per block); below it NVML's ±3 point noise dominates.
+pub const COST_UTIL: f64 = 5.0;
+/// Ticks of a claim's own capacity log needed before it replaces the GPU's (one
+/// second of samples at the controller's 250 ms period).
+pub const MIN_COST_SAMPLES: usize = 4;
 /// Token-bucket tolerance handed to the library: how far a claim may run ahead of its
 /// rate. Long enough that a claim delayed behind a neighbour's long kernel catches up
 /// within the window.
@@ -170,6 +179,8 @@ pub struct GpuController {
     correction: BTreeMap<String, f64>,
     /// Per tick: (time, blocks launched per second, busy fraction) over the last window.
     cap_log: VecDeque<(f64, f64, f64)>,
+    /// The same per claim: (time, its blocks per second, its utilization fraction).
+    claim_cap_log: BTreeMap<String, VecDeque<(f64, f64, f64)>>,
     /// Last rate and the target it was set for, per claim.
     rates: BTreeMap<String, (f64, f64)>,
     contended: bool,
@@ -186,6 +197,19 @@ impl GpuController {
     /// The capacity estimate, thread blocks per second at 100 % busy.
     pub fn capacity(&self) -> Option<f64> {
         self.capacity
+    }
+
+    /// A claim's own capacity (blocks per second it would retire alone on the whole
+    /// GPU), once it has [`MIN_COST_SAMPLES`] windows of samples.
+    pub fn claim_capacity(&self, key: &str) -> Option<f64> {
+        let log = self.claim_cap_log.get(key)?;
+        if log.len() < MIN_COST_SAMPLES {
+            return None;
+        }
+        let (b, u) = log
+            .iter()
+            .fold((0.0, 0.0), |(b, u), (_, db, du)| (b + db, u + du));
+        (b > 0.0 && u > 0.0).then(|| b / u)
     }
 
     /// Whether the last tick found the GPU contended.
@@ -243,6 +267,7 @@ impl GpuController {
         let mut active = Vec::with_capacity(obs.claims.len());
         let mut launched = 0.0;
         let mut waiting = false;
+        let mut claim_launched = Vec::with_capacity(obs.claims.len());
         for c in &obs.claims {
             let (short_rate, short_wait) = delta(&recent, &c.key).unwrap_or((0.0, 0.0));
             let a = short_rate > 0.0
@@ -250,7 +275,9 @@ impl GpuController {
                 || (c.blocks == 0 && c.util.is_some_and(|u| u >= ACTIVE_UTIL));
             waiting |= short_wait > 0.0;
             active.push(a);
-            launched += delta(&window_start, &c.key).map_or(0.0, |d| d.0);
+            let l = delta(&window_start, &c.key).map_or(0.0, |d| d.0);
+            claim_launched.push(l);
+            launched += l;
         }
         let claims_util: f64 = obs.claims.iter().filter_map(|c| c.util).sum();
         let busy = obs.busy.unwrap_or(claims_util).clamp(0.0, 100.0);
@@ -270,6 +297,20 @@ impl GpuController {
             .is_some_and(|(t, _, _)| now - t > CAPACITY_SECS)
         {
             self.cap_log.pop_front();
+        }
+        // Each claim's own cost per block: its blocks over the window against its own
+        // utilization of (about) the same window.
+        for (c, &l) in obs.claims.iter().zip(&claim_launched) {
+            let log = self.claim_cap_log.entry(c.key.clone()).or_default();
+            if full_window
+                && l > 0.0
+                && let Some(u) = c.util.filter(|&u| u >= COST_UTIL)
+            {
+                log.push_back((now, l, u / 100.0));
+            }
+            while log.front().is_some_and(|(t, _, _)| now - t > CAPACITY_SECS) {
+                log.pop_front();
+            }
         }
         let (blocks, busy_sum) = self
             .cap_log
@@ -317,7 +358,8 @@ impl GpuController {
                 .map(|p| t[p])
                 .filter(|_| self.contended)
                 .or_else(|| (c.limit < 100.0).then_some(c.limit));
-            let rate = match (target, self.capacity) {
+            let capacity = self.claim_capacity(&c.key).or(self.capacity);
+            let rate = match (target, capacity) {
                 (Some(target), Some(cap)) => {
                     let corr = self.correction.entry(c.key.clone()).or_insert(1.0);
                     // Integral term: only under contention, from one window after it
@@ -367,6 +409,8 @@ impl GpuController {
         self.correction
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.rates
+            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
+        self.claim_cap_log
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         out
     }
@@ -454,6 +498,39 @@ mod tests {
         let (a, b) = (d[0].block_rate as f64, d[1].block_rate as f64);
         assert!((a / (a + b) - 0.425).abs() < 0.01, "{a} {b}");
         assert!(((a + b) / cap - HEADROOM).abs() < 0.02, "{a} {b}");
+    }
+
+    /// Claim a's blocks cost twice claim b's (a alone would retire 5 000 blocks/s, b
+    /// 10 000). Observed at the target split of time, 42.5 : 57.5, a launches 2 125
+    /// blocks/s and b 5 750. Each claim's own capacity keeps the rates at that split of
+    /// *time*; the GPU-wide figure (7 875 blocks/s) would give a 27 % too much and b 21 %
+    /// too little.
+    #[test]
+    fn each_claim_is_paced_by_its_own_cost_per_block() {
+        let mut c = GpuController::new();
+        let mut d = Vec::new();
+        for k in 0..=12u64 {
+            d = c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[
+                    ("a", 25.0, 42.5, 2125 * k / 4, 0),
+                    ("b", 40.0, 57.5, 5750 * k / 4, 0),
+                ],
+            ));
+        }
+        let (ca, cb) = (
+            c.claim_capacity("a").unwrap(),
+            c.claim_capacity("b").unwrap(),
+        );
+        assert!((ca - 5_000.0).abs() < 5.0, "a alone: {ca} blocks/s");
+        assert!((cb - 10_000.0).abs() < 5.0, "b alone: {cb} blocks/s");
+        let cap = c.capacity().unwrap();
+        assert!((cap - 7_875.0).abs() < 5.0, "GPU: {cap}");
+        // Shares of GPU time the rates allow: rate ÷ own capacity.
+        let (ta, tb) = (d[0].block_rate as f64 / ca, d[1].block_rate as f64 / cb);
+        assert!((ta / (ta + tb) - 0.425).abs() < 0.005, "{d:?}");
+        assert!(((ta + tb) - HEADROOM).abs() < 0.01, "{d:?}");
     }
 
     /// A lone active claim is not throttled; an idle GPU with a capped claim is.

@@ -5,7 +5,9 @@
 //! * `computeLimit` caps a claim on an otherwise idle GPU (and without the cap the same
 //!   claim takes the GPU);
 //! * a claim alone (its neighbour idle) may use the whole GPU, and the split returns
-//!   when the neighbour does.
+//!   when the neighbour does;
+//! * a claim whose thread blocks cost more GPU time than its neighbour's does not get
+//!   more than its share of time (the controller paces each claim by its own cost).
 //!
 //! The accuracy of the split under contention is the `compute_shares` benchmark's.
 //! The tests run one at a time: they measure wall-clock shares on a 2-core machine.
@@ -89,4 +91,28 @@ fn a_claim_alone_uses_idle_time_and_the_split_returns() {
     // workload: within 5 points).
     let after = mean(&o.windows[0][last + 3..]);
     assert!((after - 42.5).abs() <= 5.0, "after the return: {after:.1}");
+}
+
+/// 25/40 where each of the 25 claim's blocks takes 3x as long as the 40 claim's. Its
+/// share of GPU *time* stays at its target, 42.5 %. Unthrottled round-robin gives about
+/// 50 %, and one block rate for the whole GPU would give it about 69 %.
+#[test]
+fn dearer_blocks_do_not_buy_more_time() {
+    if !support::require("dearer_blocks_do_not_buy_more_time") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let nvml = fake_nvml(dir.path());
+    let mut sc = Scenario::row(&[25, 40]);
+    sc.name = "dear-blocks".into();
+    sc.block_ns = vec![3 * shares::BLOCK_NS, shares::BLOCK_NS];
+    sc.secs = 13.0;
+    let o = run(dir.path(), &nvml, &sc, 5, true);
+    println!("25 claim (3x blocks) share per window: {:?}", o.windows[0]);
+    let share = mean(&o.windows[0][3..12]);
+    assert!(
+        (share - 42.5).abs() <= 4.0,
+        "the 25 claim with dearer blocks had {share:.1} % of GPU time (target 42.5)"
+    );
 }

@@ -36,6 +36,10 @@ pub struct Scenario {
     pub limits: Vec<u32>,
     pub procs: Vec<usize>,
     pub workloads: Vec<String>,
+    /// Per claim: the simulated GPU's cost of one of its thread blocks, ns. Its
+    /// client sizes grids with the same figure, so kernel durations stay the same and
+    /// a claim with dearer blocks launches fewer of them.
+    pub block_ns: Vec<u64>,
     pub secs: f64,
 }
 
@@ -51,6 +55,7 @@ impl Scenario {
             limits: vec![100; shares.len()],
             procs: vec![1; shares.len()],
             workloads: vec!["loop".into(); shares.len()],
+            block_ns: vec![BLOCK_NS; shares.len()],
             secs: WARMUP_S + WINDOWS as f64,
         }
     }
@@ -154,7 +159,7 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
                 env: vec![
                     ("FAKE_CUDA_SIM".into(), sim.display().to_string()),
                     ("FAKE_CUDA_SIM_LOG".into(), log.display().to_string()),
-                    ("FAKE_SIM_BLOCK_NS".into(), BLOCK_NS.to_string()),
+                    ("FAKE_SIM_BLOCK_NS".into(), sc.block_ns[i].to_string()),
                     ("FAKE_SIM_TAG".into(), (i + 1).to_string()),
                 ],
                 ..Default::default()
