@@ -215,6 +215,22 @@ async fn metrics_show_budgets_usage_and_allocation() {
         .await;
     let r = k.prepare_v1(std::slice::from_ref(&bad)).await.unwrap();
     assert!(!r.claims[&bad.uid].error.is_empty());
+    // Claims the GET cannot deliver: gone, and replaced (another UID).
+    let gone = tessera::kubelet::KubeletClaim {
+        namespace: harness::NS.into(),
+        uid: "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9".into(),
+        name: "gone".into(),
+    };
+    let replaced = tessera::kubelet::KubeletClaim {
+        uid: "7a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d".into(),
+        ..whole.clone()
+    };
+    let r = k
+        .prepare_v1(&[gone.clone(), replaced.clone()])
+        .await
+        .unwrap();
+    assert!(r.claims[&gone.uid].error.contains("not found"), "{r:?}");
+    assert!(r.claims[&replaced.uid].error.contains("replaced"), "{r:?}");
 
     // A process of the claim: holds a slot (its OFD lock), 3 GiB charged, one refusal.
     let region = h
@@ -317,6 +333,21 @@ async fn metrics_show_budgets_usage_and_allocation() {
             >= 1.0
     );
     assert!(v("tessera_slice_publications_total", &[("result", "success")]).unwrap() >= 1.0);
+    for reason in ["claim_not_found", "claim_replaced"] {
+        assert!(
+            v(
+                "tessera_claim_errors_total",
+                &[("op", "prepare"), ("reason", reason)]
+            )
+            .is_some_and(|n| n >= 1.0),
+            "claim GET failures are counted: {reason}"
+        );
+    }
+    // The refused prepare of gpu-9 is labelled by the kind its allocation names.
+    assert!(
+        !text.contains("kind=\"unknown\""),
+        "a failed prepare with a knowable kind"
+    );
     promtool(&text);
     dashboard_queries_name_scraped_metrics(&text);
 
