@@ -16,11 +16,15 @@
 //! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
 //! defaultMode: shared   # mode of unmatched GPUs (default: mig if MIG-capable, else exclusive)
 //! health:               # optional: what device health events do (see `devhealth`)
-//!   clearOnRecovery: true   # remove the taint when the GPU recovers (default true)
+//!   clearOnRecovery: true   # clear taints when health returns (default true)
+//!   xidClearAfter: 5m       # NoSchedule XID taints clear after this long without a
+//!                           # new XID (<n>s|<n>m|<n>h|Never; default 5m); NoExecute
+//!                           # ones and losses clear when the lost GPU answers again
 //!   gpuLost: NoExecute      # Ignore | NoSchedule | NoExecute (default NoExecute)
 //!   xids:                   # overrides of the default XID classes: application XIDs
 //!   - {xid: 63, action: Ignore}  # (13 31 43 45 68 109) Ignore, fatal ones (48 79 95
 //!                               # 119 120) NoExecute, the rest NoSchedule
+//!   - {xid: 94, action: NoSchedule, clearAfter: 30m}  # its own quiet period
 //! ```
 //!
 //! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
@@ -334,6 +338,17 @@ mod tests {
             ("gpus: {minor: 0}\n", "gpus"),
             ("health: {gpuLost: Evict}\n", "health.gpuLost"),
             ("health: {colour: red}\n", "health.colour"),
+            ("health: {xidClearAfter: 0s}\n", "health.xidClearAfter"),
+            ("health: {xidClearAfter: 5}\n", "health.xidClearAfter"),
+            ("health: {xidClearAfter: forever}\n", "health.xidClearAfter"),
+            (
+                "health:\n  xids:\n  - {xid: 63, action: NoSchedule, clearAfter: 2d}\n",
+                "health.xids[0].clearAfter",
+            ),
+            (
+                "health:\n  xids:\n  - {xid: 63, action: NoSchedule, after: 2m}\n",
+                "health.xids[0].after",
+            ),
             (
                 "health:\n  xids:\n  - {xid: 79, action: Ignore}\n  - {xid: 79, action: NoExecute}\n",
                 "health.xids[1].xid",
@@ -369,6 +384,20 @@ mod tests {
         );
         let d = NodeConfig::from_yaml(HEAD, "t").unwrap();
         assert!(d.health.is_default() && d.health.clear_on_recovery);
+        assert_eq!(d.health.xid_clear_after(63), Some(300));
+        let q = NodeConfig::from_yaml(
+            &format!("{HEAD}health:\n  xidClearAfter: 90s\n  xids:\n  - {{xid: 48, action: NoExecute, clearAfter: 1h}}\n  - {{xid: 64, action: NoSchedule, clearAfter: Never}}\n"),
+            "t",
+        )
+        .unwrap();
+        let got: Vec<_> = [63, 48, 64, 79]
+            .into_iter()
+            .map(|x| q.health.xid_clear_after(x))
+            .collect();
+        assert_eq!(got, [Some(90), Some(3600), None, None]);
+        // It serializes back to what it decoded.
+        let again = NodeConfig::from_value(serde_yaml::to_value(&q).unwrap(), "t").unwrap();
+        assert_eq!(again, q);
     }
 
     /// Not valid YAML at all is an error about the document.

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::checkpoint::PreparedDevice;
+use crate::metrics::FetchFailure;
 use crate::proto::{dra_v1, dra_v1beta1, registration};
 use crate::state::DeviceState;
 
@@ -48,22 +49,36 @@ impl Driver {
         Driver { state, client }
     }
 
+    /// GETs the claim the kubelet names and checks it is the one with its UID. A
+    /// failure is counted in the error metrics by its bounded reason.
     async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, String> {
+        let r = self.fetch_inner(c).await;
+        if let Err((why, _)) = &r {
+            crate::metrics::driver().error("prepare", why.reason());
+        }
+        r.map_err(|(_, msg)| msg)
+    }
+
+    async fn fetch_inner(&self, c: &ClaimRef) -> Result<ResourceClaim, (FetchFailure, String)> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        let what = format!("ResourceClaim {}/{}", c.namespace, c.name);
         match tokio::time::timeout(CLAIM_GET_TIMEOUT, api.get_opt(&c.name)).await {
-            Err(_) => Err(format!(
-                "getting ResourceClaim {}/{} timed out",
-                c.namespace, c.name
-            )),
-            Ok(Err(e)) => Err(format!(
-                "getting ResourceClaim {}/{}: {e}",
-                c.namespace, c.name
-            )),
-            Ok(Ok(None)) => Err(format!(
-                "ResourceClaim {}/{} not found",
-                c.namespace, c.name
-            )),
-            Ok(Ok(Some(claim))) => Ok(claim),
+            Err(_) => Err((FetchFailure::Timeout, format!("getting {what} timed out"))),
+            Ok(Err(e)) => Err((FetchFailure::Api, format!("getting {what}: {e}"))),
+            Ok(Ok(None)) => Err((FetchFailure::NotFound, format!("{what} not found"))),
+            Ok(Ok(Some(claim))) => match claim.metadata.uid.as_deref() {
+                Some(uid) if uid == c.uid => Ok(claim),
+                found => Err((
+                    FetchFailure::Replaced,
+                    crate::claims::ClaimError::UidMismatch {
+                        namespace: c.namespace.clone(),
+                        name: c.name.clone(),
+                        expected: c.uid.clone(),
+                        found: found.unwrap_or_default().to_string(),
+                    }
+                    .to_string(),
+                )),
+            },
         }
     }
 
@@ -82,7 +97,10 @@ impl Driver {
                 let uid = c.uid.clone();
                 let r = tokio::task::spawn_blocking(move || state.prepare(&claim, &uid))
                     .await
-                    .map_err(|e| format!("prepare task failed: {e}"))?
+                    .map_err(|e| {
+                        crate::metrics::driver().error("prepare", "task");
+                        format!("prepare task failed: {e}")
+                    })?
                     .map_err(|e| e.chain());
                 match &r {
                     Ok(devs) => {
@@ -110,7 +128,10 @@ impl Driver {
             let r = tokio::task::spawn_blocking(move || state.unprepare(&uid))
                 .instrument(info_span!("unprepare", claim = %c.uid))
                 .await
-                .map_err(|e| format!("unprepare task failed: {e}"))
+                .map_err(|e| {
+                    crate::metrics::driver().error("unprepare", "task");
+                    format!("unprepare task failed: {e}")
+                })
                 .and_then(|r| r.map_err(|e| e.chain()));
             match &r {
                 Ok(()) => info!(claim = %c.uid, "unprepared"),

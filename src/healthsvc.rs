@@ -3,6 +3,11 @@
 //! health gRPC service (`v1alpha1.DRAResourceHealth`, `NodeWatchResources`) that
 //! streams the complete device list with each device's health to the kubelet.
 //!
+//! An XID naming a MIG GPU instance is resolved, when it is polled, to the placement
+//! that instance has (the backend's MIG status), so that only the devices overlapping
+//! it turn unhealthy; an instance gone by then is attributed to the whole GPU. Each
+//! poll also clears the states whose quiet period passed ([`NodeHealth::expire`]).
+//!
 //! The watcher owns the health model; both outputs are `watch` channels: the pool goes
 //! to the publisher (`Publisher::run`), the device list to every open health stream.
 //! A stream sends the list at once, on every change, and every
@@ -19,8 +24,10 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use std::collections::BTreeMap;
+
 use crate::backend::{GpuBackend, HealthEvent, HealthEventKind};
-use crate::devhealth::{Applied, DeviceHealth, NodeHealth, now_unix};
+use crate::devhealth::{Applied, DeviceHealth, NodeHealth, Scope, Span, now_unix};
 use crate::kubever::KubeVersion;
 use crate::node::NodeModel;
 use crate::proto::health_v1alpha1 as pb;
@@ -44,8 +51,8 @@ pub struct HealthWatcher {
     features: ServerFeatures,
     health: NodeHealth,
     since: u64,
-    /// Every device of the pool, healthy or not, with its GPU minor.
-    devices: Vec<(String, u32)>,
+    /// Every device of the pool, healthy or not, with its GPU minor and placement.
+    devices: Vec<(String, u32, Option<Span>)>,
 }
 
 impl HealthWatcher {
@@ -62,14 +69,15 @@ impl HealthWatcher {
         let devices = gpus
             .iter()
             .flat_map(|g| {
-                let (devs, _) = slices::devices_for(
+                let (devs, _) = slices::placed_devices(
                     g,
                     &model.inventory,
                     model.mig.get(&g.gpu.minor),
                     features,
                     model.config.shared_slots,
                 );
-                devs.into_iter().map(|d| (d.name, g.gpu.minor))
+                devs.into_iter()
+                    .map(|(d, span)| (d.name, g.gpu.minor, span))
             })
             .collect();
         HealthWatcher {
@@ -103,8 +111,8 @@ impl HealthWatcher {
     pub fn device_list(&self, now: i64) -> Vec<pb::DeviceHealth> {
         self.devices
             .iter()
-            .map(|(name, minor)| {
-                let (status, message) = match self.health.gpu(*minor) {
+            .map(|(name, minor, span)| {
+                let (status, message) = match self.health.device_health(*minor, *span) {
                     DeviceHealth::Healthy => (pb::HealthStatus::Healthy, "healthy".to_string()),
                     DeviceHealth::Unhealthy(u) => {
                         let what = if self.features.device_taints {
@@ -137,34 +145,60 @@ impl HealthWatcher {
             .collect()
     }
 
-    /// Applies events the backend reported; true when any GPU's health changed.
-    pub fn apply(&mut self, events: &[HealthEvent], now: i64) -> bool {
+    /// Applies events the backend reported at `now`; `instances` holds the placement
+    /// of each (GPU minor, GPU instance ID) the events name that still exists. True
+    /// when any device's health changed.
+    pub fn apply(
+        &mut self,
+        events: &[HealthEvent],
+        instances: &BTreeMap<(u32, u32), Span>,
+        now: i64,
+    ) -> bool {
         let mut changed = false;
         for e in events {
             self.since = self.since.max(e.seq);
-            let r = self.health.apply(e, now);
+            let scope = match e.gi_id {
+                None => Scope::Gpu,
+                Some(gi_id) => match instances.get(&(e.minor, gi_id)) {
+                    Some(&span) => Scope::Instance { gi_id, span },
+                    None => {
+                        warn!(
+                            gpu = e.minor,
+                            gi = gi_id,
+                            "health event names a GPU instance that no longer exists: attributing it to the whole GPU"
+                        );
+                        Scope::Gpu
+                    }
+                },
+            };
+            let r = self.health.apply_in(e, scope, now);
             let kind = match e.kind {
                 HealthEventKind::Xid(x) => format!("XID {x}"),
                 HealthEventKind::Lost => "GPU lost".into(),
                 HealthEventKind::Recovered => "recovered".into(),
             };
-            match (&r, self.health.unhealthy(e.minor)) {
+            let gi = e.gi_id.map(i64::from).unwrap_or(-1);
+            let state = match scope {
+                Scope::Gpu => self.health.unhealthy(e.minor),
+                Scope::Instance { .. } => self.health.all_unhealthy().get(&(e.minor, scope)),
+            };
+            match (&r, state) {
                 (Applied::Changed, Some(u)) if self.features.device_taints => warn!(
-                    gpu = e.minor, event = %kind, effect = u.action.effect().unwrap_or("-"),
+                    gpu = e.minor, gi, event = %kind, effect = u.action.effect().unwrap_or("-"),
                     "GPU unhealthy: tainting its devices"
                 ),
                 (Applied::Changed, Some(_)) => warn!(
-                    gpu = e.minor, event = %kind,
+                    gpu = e.minor, gi, event = %kind,
                     "GPU unhealthy: leaving its devices out of the ResourceSlices (the API server drops device taints)"
                 ),
                 (Applied::Changed, None) => {
                     info!(gpu = e.minor, "GPU healthy again: republishing its devices")
                 }
                 (Applied::Ignored, _) => {
-                    info!(gpu = e.minor, event = %kind, "health event ignored by policy")
+                    info!(gpu = e.minor, gi, event = %kind, "health event ignored by policy")
                 }
                 (Applied::Unchanged, _) => {
-                    info!(gpu = e.minor, event = %kind, "health event changes nothing")
+                    info!(gpu = e.minor, gi, event = %kind, "health event changes nothing")
                 }
             }
             changed |= r == Applied::Changed;
@@ -172,18 +206,63 @@ impl HealthWatcher {
         changed
     }
 
-    /// Polls the backend once (on a blocking thread) and applies what it reported.
+    /// Clears the states whose quiet period passed at `now`; true when any did.
+    pub fn expire(&mut self, now: i64) -> bool {
+        let cleared = self.health.expire(now);
+        for ((minor, scope), u) in &cleared {
+            let gi = match scope {
+                Scope::Gpu => -1,
+                Scope::Instance { gi_id, .. } => i64::from(*gi_id),
+            };
+            info!(
+                gpu = minor, gi, cause = %u.cause.reason(), quiet_seconds = u.clear_after.unwrap_or(0),
+                "no new XID for the quiet period: clearing the taint"
+            );
+        }
+        !cleared.is_empty()
+    }
+
+    /// Polls the backend once (on a blocking thread: the events, and the MIG status
+    /// of GPUs whose events name a GPU instance), applies what it reported and clears
+    /// what went quiet.
     pub async fn poll(&mut self) -> Result<bool, crate::backend::BackendError> {
         let backend: Arc<dyn GpuBackend> = self.model.backend.clone();
         let since = self.since;
-        let events = match tokio::task::spawn_blocking(move || backend.health_events(since)).await {
+        let polled = tokio::task::spawn_blocking(move || {
+            let events = backend.health_events(since)?;
+            let mut instances = BTreeMap::new();
+            let minors: std::collections::BTreeSet<u32> = events
+                .iter()
+                .filter(|e| e.gi_id.is_some())
+                .map(|e| e.minor)
+                .collect();
+            for minor in minors {
+                match backend.mig_status(minor) {
+                    Ok(st) => instances.extend(st.instances.iter().map(|i| {
+                        (
+                            (minor, i.gi_id),
+                            Span {
+                                start: i.start,
+                                size: i.size,
+                            },
+                        )
+                    })),
+                    Err(e) => warn!(gpu = minor, error = %e, "cannot read the MIG status for a health event"),
+                }
+            }
+            Ok::<_, crate::backend::BackendError>((events, instances))
+        })
+        .await;
+        let (events, instances) = match polled {
             Ok(r) => r?,
             Err(e) => {
                 warn!(error = %e, "health poll task failed");
-                Vec::new()
+                (Vec::new(), BTreeMap::new())
             }
         };
-        Ok(self.apply(&events, now_unix()))
+        let now = now_unix();
+        let changed = self.apply(&events, &instances, now);
+        Ok(self.expire(now) || changed)
     }
 
     /// Polls every `interval` until `stop` turns true; on each change sends the new
@@ -197,18 +276,23 @@ impl HealthWatcher {
     ) {
         let mut failing = false;
         loop {
-            match self.poll().await {
-                Ok(true) => {
-                    let _ = slices_tx.send(self.pool());
-                    let _ = devices_tx.send(self.device_list(now_unix()));
+            let changed = match self.poll().await {
+                Ok(changed) => {
                     failing = false;
+                    changed
                 }
-                Ok(false) => failing = false,
-                Err(e) if !failing => {
-                    warn!(error = %e, "cannot read GPU health events");
+                Err(e) => {
+                    if !failing {
+                        warn!(error = %e, "cannot read GPU health events");
+                    }
                     failing = true;
+                    // Quiet periods still run out while the backend cannot answer.
+                    self.expire(now_unix())
                 }
-                Err(_) => {}
+            };
+            if changed {
+                let _ = slices_tx.send(self.pool());
+                let _ = devices_tx.send(self.device_list(now_unix()));
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}

@@ -62,8 +62,10 @@ pub struct KindLabel {
 pub struct ErrorLabel {
     /// `prepare` or `unprepare`.
     pub op: String,
-    /// A bounded reason (`claim`, `cdi`, `checkpoint`, `gpu`, `lock`, `claim_files`,
-    /// `library`).
+    /// A bounded reason: a step of the state machine (`claim`, `cdi`, `checkpoint`,
+    /// `gpu`, `lock`, `claim_files`, `library`, `task`), or the claim GET before it
+    /// ([`FetchFailure::reason`]: `claim_not_found`, `claim_replaced`, `claim_api`,
+    /// `claim_timeout`).
     pub reason: String,
 }
 
@@ -190,6 +192,17 @@ impl DriverMetrics {
                 })
                 .inc();
         }
+    }
+
+    /// Records one failure outside a prepare or unprepare attempt (the claim could not
+    /// be fetched, or the blocking task died): `tessera_claim_errors_total` only.
+    pub fn error(&self, op: &str, reason: &str) {
+        self.errors
+            .get_or_create(&ErrorLabel {
+                op: op.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Records one watchdog action.
@@ -525,6 +538,58 @@ pub fn device_kind(d: &crate::checkpoint::PreparedDevice) -> &'static str {
     }
 }
 
+/// Why the claim GET before a prepare failed (bounded, for the error metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchFailure {
+    /// The ResourceClaim does not exist (any more).
+    NotFound,
+    /// It exists with another UID: deleted and created again.
+    Replaced,
+    /// The API server answered with an error, or could not be reached.
+    Api,
+    /// No answer within the GET timeout.
+    Timeout,
+}
+
+impl FetchFailure {
+    pub fn reason(self) -> &'static str {
+        match self {
+            FetchFailure::NotFound => "claim_not_found",
+            FetchFailure::Replaced => "claim_replaced",
+            FetchFailure::Api => "claim_api",
+            FetchFailure::Timeout => "claim_timeout",
+        }
+    }
+}
+
+/// The kind of a claim from its allocation, for a prepare that failed before devices
+/// were recorded: the first of `driver`'s results, by its device name (`…-mig-…`,
+/// `…-slot-…`) and share ID (a share of a shared GPU); `unknown` when the claim has no
+/// result of ours or the name is not one Tessera publishes. Pure.
+pub fn allocation_kind(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    driver: &str,
+) -> &'static str {
+    use crate::naming::{DeviceRef, parse_device_name};
+    let Some(r) = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|rs| rs.iter().find(|r| r.driver == driver))
+    else {
+        return "unknown";
+    };
+    match (parse_device_name(&r.device), &r.share_id) {
+        (Some(DeviceRef::Mig { .. }), _) => "mig",
+        (Some(DeviceRef::Slot { .. }), _) => "slot",
+        (Some(DeviceRef::Gpu { .. }), Some(_)) => "shared",
+        (Some(DeviceRef::Gpu { .. }), None) => "whole",
+        (None, _) => "unknown",
+    }
+}
+
 /// A prepared claim's kind: the kind of its first device (claims mixing kinds are
 /// labelled by that one).
 pub fn claim_kind(devices: &[crate::checkpoint::PreparedDevice]) -> &'static str {
@@ -701,6 +766,46 @@ mod tests {
                     block_rate: 12000,
                 }),
             }],
+        }
+    }
+
+    /// A failed prepare is labelled by the kind its allocation names.
+    #[test]
+    fn allocation_names_the_kind_of_a_claim() {
+        use k8s_openapi::api::resource::v1::{
+            AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+            ResourceClaimStatus,
+        };
+        let claim = |driver: &str, device: &str, share: Option<&str>| ResourceClaim {
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(vec![DeviceRequestAllocationResult {
+                            driver: driver.into(),
+                            device: device.into(),
+                            share_id: share.map(Into::into),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = "gpu.tessera.dev";
+        for (c, want) in [
+            (claim(d, "gpu-2", None), "whole"),
+            (claim(d, "gpu-1", Some("0a1b")), "shared"),
+            (claim(d, "gpu-1-slot-3", None), "slot"),
+            (claim(d, "gpu-0-mig-1g10gb-19-5", None), "mig"),
+            (claim(d, "gpu-9", None), "whole"),
+            (claim(d, "nvidia0", None), "unknown"),
+            (claim("other.dev", "gpu-2", None), "unknown"),
+            (ResourceClaim::default(), "unknown"),
+        ] {
+            assert_eq!(allocation_kind(&c, d), want);
         }
     }
 

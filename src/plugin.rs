@@ -220,7 +220,7 @@ pub async fn run(
                 path: PathBuf::from(addr.to_string()),
                 source,
             })?;
-            info!(addr = %bound, "serving /healthz and /readyz");
+            info!(addr = %bound, "serving /healthz, /readyz and /metrics");
             Some(tokio::spawn(serve))
         }
         None => None,

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::backend::{GpuInfo, MigStatus, NodeInventory};
 use crate::config::{GpuMode, ManagedGpu, SliceLayout};
-use crate::devhealth::NodeHealth;
+use crate::devhealth::{NodeHealth, Span};
 use crate::kubever::{FeatureGates, KubeVersion};
 use crate::mig::{GpuModel, MigProfile};
 use crate::naming;
@@ -480,6 +480,21 @@ fn mig_device_with(
 }
 
 /// The devices one managed GPU contributes, in publish order, and its counter set.
+/// [`placed_devices`] without the placements.
+pub fn devices_for(
+    gpu: &ManagedGpu,
+    inv: &NodeInventory,
+    mig: Option<&MigStatus>,
+    features: ServerFeatures,
+    shared_slots: u32,
+) -> (Vec<Device>, Option<CounterSet>) {
+    let (placed, set) = placed_devices(gpu, inv, mig, features, shared_slots);
+    (placed.into_iter().map(|(d, _)| d).collect(), set)
+}
+
+/// The devices one managed GPU contributes, in publish order, each with the memory
+/// slices it occupies (its MIG placement; `None` for a device using the whole GPU),
+/// and its counter set.
 ///
 /// * `exclusive`: the whole GPU.
 /// * `shared`: one multi-allocatable device with consumable `memory` and `compute`, or
@@ -490,54 +505,73 @@ fn mig_device_with(
 ///   placement) in [`packing_order`], and the GPU's counter set.
 /// * `mig` on a server that drops counters: live MIG instances as static devices, or
 ///   the whole GPU when there are none.
-pub fn devices_for(
+pub fn placed_devices(
     gpu: &ManagedGpu,
     inv: &NodeInventory,
     mig: Option<&MigStatus>,
     features: ServerFeatures,
     shared_slots: u32,
-) -> (Vec<Device>, Option<CounterSet>) {
+) -> (Vec<(Device, Option<Span>)>, Option<CounterSet>) {
+    let whole = |d: Device| (d, None);
     if gpu.mode == GpuMode::Shared {
         return if features.consumable_capacity {
-            (vec![shared_gpu_device(&gpu.gpu, inv)], None)
+            (vec![whole(shared_gpu_device(&gpu.gpu, inv))], None)
         } else {
-            (slot_devices(&gpu.gpu, inv, shared_slots), None)
+            (
+                slot_devices(&gpu.gpu, inv, shared_slots)
+                    .into_iter()
+                    .map(whole)
+                    .collect(),
+                None,
+            )
         };
     }
     let Some(model) = mig_model(gpu) else {
-        return (vec![whole_gpu_device(&gpu.gpu, inv)], None);
+        return (vec![whole(whole_gpu_device(&gpu.gpu, inv))], None);
     };
     let g = &gpu.gpu;
     let parent = mig_parent_attributes(g, inv);
     if !features.partitionable {
-        let live: Vec<Device> = mig
+        let live: Vec<(Device, Option<Span>)> = mig
             .map(|m| m.instances.as_slice())
             .unwrap_or_default()
             .iter()
             .filter_map(|i| {
-                model
-                    .profile_by_id(i.profile_id)
-                    .map(|p| mig_device_with(&parent, g, p, i.start, false))
+                model.profile_by_id(i.profile_id).map(|p| {
+                    (
+                        mig_device_with(&parent, g, p, i.start, false),
+                        Some(Span {
+                            start: i.start,
+                            size: i.size,
+                        }),
+                    )
+                })
             })
             .collect();
         if live.is_empty() {
-            return (vec![whole_gpu_device(g, inv)], None);
+            return (vec![whole(whole_gpu_device(g, inv))], None);
         }
         return (live, None);
     }
     let mut devices = Vec::new();
     if !g.mig_enabled || model.reset_free_mig_toggle {
-        let mut whole = whole_gpu_device(g, inv);
-        whole.consumes_counters = Some(vec![DeviceCounterConsumption {
+        let mut dev = whole_gpu_device(g, inv);
+        dev.consumes_counters = Some(vec![DeviceCounterConsumption {
             counter_set: counter_set_name(g.minor),
             counters: counters(model_maxima(model), 0..model.memory_slices),
             compatibility_groups: None,
         }]);
-        devices.push(whole);
+        devices.push(whole(dev));
     }
     for p in model.profiles {
         for start in packing_order(model, p) {
-            devices.push(mig_device_with(&parent, g, p, start, true));
+            devices.push((
+                mig_device_with(&parent, g, p, start, true),
+                Some(Span {
+                    start,
+                    size: p.placement_size(),
+                }),
+            ));
         }
     }
     (devices, Some(mig_counter_set(g.minor, model)))
@@ -586,10 +620,11 @@ pub fn build_pool(
     build_pool_with_health(params, inv, gpus, mig, &NodeHealth::default())
 }
 
-/// [`build_pool`] with the GPUs' health: every device of an unhealthy GPU carries the
-/// GPU's taint ([`crate::devhealth::Unhealthy::taint`]) when the server keeps taints;
-/// otherwise the GPU's devices and counter set are left out of the pool. A taint lowers
-/// the per-slice device limit to 64 on ≥1.35, so the pool may split differently.
+/// [`build_pool`] with the devices' health ([`NodeHealth::device`]): an unhealthy
+/// device carries its taint ([`crate::devhealth::Unhealthy::taint`]) when the server
+/// keeps taints; otherwise it is left out of the pool, and a GPU unhealthy as a whole
+/// is left out with its counter set. A taint lowers the per-slice device limit to 64
+/// on ≥1.35, so the pool may split differently.
 pub fn build_pool_with_health(
     params: &PoolParams<'_>,
     inv: &NodeInventory,
@@ -605,19 +640,25 @@ pub fn build_pool_with_health(
     let per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
         .iter()
         .map(|g| {
-            let (mut devices, set) = devices_for(
+            let minor = g.gpu.minor;
+            let (placed, set) = placed_devices(
                 g,
                 inv,
-                mig.get(&g.gpu.minor),
+                mig.get(&minor),
                 params.features,
                 params.shared_slots,
             );
-            if let Some(u) = health.unhealthy(g.gpu.minor) {
-                let taint = u.taint();
-                for d in &mut devices {
-                    d.taints.get_or_insert_with(Vec::new).push(taint.clone());
-                }
-            }
+            let devices = placed
+                .into_iter()
+                .filter_map(|(mut d, span)| match health.device(minor, span) {
+                    None => Some(d),
+                    Some(u) if params.features.device_taints => {
+                        d.taints.get_or_insert_with(Vec::new).push(u.taint());
+                        Some(d)
+                    }
+                    Some(_) => None,
+                })
+                .collect();
             (devices, set)
         })
         .collect();
@@ -957,6 +998,7 @@ mod tests {
                 &crate::backend::HealthEvent {
                     seq: i as u64 + 1,
                     minor: *minor,
+                    gi_id: None,
                     kind: *kind,
                 },
                 1_800_000_000,
@@ -998,6 +1040,80 @@ mod tests {
             (t.key.as_str(), t.value.as_deref(), t.effect.as_str()),
             ("gpu.tessera.dev/unhealthy", Some("xid-79"), "NoExecute")
         );
+    }
+
+    /// An XID on MIG GPU instance 9 of gpu-0 (memory slice 6) taints exactly the
+    /// devices that consume memory slice 6 (the whole GPU, the partitions overlapping
+    /// the instance), not the partitions beside it nor another GPU's devices; on a
+    /// server that drops taints those devices are left out and the counter set stays.
+    #[test]
+    fn an_instance_xid_taints_the_devices_overlapping_it() {
+        let node = MockNode::embedded_default().unwrap();
+        let inv = node.inventory();
+        let gpus = node
+            .embedded_config()
+            .unwrap()
+            .unwrap()
+            .resolve(&inv, "t")
+            .unwrap();
+        let mut health = NodeHealth::default();
+        health.apply_in(
+            &crate::backend::HealthEvent {
+                seq: 1,
+                minor: 0,
+                gi_id: Some(9),
+                kind: crate::backend::HealthEventKind::Xid(48),
+            },
+            crate::devhealth::Scope::Instance {
+                gi_id: 9,
+                span: Span { start: 6, size: 1 },
+            },
+            1_800_000_000,
+        );
+        let version = KubeVersion::NEWEST;
+        let mut params = PoolParams {
+            driver: "gpu.tessera.dev",
+            node_name: "n",
+            version,
+            features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
+            layout: SliceLayout::Auto,
+            shared_slots: 4,
+        };
+        assert!(params.features.device_taints && params.features.partitionable);
+        let slices = build_pool_with_health(&params, &inv, &gpus, &BTreeMap::new(), &health);
+        let devices: Vec<&Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .collect();
+        let uses_slice_6 = |d: &Device| {
+            d.consumes_counters.iter().flatten().any(|c| {
+                c.counter_set == "gpu-0-counters" && c.counters.contains_key("memory-slice-6")
+            })
+        };
+        let mut tainted = 0;
+        for d in &devices {
+            let t = d
+                .taints
+                .as_ref()
+                .map(|t| (t[0].value.clone().unwrap_or_default(), t[0].effect.clone()));
+            if uses_slice_6(d) {
+                assert_eq!(t, Some(("xid-48".into(), "NoExecute".into())), "{}", d.name);
+                tainted += 1;
+            } else {
+                assert_eq!(t, None, "{}", d.name);
+            }
+        }
+        assert!(tainted >= 3 && tainted < devices.len() - 10, "{tainted}");
+        // Without taints: those devices are left out, gpu-0's counter set stays.
+        params.features.device_taints = false;
+        let slices = build_pool_with_health(&params, &inv, &gpus, &BTreeMap::new(), &health);
+        let left: Vec<&Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .collect();
+        assert_eq!(left.len(), devices.len() - tainted);
+        assert!(left.iter().all(|d| !uses_slice_6(d)));
+        assert!(slices.iter().any(|s| s.spec.shared_counters.is_some()));
     }
 
     /// On 1.35 defaults (taints dropped) an unhealthy GPU's devices are left out: here

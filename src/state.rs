@@ -712,9 +712,10 @@ impl DeviceState {
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let t = std::time::Instant::now();
         let r = self.prepare_inner(claim, uid);
-        let kind = r
-            .as_ref()
-            .map_or("unknown", |d| crate::metrics::claim_kind(d));
+        let kind = r.as_ref().map_or_else(
+            |_| crate::metrics::allocation_kind(claim, &self.cfg.driver),
+            |d| crate::metrics::claim_kind(d),
+        );
         crate::metrics::driver().observe(
             "prepare",
             kind,

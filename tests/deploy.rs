@@ -129,6 +129,63 @@ fn every_overlay_renders_and_keeps_every_field() {
     eprintln!("objects round-tripped: {objects}");
 }
 
+/// `deploy/monitoring` renders the Grafana dashboard as one ConfigMap in Tessera's
+/// namespace, labelled for Grafana's sidecar, that round-trips and carries the
+/// dashboard file byte for byte (a JSON document with panels).
+#[test]
+fn the_monitoring_kustomization_ships_the_dashboard() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = kustomize(&root().join("deploy/monitoring"));
+    assert_eq!(docs.len(), 1, "{docs:?}");
+    let cm = &docs[0];
+    assert_eq!(round_trip(cm), *cm);
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(cm["metadata"]["name"], "tessera-grafana-dashboard");
+    assert_eq!(cm["metadata"]["namespace"], "tessera-system");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file =
+        std::fs::read_to_string(root().join("deploy/monitoring/tessera-dashboard.json")).unwrap();
+    let shipped = cm["data"]["tessera-dashboard.json"].as_str().unwrap();
+    assert_eq!(shipped, file);
+    let dash: Value = serde_json::from_str(shipped).unwrap();
+    assert!(dash["panels"].as_array().is_some_and(|p| !p.is_empty()));
+}
+
+/// The plugin's pods carry the scrape annotations, naming the container's metrics
+/// port, which is the `--metrics-addr` default (the DaemonSet does not set it).
+#[test]
+fn the_plugin_pods_ask_prometheus_to_scrape_them() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = kustomize(&root().join("deploy/base"));
+    let ds = find(&docs, "DaemonSet", "tessera-plugin");
+    let a = &ds["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(a["prometheus.io/scrape"], "true");
+    assert_eq!(a["prometheus.io/path"], "/metrics");
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a metrics port")["containerPort"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(a["prometheus.io/port"], port.to_string());
+    assert_eq!(port, 9464, "the --metrics-addr default");
+    assert!(
+        !c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap_or_default().starts_with("--metrics-addr")),
+        "a --metrics-addr here must move the annotation too"
+    );
+}
+
 /// The examples' objects round-trip too.
 #[test]
 fn every_example_object_keeps_every_field() {

@@ -19,7 +19,8 @@ use tessera::publish::Publisher;
 use tessera::slices::{PoolParams, build_pool_with_health};
 
 use harness::{DRIVER, Harness, NODE};
-use tessera::backend::mock::{inject_clear, inject_lost, inject_xid};
+use tessera::backend::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
+use tessera::devhealth::Quiet;
 use tessera::kubelet;
 use tessera::proto::health_v1alpha1 as pb;
 
@@ -30,6 +31,7 @@ fn health(events: &[(u32, HealthEventKind)]) -> NodeHealth {
             &HealthEvent {
                 seq: i as u64 + 1,
                 minor: *minor,
+                gi_id: None,
                 kind: *kind,
             },
             1_800_000_000,
@@ -226,7 +228,9 @@ fn status_of(devices: &[pb::DeviceHealth], name: &str) -> (pb::HealthStatus, Str
 /// On 1.37: the health service is advertised after the DRA versions; the stream lists
 /// every device of the pool; an XID on gpu-2 taints gpu-2 (NoExecute for 79) in the
 /// republished slice and turns it Unhealthy in the stream; an application XID changes
-/// nothing; a loss of the shared gpu-1 taints it; clearing both brings everything back.
+/// nothing; a loss of the shared gpu-1 taints it, and it recovers when it answers
+/// again. The fatal XID stays through a `clear` of a GPU that was never lost (NVML
+/// shows no sign of health returning) and goes with a reset: gpu-2 lost, then back.
 #[tokio::test]
 async fn injected_xid_and_loss_reach_the_slice_and_the_health_stream() {
     let h = Harness::new().await;
@@ -290,6 +294,23 @@ async fn injected_xid_and_loss_reach_the_slice_and_the_health_stream() {
 
     inject_clear(state, 2).unwrap();
     inject_clear(state, 1).unwrap();
+    let list = next_until(&mut stream, "gpu-1 healthy", |d| {
+        status_of(d, "gpu-1").0 == pb::HealthStatus::Healthy
+    })
+    .await;
+    assert_eq!(
+        status_of(&list, "gpu-2").0,
+        pb::HealthStatus::Unhealthy,
+        "a clear without a loss is no recovery"
+    );
+    assert_eq!(
+        stored_taints(&h.api, "gpu-2"),
+        Some(Some(vec![("xid-79".into(), "NoExecute".into())]))
+    );
+    // The mock replays its log, so the loss is seen even if no poll falls between the
+    // two (NVML needs one: tests/nvml_backend.rs).
+    inject_lost(state, 2).unwrap();
+    inject_clear(state, 2).unwrap();
     next_until(&mut stream, "all healthy", |d| {
         d.iter().all(|d| d.health() == pb::HealthStatus::Healthy)
     })
@@ -341,4 +362,145 @@ async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
     })
     .await;
     assert!(end.is_ok(), "the health stream outlived the plugin");
+}
+
+/// A NoSchedule XID (63) clears once gpu-3 was quiet for `xidClearAfter` (1 s here):
+/// the taint leaves the stored slice and the stream turns the device Healthy, while a
+/// fatal XID on gpu-2 injected at the same time stays.
+#[tokio::test]
+async fn a_noschedule_xid_clears_after_the_quiet_period() {
+    let mut h = Harness::new().await;
+    h.model.config.health.xid_clear_after = Quiet::After(1);
+    let plugin = h.start_plugin().await;
+    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+        .await
+        .unwrap();
+    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+        .await
+        .unwrap();
+    harness::wait_until("slices published", || {
+        stored_taints(&h.api, "gpu-3").is_some()
+    })
+    .await;
+    let state = &h.opts.paths.state_dir;
+    inject_xid(state, 3, 63).unwrap();
+    inject_xid(state, 2, 79).unwrap();
+    harness::wait_until("gpu-3 tainted", || {
+        stored_taints(&h.api, "gpu-3") == Some(Some(vec![("xid-63".into(), "NoSchedule".into())]))
+    })
+    .await;
+    next_until(&mut stream, "gpu-3 unhealthy", |d| {
+        status_of(d, "gpu-3").0 == pb::HealthStatus::Unhealthy
+    })
+    .await;
+    let t = std::time::Instant::now();
+    let list = next_until(&mut stream, "gpu-3 healthy again", |d| {
+        status_of(d, "gpu-3").0 == pb::HealthStatus::Healthy
+    })
+    .await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(status_of(&list, "gpu-2").0, pb::HealthStatus::Unhealthy);
+    harness::wait_until("gpu-3 untainted", || {
+        stored_taints(&h.api, "gpu-3") == Some(None)
+    })
+    .await;
+    assert_eq!(
+        stored_taints(&h.api, "gpu-2"),
+        Some(Some(vec![("xid-79".into(), "NoExecute".into())]))
+    );
+    drop(stream);
+    plugin.stop().await;
+}
+
+/// An XID on one MIG device: a claim prepared `gpu-0-mig-1g10gb-19-5` (memory slice
+/// 5), and an XID 48 naming its GPU instance. The republished pool (stored by the
+/// fake API server, so it passed validation) taints exactly the devices that consume
+/// memory slice 5 (that partition, the larger ones overlapping it, the whole GPU);
+/// the partitions beside it and the other GPUs stay untainted, and the health stream
+/// reports exactly those devices Unhealthy.
+#[tokio::test]
+async fn an_xid_on_a_mig_device_taints_only_the_devices_it_overlaps() {
+    let h = Harness::new().await;
+    let plugin = h.start_plugin().await;
+    let k = h.kubelet().await;
+    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+        .await
+        .unwrap();
+    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+        .await
+        .unwrap();
+    let claim = h
+        .allocated_claim("mig", &[("mig", NODE, "gpu-0-mig-1g10gb-19-5", None)], &[])
+        .await;
+    let r = k.prepare_v1(std::slice::from_ref(&claim)).await.unwrap();
+    assert!(r.claims[&claim.uid].error.is_empty(), "{r:?}");
+    let gi = h
+        .model
+        .backend
+        .mig_status(0)
+        .unwrap()
+        .instances
+        .iter()
+        .find(|i| i.start == 5 && i.size == 1)
+        .expect("the prepared MIG device")
+        .gi_id;
+    inject_mig_xid(&h.opts.paths.state_dir, 0, gi, 48).unwrap();
+
+    let list = next_until(&mut stream, "the MIG device unhealthy", |d| {
+        status_of(d, "gpu-0-mig-1g10gb-19-5").0 == pb::HealthStatus::Unhealthy
+    })
+    .await;
+    let consumes_slice_5 = |d: &k8s_openapi::api::resource::v1::Device| {
+        d.consumes_counters
+            .iter()
+            .flatten()
+            .any(|c| c.counter_set == "gpu-0-counters" && c.counters.contains_key("memory-slice-5"))
+    };
+    let mut overlapping = Vec::new();
+    harness::wait_until("the MIG device tainted", || {
+        let devices: Vec<_> = h
+            .api
+            .resource_slices()
+            .into_iter()
+            .flat_map(|s| s.spec.devices.unwrap_or_default())
+            .collect();
+        overlapping = devices
+            .iter()
+            .filter(|d| consumes_slice_5(d))
+            .map(|d| d.name.clone())
+            .collect();
+        let tainted: Vec<String> = devices
+            .iter()
+            .filter(|d| d.taints.is_some())
+            .map(|d| d.name.clone())
+            .collect();
+        !tainted.is_empty() && tainted == overlapping
+    })
+    .await;
+    assert!(overlapping.contains(&"gpu-0-mig-1g10gb-19-5".to_string()));
+    assert!(overlapping.contains(&"gpu-0".to_string()));
+    assert!(
+        overlapping.len() < 10,
+        "most partitions are beside it: {overlapping:?}"
+    );
+    assert_eq!(
+        stored_taints(&h.api, "gpu-0-mig-1g10gb-19-5"),
+        Some(Some(vec![("xid-48".into(), "NoExecute".into())]))
+    );
+    let unhealthy: Vec<String> = list
+        .iter()
+        .filter(|d| d.health() == pb::HealthStatus::Unhealthy)
+        .map(|d| d.device.as_ref().unwrap().device_name.clone())
+        .collect();
+    assert_eq!(unhealthy, overlapping);
+    let (_, msg) = status_of(&list, "gpu-0-mig-1g10gb-19-5");
+    assert!(msg.contains(&format!("GPU instance {gi}")), "{msg}");
+    assert_eq!(stored_taints(&h.api, "gpu-1"), Some(None));
+    drop(stream);
+    k.unprepare_v1(std::slice::from_ref(&claim)).await.unwrap();
+    plugin.stop().await;
 }

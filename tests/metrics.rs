@@ -1,10 +1,19 @@
-//! The `/metrics` endpoint as an operator sees it: a shared claim's budget, usage,
-//! peak, processes and refusals (from its accounting region) and a whole GPU's
-//! allocation, scraped over HTTP from the running plugin, valid for `promtool check
-//! metrics`, and the claim's series gone after its unprepare.
+//! The `/metrics` endpoint as an operator sees it, scraped over HTTP from the running
+//! plugin and valid for `promtool check metrics`:
+//!
+//! * real processes on the fake driver, through the interception library, in two
+//!   shared claims of gpu-1, with the plugin on the NVML backend over the fake
+//!   `libnvidia-ml.so.1`: each claim's budget, used, peak, processes and refusals, the
+//!   GPU's allocation, charge and used memory (NVML, from the fake driver's ledger) as
+//!   the processes made them; prepare latency per kind; a claim's series gone after
+//!   its unprepare;
+//! * the compute and watchdog figures over a stub backend, and the Grafana dashboard's
+//!   queries against that scrape.
 
 #[path = "support/e2e.rs"]
 mod e2e;
+#[path = "support/fake_nvml.rs"]
+mod fake_nvml;
 #[path = "support/harness.rs"]
 mod harness;
 
@@ -156,6 +165,10 @@ impl GpuBackend for Usage {
     }
 }
 
+/// Over a stub backend (fixed NVML figures, this test process standing in for a
+/// process of the claim): a shared claim's compute reserved, achieved and target, the
+/// watchdog's report of a process of no claim, a whole GPU allocated whole, errors by
+/// reason, and the dashboard's queries, each naming a metric with a sample here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_budgets_usage_and_allocation() {
     let mut h = Harness::new().await;
@@ -202,6 +215,22 @@ async fn metrics_show_budgets_usage_and_allocation() {
         .await;
     let r = k.prepare_v1(std::slice::from_ref(&bad)).await.unwrap();
     assert!(!r.claims[&bad.uid].error.is_empty());
+    // Claims the GET cannot deliver: gone, and replaced (another UID).
+    let gone = tessera::kubelet::KubeletClaim {
+        namespace: harness::NS.into(),
+        uid: "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9".into(),
+        name: "gone".into(),
+    };
+    let replaced = tessera::kubelet::KubeletClaim {
+        uid: "7a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d".into(),
+        ..whole.clone()
+    };
+    let r = k
+        .prepare_v1(&[gone.clone(), replaced.clone()])
+        .await
+        .unwrap();
+    assert!(r.claims[&gone.uid].error.contains("not found"), "{r:?}");
+    assert!(r.claims[&replaced.uid].error.contains("replaced"), "{r:?}");
 
     // A process of the claim: holds a slot (its OFD lock), 3 GiB charged, one refusal.
     let region = h
@@ -304,6 +333,21 @@ async fn metrics_show_budgets_usage_and_allocation() {
             >= 1.0
     );
     assert!(v("tessera_slice_publications_total", &[("result", "success")]).unwrap() >= 1.0);
+    for reason in ["claim_not_found", "claim_replaced"] {
+        assert!(
+            v(
+                "tessera_claim_errors_total",
+                &[("op", "prepare"), ("reason", reason)]
+            )
+            .is_some_and(|n| n >= 1.0),
+            "claim GET failures are counted: {reason}"
+        );
+    }
+    // The refused prepare of gpu-9 is labelled by the kind its allocation names.
+    assert!(
+        !text.contains("kind=\"unknown\""),
+        "a failed prepare with a knowable kind"
+    );
     promtool(&text);
     dashboard_queries_name_scraped_metrics(&text);
 
@@ -327,7 +371,8 @@ async fn metrics_show_budgets_usage_and_allocation() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// The Grafana dashboard parses and every metric its queries name is in the scrape.
+/// The Grafana dashboard parses and every metric its queries name has a sample in the
+/// scrape (a `# TYPE` line alone is a family with nothing to plot).
 fn dashboard_queries_name_scraped_metrics(scrape: &str) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -353,10 +398,301 @@ fn dashboard_queries_name_scraped_metrics(scrape: &str) {
     assert!(names.len() >= 10, "{names:?}");
     for n in &names {
         assert!(
-            scrape.lines().any(|l| l.starts_with(&format!("{n}{{"))
-                || l.starts_with(&format!("{n} "))
-                || l.starts_with(&format!("# TYPE {n} "))),
-            "the dashboard queries {n}, which the scrape does not have"
+            scrape
+                .lines()
+                .any(|l| l.starts_with(&format!("{n}{{")) || l.starts_with(&format!("{n} "))),
+            "the dashboard queries {n}, which has no sample in the scrape"
         );
     }
+}
+
+const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
+const GPU1_MEMORY: u64 = 85_520_809_984;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The fake driver, its ledger and the interception library, for processes of
+/// prepared claims.
+struct Workload {
+    client: std::path::PathBuf,
+    /// Holds `libcuda.so.1` (the fake driver).
+    libcuda_dir: std::path::PathBuf,
+    ledger: std::path::PathBuf,
+    library: std::path::PathBuf,
+    run_dir: std::path::PathBuf,
+    scratch: std::path::PathBuf,
+}
+
+/// A client process holding what it allocated; killed on drop.
+struct Holder {
+    child: std::process::Child,
+    /// The client's result lines (`ok <id>`, `err <code>`).
+    results: Vec<String>,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Workload {
+    /// Runs the fake driver's client with `commands` then `hold`, in a mount namespace
+    /// where claim `uid`'s files are mounted as the CDI spec mounts them
+    /// (`/run/tessera/claims/<uid>/`: `limits` and `control` read-only, `region`
+    /// read-write) and the interception library preloaded; returns once it holds.
+    fn hold(&self, uid: &str, commands: &[&str]) -> Holder {
+        use std::io::BufRead;
+        let src = self.run_dir.join("claims").join(uid);
+        let t = format!("/run/tessera/claims/{uid}");
+        let mut script = format!("set -e\nmount -t tmpfs tmpfs /run\nmkdir -p {t}\n");
+        for (f, ro) in [("limits", true), ("control", true), ("region", false)] {
+            script += &format!(
+                "touch {t}/{f}\nmount --bind {} {t}/{f}\n",
+                src.join(f).display()
+            );
+            if ro {
+                script += &format!("mount -o remount,bind,ro {t}/{f}\n");
+            }
+        }
+        script += "exec \"$@\"\n";
+        let mut child = std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c", &script, "sh"])
+            .arg(&self.client)
+            .args(["gpa", "ctx", "0"])
+            .args(commands)
+            .arg("hold")
+            .env("LD_LIBRARY_PATH", &self.libcuda_dir)
+            .env("LD_PRELOAD", &self.library)
+            .env("FAKE_CUDA_LEDGER", &self.ledger)
+            .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
+            .env("TMPDIR", &self.scratch)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare runs");
+        let mut seen = Vec::new();
+        for l in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+            let l = l.unwrap();
+            if l == "holding" {
+                return Holder {
+                    child,
+                    results: seen,
+                };
+            }
+            seen.push(l);
+        }
+        let status = child.wait();
+        panic!("client {commands:?} ended before holding ({status:?}): {seen:?}");
+    }
+}
+
+/// Processes of two shared claims of gpu-1, on the NVML backend over the fake NVML:
+///
+/// * `light` (budget 4 GiB): one process holding 1 GiB, one holding 512 MiB that is
+///   refused 8 GiB more;
+/// * `heavy` (budget 8 GiB): one process holding 3 GiB.
+///
+/// The scrape shows each claim's budget, used (what its processes hold), peak (used
+/// plus at most one small-allocation pool per process), processes and refusals; gpu-1
+/// allocated 12 GiB (the budgets), charged 4.5 GiB, two claims, and 4.5 GiB used as
+/// NVML reports it (the fake driver's ledger); prepare latency histograms for the
+/// shared, whole and MIG claims prepared. After the processes end and `heavy` is
+/// unprepared, its series are gone and gpu-1 counts one claim.
+#[test]
+fn metrics_match_the_processes_of_shared_claims() {
+    let name = "metrics_match_the_processes_of_shared_claims";
+    // Root for the mount namespaces (unshare -m); skipped locally without it.
+    if fake_nvml::FakeHost::from_env(name).is_none()
+        && e2e::prerequisites(name, &["unshare"]).is_err()
+    {
+        return;
+    }
+    fake_nvml::with_fake_host(name, tessera::backend::mock::DEFAULT_NODE_YAML, |host| {
+        let tmp = tempfile::tempdir().unwrap();
+        let ledger = tmp.path().join("ledger");
+        std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
+        // SAFETY: the child test runs single-threaded here, before NVML is loaded and
+        // before the runtime starts.
+        unsafe {
+            std::env::set_var("FAKE_CUDA_LEDGER", &ledger);
+            std::env::set_var("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"));
+        }
+        let fakes = e2e::cuda_fakes(&tmp.path().join("fakes"));
+        let libcuda_dir = tmp.path().join("libcuda");
+        std::fs::create_dir_all(&libcuda_dir).unwrap();
+        std::os::unix::fs::symlink(&fakes.libcuda, libcuda_dir.join("libcuda.so.1")).unwrap();
+        let library = e2e::interception_library();
+        let scratch = tmp.path().join("scratch");
+        std::fs::create_dir_all(&scratch).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut h = Harness::new().await;
+            let config = h.dir.path().join("node-config.yaml");
+            std::fs::write(
+                &config,
+                "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ngpus:\n- match: {minor: 1}\n  mode: shared\n",
+            )
+            .unwrap();
+            h.model = tessera::node::load_node(
+                &tessera::node::BackendSpec::Nvml(Some(host.lib_path())),
+                Some(&config),
+                &tessera::node::BackendPaths {
+                    state_dir: host.state_dir(),
+                    proc_root: host.proc_root(),
+                    sys_root: host.sys_root(),
+                },
+                tessera::backend::mock::StateAccess::ReadWrite,
+            )
+            .expect("NVML backend over the fake library");
+            h.opts.interception_lib = Some(library.clone());
+            h.opts.watchdog = tessera::watchdog::Mode::Report;
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            h.opts.metrics_addr = Some(addr);
+            let p = h.start_plugin().await;
+            let k = h.kubelet().await;
+            let share = |id: &str, memory: &str, compute: &str| {
+                vec![harness::shared_result("gpu", "gpu-1", id, memory, compute)]
+            };
+            let light = h
+                .allocated_claim_with("light", share("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "4Gi", "25"), &[])
+                .await;
+            let heavy = h
+                .allocated_claim_with("heavy", share("1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e", "8Gi", "50"), &[])
+                .await;
+            let whole = h
+                .allocated_claim("whole", &[("gpu", NODE, "gpu-2", None)], &[])
+                .await;
+            let mig = h
+                .allocated_claim("mig", &[("mig", NODE, "gpu-0-mig-1g10gb-19-5", None)], &[])
+                .await;
+            let all = [light.clone(), heavy.clone(), whole.clone(), mig.clone()];
+            let r = k.prepare_v1(&all).await.unwrap();
+            assert!(r.claims.values().all(|c| c.error.is_empty()), "{r:?}");
+
+            let w = Workload {
+                client: fakes.client.clone(),
+                libcuda_dir: libcuda_dir.clone(),
+                ledger: ledger.clone(),
+                library: library.clone(),
+                run_dir: h.opts.paths.run_dir.clone(),
+                scratch: scratch.clone(),
+            };
+            let gib = GIB.to_string();
+            let half = (512 * MIB).to_string();
+            let eight = (8 * GIB).to_string();
+            let three = (3 * GIB).to_string();
+            let l1 = w.hold(&light.uid, &["alloc", &gib]);
+            let l2 = w.hold(&light.uid, &["alloc", &half, "alloc", &eight]);
+            let h1 = w.hold(&heavy.uid, &["alloc", &three]);
+            assert!(l1.results[1].starts_with("ok "), "{:?}", l1.results);
+            assert!(l2.results[1].starts_with("ok "), "{:?}", l2.results);
+            assert_eq!(l2.results[2], "err 2", "8 GiB over a 4 GiB budget: OUT_OF_MEMORY");
+            assert!(h1.results[1].starts_with("ok "), "{:?}", h1.results);
+
+            let text = scrape(addr).await;
+            eprintln!("{text}");
+            let v = |name: &str, l: &[(&str, &str)]| value(&text, name, l);
+            let of = |c: &tessera::kubelet::KubeletClaim| [("uid", c.uid.clone())];
+            let check = |c: &tessera::kubelet::KubeletClaim,
+                         budget: u64,
+                         used: u64,
+                         processes: f64,
+                         refused: f64| {
+                let l = of(c);
+                let l = [(l[0].0, l[0].1.as_str())];
+                assert_eq!(
+                    v("tessera_claim_memory_budget_bytes", &l),
+                    Some(budget as f64),
+                    "{} budget",
+                    c.name
+                );
+                assert_eq!(
+                    v("tessera_claim_memory_used_bytes", &l),
+                    Some(used as f64),
+                    "{} used",
+                    c.name
+                );
+                let peak = v("tessera_claim_memory_peak_bytes", &l).unwrap();
+                // A process keeps at most min(32 MiB, budget/256) reserved ahead.
+                let pools = processes * (32 * MIB).min(budget / 256) as f64;
+                assert!(
+                    peak >= used as f64 && peak <= used as f64 + pools,
+                    "{} peak {peak} for used {used}",
+                    c.name
+                );
+                assert_eq!(v("tessera_claim_processes", &l), Some(processes), "{}", c.name);
+                assert_eq!(
+                    v("tessera_claim_refused_allocations_total", &l),
+                    Some(refused),
+                    "{} refusals",
+                    c.name
+                );
+                assert_eq!(
+                    v("tessera_claim_compute_reserved_ratio", &l),
+                    Some(if budget == 4 * GIB { 0.25 } else { 0.5 })
+                );
+            };
+            check(&light, 4 * GIB, GIB + 512 * MIB, 2.0, 1.0);
+            check(&heavy, 8 * GIB, 3 * GIB, 1.0, 0.0);
+            let gpu1 = [("uuid", GPU1_UUID)];
+            let held = (4 * GIB + 512 * MIB) as f64;
+            assert_eq!(v("tessera_gpu_memory_allocated_bytes", &gpu1), Some((12 * GIB) as f64));
+            assert_eq!(v("tessera_gpu_memory_charged_bytes", &gpu1), Some(held));
+            assert_eq!(
+                v("tessera_gpu_memory_used_bytes", &gpu1),
+                Some(held),
+                "NVML's used memory is what the fake driver handed out"
+            );
+            assert_eq!(v("tessera_gpu_claims", &gpu1), Some(2.0));
+            assert_eq!(v("tessera_gpu_compute_reserved_ratio", &gpu1), Some(0.75));
+            for kind in ["shared", "whole", "mig"] {
+                assert!(
+                    v("tessera_claim_prepare_duration_seconds_count", &[("kind", kind)])
+                        .is_some_and(|n| n >= 1.0),
+                    "no prepare latency for kind {kind}"
+                );
+                assert!(
+                    text.contains(&format!(
+                        "tessera_claim_prepare_duration_seconds_bucket{{le=\"+Inf\",kind=\"{kind}\"}}"
+                    )),
+                    "{kind}"
+                );
+            }
+            promtool(&text);
+
+            drop((l1, l2, h1));
+            k.unprepare_v1(std::slice::from_ref(&heavy)).await.unwrap();
+            let text = scrape(addr).await;
+            assert!(
+                !text.contains(&heavy.uid),
+                "the claim's series go with its unprepare"
+            );
+            assert!(text.contains(&light.uid));
+            assert_eq!(value(&text, "tessera_gpu_claims", &gpu1), Some(1.0));
+            assert_eq!(
+                value(&text, "tessera_gpu_memory_allocated_bytes", &gpu1),
+                Some((4 * GIB) as f64)
+            );
+            assert_eq!(
+                value(&text, "tessera_claim_processes", &[("uid", light.uid.as_str())]),
+                Some(0.0),
+                "the processes ended"
+            );
+            assert!(
+                value(&text, "tessera_claim_unprepares_total", &[("kind", "shared")])
+                    .is_some_and(|n| n >= 1.0)
+            );
+            promtool(&text);
+            k.unprepare_v1(&[light, whole, mig]).await.unwrap();
+            p.stop().await;
+        });
+    });
 }

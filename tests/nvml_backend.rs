@@ -819,43 +819,62 @@ fn fake_nvml_mig_calls_keep_the_nvml_contract() {
 
 /// Health over NVML: XIDs injected into the simulated node after the first poll arrive
 /// through the fake's event set (an application XID too: the policy, not the backend,
-/// ignores it); a lost GPU answers `GPU_IS_LOST` and is reported lost, then recovered
-/// once cleared. The fake's MIG writes keep the `health-event` lines, so the mock sees
-/// the same events.
+/// ignores it), with the GPU instance ID when the XID names one; a lost GPU answers
+/// `GPU_IS_LOST` and is reported lost, then recovered once it answers again (a reset);
+/// a `clear` of a GPU that was never lost reports nothing, on NVML as on the mock, so
+/// a fatal XID's taint stays until such a reset. The mock reports the same events. The
+/// fake's MIG writes keep the `health-event` lines.
 #[test]
 fn nvml_reports_injected_xids_loss_and_recovery() {
     use tessera::backend::HealthEventKind;
-    use tessera::backend::mock::{inject_clear, inject_lost, inject_xid};
+    use tessera::backend::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
+    use tessera::devhealth::{HealthConfig, NodeHealth};
     with_fake_host(
         "nvml_reports_injected_xids_loss_and_recovery",
         DEFAULT_NODE_YAML,
         |host| {
             let nvml = open_nvml(host).expect("the fake NVML initialises");
             let mock = host.mock_backend();
-            let kinds = |events: Vec<tessera::backend::HealthEvent>| {
+            let kinds = |events: &[tessera::backend::HealthEvent]| {
                 events
-                    .into_iter()
-                    .map(|e| (e.seq, e.minor, e.kind))
+                    .iter()
+                    .map(|e| (e.minor, e.gi_id, e.kind))
                     .collect::<Vec<_>>()
             };
-            assert!(nvml.health_events(0).expect("first poll").is_empty());
+            let mut health = NodeHealth::new(HealthConfig::default());
+            let mut since = 0;
+            let mut poll = |health: &mut NodeHealth| {
+                let events = nvml.health_events(since).expect("poll");
+                for e in &events {
+                    since = since.max(e.seq);
+                    health.apply(e, 1_800_000_000);
+                }
+                kinds(&events)
+            };
+            assert!(poll(&mut health).is_empty(), "first poll");
             let state_dir = host.state_dir();
             inject_xid(&state_dir, 2, 79).unwrap();
             inject_xid(&state_dir, 3, 13).unwrap();
+            inject_mig_xid(&state_dir, 0, 7, 48).unwrap();
             assert_eq!(
-                kinds(nvml.health_events(0).expect("poll")),
+                poll(&mut health),
                 [
-                    (1, 2, HealthEventKind::Xid(79)),
-                    (2, 3, HealthEventKind::Xid(13))
+                    (2, None, HealthEventKind::Xid(79)),
+                    (3, None, HealthEventKind::Xid(13)),
+                    (0, Some(7), HealthEventKind::Xid(48)),
                 ]
             );
-            assert!(nvml.health_events(2).expect("poll").is_empty());
+            assert!(poll(&mut health).is_empty());
+            assert!(health.unhealthy(2).is_some());
+
+            // No sign of health returning on NVML: the fatal taint stays.
+            inject_clear(&state_dir, 2).unwrap();
+            assert!(poll(&mut health).is_empty());
+            assert!(health.expire(1_900_000_000).is_empty());
+            assert!(health.unhealthy(2).is_some());
 
             inject_lost(&state_dir, 1).unwrap();
-            assert_eq!(
-                kinds(nvml.health_events(2).expect("poll")),
-                [(3, 1, HealthEventKind::Lost)]
-            );
+            assert_eq!(poll(&mut health), [(1, None, HealthEventKind::Lost)]);
             match nvml.discover() {
                 Err(BackendError::NvmlCall {
                     source: NvmlError::GpuLost,
@@ -863,20 +882,34 @@ fn nvml_reports_injected_xids_loss_and_recovery() {
                 }) => {}
                 other => panic!("discovery of a node with a lost GPU: {other:?}"),
             }
-            assert!(nvml.health_events(3).expect("poll").is_empty());
+            assert!(poll(&mut health).is_empty());
             inject_clear(&state_dir, 1).unwrap();
-            assert_eq!(
-                kinds(nvml.health_events(3).expect("poll")),
-                [(4, 1, HealthEventKind::Recovered)]
-            );
+            assert_eq!(poll(&mut health), [(1, None, HealthEventKind::Recovered)]);
+            assert!(health.unhealthy(1).is_none(), "recovery clears the loss");
             assert_eq!(
                 nvml.discover().expect("NVML discovers"),
                 mock.discover().expect("mock discovers")
             );
 
+            // A reset of gpu-2 (it drops off the bus, seen by a poll, and answers again)
+            // clears its XID.
+            inject_lost(&state_dir, 2).unwrap();
+            assert_eq!(poll(&mut health), [(2, None, HealthEventKind::Lost)]);
+            inject_clear(&state_dir, 2).unwrap();
+            assert_eq!(poll(&mut health), [(2, None, HealthEventKind::Recovered)]);
+            assert!(
+                health.unhealthy(2).is_none(),
+                "a reset clears the fatal XID"
+            );
+            let nvml_all = kinds(&nvml.health_events(0).expect("poll"));
+            assert_eq!(kinds(&mock.health_events(0).expect("mock")), nvml_all);
+
             // A MIG change written by the fake keeps the health lines.
             nvml.set_mig_mode(0, true).expect("MIG mode on");
-            assert_eq!(mock.health_events(0).expect("mock events").len(), 4);
+            assert_eq!(
+                kinds(&mock.health_events(0).expect("mock events")),
+                nvml_all
+            );
             assert_state_file_is_canonical(host);
         },
     );

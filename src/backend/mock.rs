@@ -389,13 +389,26 @@ impl GpuBackend for MockBackend {
         })
     }
 
+    /// The injected events after `since`, as NVML would report them: a `clear` is a
+    /// recovery only for a GPU that was lost (NVML sees a GPU answer again, nothing
+    /// else), so it is dropped for any other GPU.
     fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
-        Ok(self
-            .state()?
-            .health
-            .into_iter()
-            .filter(|e| e.seq > since)
-            .collect())
+        let mut lost = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for e in self.state()?.health {
+            let seen = match e.kind {
+                HealthEventKind::Lost => {
+                    lost.insert(e.minor);
+                    true
+                }
+                HealthEventKind::Recovered => lost.remove(&e.minor),
+                HealthEventKind::Xid(_) => true,
+            };
+            if seen && e.seq > since {
+                out.push(e);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -403,12 +416,26 @@ impl GpuBackend for MockBackend {
 /// state must exist: the plugin or a backend created it) and returns its sequence
 /// number. Both the mock backend and the fake `libnvidia-ml.so.1` see it.
 pub fn inject(state_dir: &Path, minor: u32, kind: HealthEventKind) -> Result<u64, BackendError> {
+    inject_event(state_dir, minor, None, kind)
+}
+
+fn inject_event(
+    state_dir: &Path,
+    minor: u32,
+    gi_id: Option<u32>,
+    kind: HealthEventKind,
+) -> Result<u64, BackendError> {
     state::update(state_dir, |st| {
         if !st.inventory.gpus.iter().any(|g| g.minor == minor) {
             return Err(BackendError::NoSuchGpu(minor));
         }
         let seq = st.health.last().map_or(0, |e| e.seq) + 1;
-        st.health.push(HealthEvent { seq, minor, kind });
+        st.health.push(HealthEvent {
+            seq,
+            minor,
+            gi_id,
+            kind,
+        });
         Ok(seq)
     })?
 }
@@ -418,12 +445,25 @@ pub fn inject_xid(state_dir: &Path, minor: u32, xid: u64) -> Result<u64, Backend
     inject(state_dir, minor, HealthEventKind::Xid(xid))
 }
 
+/// Injects an XID critical error on MIG GPU instance `gi_id` of GPU `minor` (NVML's
+/// event carries the GPU instance ID). The instance need not exist: a real event may
+/// name one destroyed since.
+pub fn inject_mig_xid(
+    state_dir: &Path,
+    minor: u32,
+    gi_id: u32,
+    xid: u64,
+) -> Result<u64, BackendError> {
+    inject_event(state_dir, minor, Some(gi_id), HealthEventKind::Xid(xid))
+}
+
 /// Makes GPU `minor` fall off the bus (NVML queries answer `GPU_IS_LOST`).
 pub fn inject_lost(state_dir: &Path, minor: u32) -> Result<u64, BackendError> {
     inject(state_dir, minor, HealthEventKind::Lost)
 }
 
-/// GPU `minor` is healthy again (a lost GPU answers again).
+/// A lost GPU `minor` answers again (a reset brought it back). Nothing happens for a
+/// GPU that is not lost: NVML has no other sign of health returning.
 pub fn inject_clear(state_dir: &Path, minor: u32) -> Result<u64, BackendError> {
     inject(state_dir, minor, HealthEventKind::Recovered)
 }
@@ -502,7 +542,9 @@ mod tests {
         assert!(err.contains("gpus[0]") && err.contains("colour"), "{err}");
     }
 
-    /// Injected events come back in order after a sequence number, and survive a reload.
+    /// Injected events come back in order after a sequence number, and survive a
+    /// reload; a `clear` is a recovery only for a lost GPU (as on NVML), and an XID
+    /// may name a GPU instance.
     #[test]
     fn injected_health_events_are_polled_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -515,24 +557,31 @@ mod tests {
         assert_eq!(inject_xid(dir.path(), 2, 79).unwrap(), 1);
         assert_eq!(inject_lost(dir.path(), 3).unwrap(), 2);
         assert_eq!(inject_clear(dir.path(), 3).unwrap(), 3);
+        assert_eq!(inject_clear(dir.path(), 2).unwrap(), 4);
+        assert_eq!(inject_mig_xid(dir.path(), 0, 3, 48).unwrap(), 5);
         assert!(matches!(
             inject_xid(dir.path(), 9, 79),
             Err(BackendError::NoSuchGpu(9))
         ));
         let all = b.health_events(0).unwrap();
-        let kinds: Vec<_> = all.iter().map(|e| (e.seq, e.minor, e.kind)).collect();
+        let kinds: Vec<_> = all
+            .iter()
+            .map(|e| (e.seq, e.minor, e.gi_id, e.kind))
+            .collect();
         assert_eq!(
             kinds,
             [
-                (1, 2, HealthEventKind::Xid(79)),
-                (2, 3, HealthEventKind::Lost),
-                (3, 3, HealthEventKind::Recovered)
-            ]
+                (1, 2, None, HealthEventKind::Xid(79)),
+                (2, 3, None, HealthEventKind::Lost),
+                (3, 3, None, HealthEventKind::Recovered),
+                (5, 0, Some(3), HealthEventKind::Xid(48)),
+            ],
+            "gpu-2 was never lost: its clear is no recovery"
         );
-        assert_eq!(b.health_events(2).unwrap().len(), 1);
+        assert_eq!(b.health_events(2).unwrap().len(), 2);
         // MIG operations keep the events (one state file).
         b.set_mig_mode(0, true).unwrap();
-        assert_eq!(b.health_events(0).unwrap().len(), 3);
+        assert_eq!(b.health_events(0).unwrap().len(), 4);
     }
 
     /// The state file is created once and read back; a read-only backend never writes.

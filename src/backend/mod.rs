@@ -158,6 +158,9 @@ pub struct HealthEvent {
     /// given number.
     pub seq: u64,
     pub minor: u32,
+    /// The MIG GPU instance an XID happened on (NVML's `gpuInstanceId` when valid);
+    /// `None` for the whole GPU. Losses and recoveries are always the GPU's.
+    pub gi_id: Option<u32>,
     pub kind: HealthEventKind,
 }
 
@@ -168,7 +171,8 @@ pub enum HealthEventKind {
     Xid(u64),
     /// The GPU fell off the bus (NVML `GPU_IS_LOST` on queries).
     Lost,
-    /// The GPU answers again (after a loss, or the simulated node's `clear`).
+    /// The GPU answers again after it was lost (a reset or re-attach brought it
+    /// back). Backends report it only for a GPU they reported lost.
     Recovered,
 }
 

@@ -86,10 +86,23 @@ struct HealthPoll {
 }
 
 impl HealthPoll {
-    fn push(&mut self, minor: u32, kind: HealthEventKind) {
+    fn push(&mut self, minor: u32, gi_id: Option<u32>, kind: HealthEventKind) {
         let seq = self.log.len() as u64 + 1;
-        self.log.push(HealthEvent { seq, minor, kind });
+        self.log.push(HealthEvent {
+            seq,
+            minor,
+            gi_id,
+            kind,
+        });
     }
+}
+
+/// `gpuInstanceId` of an event that is not about one MIG GPU instance.
+const NVML_NO_GPU_INSTANCE: u32 = 0xFFFF_FFFF;
+
+/// The GPU instance an event names, if it names one.
+fn gpu_instance(id: u32) -> Option<u32> {
+    (id != NVML_NO_GPU_INSTANCE).then_some(id)
 }
 
 /// `nvmlEventData_t` (32 bytes).
@@ -1081,8 +1094,9 @@ impl GpuBackend for NvmlBackend {
 
     /// Drains the XID event set (created, with every GPU registered, on the first
     /// call), then asks each GPU for its minor number: `GPU_IS_LOST` makes it lost, an
-    /// answer from a lost GPU makes it recovered. XIDs on MIG devices are reported for
-    /// their parent GPU.
+    /// answer from a lost GPU makes it recovered (the only reset indication NVML
+    /// gives). An XID on a MIG device carries its GPU instance ID; the event is still
+    /// reported on the parent GPU, whose handle NVML names.
     ///
     /// # Errors
     /// `NvmlSystem` when the event set cannot be created or read.
@@ -1099,7 +1113,11 @@ impl GpuBackend for NvmlBackend {
                 }
                 let handle = DeviceHandle(e.device);
                 match p.gpus.iter().find(|(_, h)| *h == handle).map(|(m, _)| *m) {
-                    Some(minor) => p.push(minor, HealthEventKind::Xid(e.event_data)),
+                    Some(minor) => p.push(
+                        minor,
+                        gpu_instance(e.gpu_instance_id),
+                        HealthEventKind::Xid(e.event_data),
+                    ),
                     None => tracing::warn!(xid = e.event_data, "XID event for an unknown device"),
                 }
             }
@@ -1108,9 +1126,9 @@ impl GpuBackend for NvmlBackend {
         for (minor, handle) in gpus {
             let lost = matches!(self.wrap(handle).minor_number(), Err(NvmlError::GpuLost));
             if lost && p.lost.insert(minor) {
-                p.push(minor, HealthEventKind::Lost);
+                p.push(minor, None, HealthEventKind::Lost);
             } else if !lost && p.lost.remove(&minor) {
-                p.push(minor, HealthEventKind::Recovered);
+                p.push(minor, None, HealthEventKind::Recovered);
             }
         }
         Ok(p.log.iter().filter(|e| e.seq > since).copied().collect())

@@ -51,13 +51,17 @@
 //!
 //! ```text
 //! health-event <seq> <minor> xid <n>
+//! health-event <seq> <minor> xid <n> gi <gi-id>
 //! health-event <seq> <minor> lost
 //! health-event <seq> <minor> clear
 //! ```
 //!
 //! Sequence numbers increase from 1. A GPU whose last `lost`/`clear` line is `lost`
 //! answers NVML queries with `GPU_IS_LOST` in the fake `libnvidia-ml.so.1`, whose event
-//! sets deliver the `xid` lines as XID critical errors.
+//! sets deliver the `xid` lines as XID critical errors (with the GPU instance ID of
+//! `gi`, else none). A `clear` is a lost GPU answering again (a reset brought it
+//! back); on a GPU that is not lost it changes nothing, in the fake NVML as in the
+//! mock backend.
 //!
 //! `mig-profile` rows are the catalog (`crate::mig::catalog`) written out for the fake
 //! `libnvidia-ml.so.1`, so that both sides apply the same profiles; readers in Rust
@@ -211,7 +215,10 @@ impl NodeState {
         }
         for e in &self.health {
             let what = match e.kind {
-                HealthEventKind::Xid(x) => format!("xid {x}"),
+                HealthEventKind::Xid(x) => match e.gi_id {
+                    Some(gi) => format!("xid {x} gi {gi}"),
+                    None => format!("xid {x}"),
+                },
                 HealthEventKind::Lost => "lost".into(),
                 HealthEventKind::Recovered => "clear".into(),
             };
@@ -345,18 +352,23 @@ impl NodeState {
     }
 }
 
-/// `<seq> <minor> xid <n>` | `<seq> <minor> lost` | `<seq> <minor> clear`.
+/// `<seq> <minor> xid <n> [gi <id>]` | `<seq> <minor> lost` | `<seq> <minor> clear`.
 fn parse_health_event(value: &str) -> Option<HealthEvent> {
     let f: Vec<&str> = value.split(' ').collect();
-    let kind = match (f.get(2).copied(), f.get(3)) {
-        (Some("xid"), Some(x)) if f.len() == 4 => HealthEventKind::Xid(x.parse().ok()?),
-        (Some("lost"), None) => HealthEventKind::Lost,
-        (Some("clear"), None) => HealthEventKind::Recovered,
+    let (kind, gi_id) = match &f[2.min(f.len())..] {
+        ["xid", x] => (HealthEventKind::Xid(x.parse().ok()?), None),
+        ["xid", x, "gi", gi] => (
+            HealthEventKind::Xid(x.parse().ok()?),
+            Some(gi.parse().ok()?),
+        ),
+        ["lost"] => (HealthEventKind::Lost, None),
+        ["clear"] => (HealthEventKind::Recovered, None),
         _ => return None,
     };
     Some(HealthEvent {
         seq: f[0].parse().ok()?,
-        minor: f[1].parse().ok()?,
+        minor: f.get(1)?.parse().ok()?,
+        gi_id,
         kind,
     })
 }
@@ -562,16 +574,25 @@ mod tests {
                 HealthEvent {
                     seq: 1,
                     minor: 2,
+                    gi_id: None,
                     kind: HealthEventKind::Xid(79),
                 },
                 HealthEvent {
                     seq: 2,
-                    minor: 2,
-                    kind: HealthEventKind::Lost,
+                    minor: 0,
+                    gi_id: Some(13),
+                    kind: HealthEventKind::Xid(48),
                 },
                 HealthEvent {
                     seq: 3,
                     minor: 2,
+                    gi_id: None,
+                    kind: HealthEventKind::Lost,
+                },
+                HealthEvent {
+                    seq: 4,
+                    minor: 2,
+                    gi_id: None,
                     kind: HealthEventKind::Recovered,
                 },
             ],

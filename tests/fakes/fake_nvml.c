@@ -65,7 +65,10 @@
  *   - Event sets (`nvmlEventSetCreate`, up to 8 live) deliver, through
  *     `nvmlEventSetWait_v2`, each `xid` line written after the set was created, as
  *     nvmlEventTypeXidCriticalError with eventData = the XID, on the GPU's handle, if
- *     the GPU was registered for that type; GI/CI IDs are 0xFFFFFFFF (the whole GPU).
+ *     the GPU was registered for that type; the GI ID is the line's `gi <id>` and the
+ *     CI ID 0 (the full-GI compute instance), or both 0xFFFFFFFF (the whole GPU).
+ *   - A `clear` line makes a lost GPU answer again (a reset); on a GPU that is not
+ *     lost it changes nothing.
  *     No event within the timeout: NVML_ERROR_TIMEOUT. Other event types are accepted
  *     at registration and never delivered.
  *   - Writers keep the `health-event` lines (rendered after the GPU blocks, as state.rs
@@ -1612,6 +1615,7 @@ struct fake_health_event {
     unsigned int minor;
     int kind; /* 0 xid, 1 lost, 2 clear */
     unsigned long long xid;
+    unsigned int gi; /* the `gi` of an xid line; 0xFFFFFFFF: none (the whole GPU) */
 };
 
 /* Calls `each` for every `health-event` line of the state file, in order; 0 when the
@@ -1627,10 +1631,13 @@ static void scan_health(void (*each)(const struct fake_health_event *, void *), 
     while (getline(&line, &cap, f) >= 0) {
         struct fake_health_event e = {0};
         char what[16] = {0};
+        char gi_word[8] = {0};
         if (strncmp(line, "health-event ", 13) != 0)
             continue;
-        int got = sscanf(line + 13, "%llu %u %15s %llu", &e.seq, &e.minor, what, &e.xid);
-        if (got >= 3 && strcmp(what, "xid") == 0 && got == 4)
+        e.gi = 0xFFFFFFFFu;
+        int got = sscanf(line + 13, "%llu %u %15s %llu %7s %u", &e.seq, &e.minor, what, &e.xid,
+                         gi_word, &e.gi);
+        if (strcmp(what, "xid") == 0 && (got == 4 || (got == 6 && strcmp(gi_word, "gi") == 0)))
             e.kind = 0;
         else if (got == 3 && strcmp(what, "lost") == 0)
             e.kind = 1;
@@ -1774,8 +1781,8 @@ static nvmlReturn_t event_set_try(nvmlEventSet_t set, nvmlEventData_t *data) {
     }
     data->eventType = (unsigned long long)nvmlEventTypeXidCriticalError;
     data->eventData = q.event.xid;
-    data->gpuInstanceId = 0xFFFFFFFFu;
-    data->computeInstanceId = 0xFFFFFFFFu;
+    data->gpuInstanceId = q.event.gi;
+    data->computeInstanceId = q.event.gi == 0xFFFFFFFFu ? 0xFFFFFFFFu : 0;
     return NVML_SUCCESS;
 }
 
