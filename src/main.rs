@@ -131,7 +131,7 @@ struct PluginArgs {
     /// Leave MIG devices that no claim accounts for instead of destroying them at start-up.
     #[arg(long)]
     adopt_unknown_mig: bool,
-    /// Where /healthz and /readyz are served (host:port or :port); "off" to disable.
+    /// Where /metrics, /healthz and /readyz are served (host:port or :port); "off" to disable.
     #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = ":9464")]
     metrics_addr: String,
     /// Seconds between checks of prepared claims against the API server.
