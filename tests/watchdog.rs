@@ -337,6 +337,7 @@ fn zombie_memory_after_unprepare() {
                 Finding::Zombie {
                     pid,
                     used: GIB / 2,
+                    gi: None,
                     claim: Some(CLAIM.into()),
                     vanished: false
                 }
