@@ -6,10 +6,17 @@
 //!
 //! * a bypass over its claim's budget is killed within 2 s in enforce mode, and only
 //!   reported (with a Warning Event on its pod) in report mode;
+//! * so is a process that preloads the interception library *and* a hostile library
+//!   rebinding cuMemAlloc_v2 to the driver (`tests/fakes/hostile_preload.c`);
+//! * a pod that joins a claim after its prepare is found through the API server (the
+//!   fake one, over HTTP) and held to the claim's budget; the Warning Events reach the
+//!   API server as valid core/v1 Events;
 //! * a GPU process of no claim is reported;
 //! * nothing happens below the tolerance;
 //! * after unprepare, memory still held is zombie memory: a finding and a gauge naming
-//!   the PIDs, for a process of the unprepared claim and for one that no longer exists.
+//!   the PIDs, for a process of the unprepared claim and for one that no longer exists;
+//!   on MIG, per GPU instance, while the claim's device is still in use (also across a
+//!   plugin restart).
 //!
 //! Each test runs in a child process (the fake NVML reads its environment at init).
 
@@ -23,7 +30,7 @@ mod fake_nvml;
 mod e2e;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,6 +71,10 @@ impl EventSink for Events {
 
 struct Node {
     state: Arc<DeviceState>,
+    /// The prepared claim's UID.
+    claim: String,
+    /// The plugin's run dir (claim files under `claims/<uid>/`).
+    run_dir: PathBuf,
     proc_root: PathBuf,
     fakes: e2e::CudaFakes,
     lib_dir: PathBuf,
@@ -74,6 +85,11 @@ struct Node {
 /// The fake host's GPUs with the NVML backend, gpu-1 shared, and a 1 GiB share of it
 /// prepared for pod A.
 fn node(host: &FakeHost) -> Node {
+    node_with(host, CLAIM)
+}
+
+/// As [`node`], the claim with UID `claim_uid` (the API server's, when it has it).
+fn node_with(host: &FakeHost, claim_uid: &str) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let ledger = tmp.path().join("ledger");
     std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
@@ -103,7 +119,7 @@ fn node(host: &FakeHost) -> Node {
     let mut opts = harness::options(tmp.path());
     opts.paths.proc_root = host.proc_root();
     let state = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Keep).unwrap());
-    let mut claim: ResourceClaim = harness::allocated_claim_object(CLAIM, "gpu", "gpu-1");
+    let mut claim: ResourceClaim = harness::allocated_claim_object(claim_uid, "gpu", "gpu-1");
     let status = claim.status.as_mut().unwrap();
     status
         .allocation
@@ -122,7 +138,7 @@ fn node(host: &FakeHost) -> Node {
         api_group: None,
     }]);
     state
-        .prepare(&claim, CLAIM)
+        .prepare(&claim, claim_uid)
         .unwrap_or_else(|e| panic!("{}", e.chain()));
     let fakes = e2e::cuda_fakes(&tmp.path().join("fakes"));
     let lib_dir = tmp.path().join("libcuda");
@@ -130,6 +146,8 @@ fn node(host: &FakeHost) -> Node {
     std::os::unix::fs::symlink(&fakes.libcuda, lib_dir.join("libcuda.so.1")).unwrap();
     Node {
         state,
+        claim: claim_uid.to_string(),
+        run_dir: opts.paths.run_dir.clone(),
         proc_root: host.proc_root(),
         fakes,
         lib_dir,
@@ -142,8 +160,54 @@ impl Node {
     /// A process holding `bytes` on gpu-1 without the interception library, placed in
     /// `pod` (or in no pod) by its cgroup file under the fake proc root.
     fn holder(&self, bytes: u64, pod: Option<&str>) -> Child {
-        let mut child = Command::new(&self.fakes.client)
-            .args(["dlsym", "ctx", "0", "alloc", &bytes.to_string(), "hold"])
+        let mut cmd = Command::new(&self.fakes.client);
+        cmd.args(["dlsym", "ctx", "0", "alloc", &bytes.to_string(), "hold"]);
+        let (child, seen) = self.start(cmd, pod);
+        assert!(
+            seen.iter().any(|l| l.starts_with("ok ")),
+            "client: {seen:?}"
+        );
+        child
+    }
+
+    /// A tenant process of `pod`: the client (loading mode `mode`) allocating `bytes`
+    /// and holding them, in a mount namespace of its own where the claim's files are
+    /// mounted as the plugin mounts them (`limits` and `control` read-only) under
+    /// `/run/tessera/claims/<uid>/`, with `preload` in `LD_PRELOAD`. Returns the
+    /// process and the client's lines.
+    fn tenant(&self, pod: &str, preload: &[&Path], mode: &str, bytes: u64) -> (Child, Vec<String>) {
+        const SCRIPT: &str = r#"set -e
+mount -t tmpfs tmpfs /run
+d=/run/tessera/claims/$CLAIM_UID
+mkdir -p "$d"
+for f in limits control region; do
+  touch "$d/$f"
+  mount --bind "$CLAIM_SRC/$f" "$d/$f"
+done
+mount -o remount,bind,ro "$d/limits"
+mount -o remount,bind,ro "$d/control"
+export LD_PRELOAD="$TENANT_PRELOAD"
+exec "$@"
+"#;
+        let preload: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "sh", "-c", SCRIPT, "sh"])
+            .arg(&self.fakes.client)
+            .args([mode, "ctx", "0", "alloc", &bytes.to_string(), "hold"])
+            .env("CLAIM_UID", &self.claim)
+            .env(
+                "CLAIM_SRC",
+                tessera::claimfiles::claim_dir(&self.run_dir, &self.claim),
+            )
+            .env("TENANT_PRELOAD", preload.join(" "));
+        self.start(cmd, Some(pod))
+    }
+
+    /// Starts `cmd` (the client, exec'd in place) on the fake driver, waits for it to
+    /// hold its memory, and places it in `pod` (or in no pod) by its cgroup file under
+    /// the fake proc root.
+    fn start(&self, mut cmd: Command, pod: Option<&str>) -> (Child, Vec<String>) {
+        let mut child = cmd
             .env("LD_LIBRARY_PATH", &self.lib_dir)
             .env("FAKE_CUDA_LEDGER", &self.ledger)
             .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
@@ -159,9 +223,9 @@ impl Node {
                 break;
             }
         }
-        assert!(
-            seen.iter().any(|l| l.starts_with("ok "))
-                && seen.last().map(String::as_str) == Some("holding"),
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("holding"),
             "client: {seen:?}"
         );
         let dir = self.proc_root.join(child.id().to_string());
@@ -174,7 +238,7 @@ impl Node {
             None => "0::/system.slice/some-daemon.service\n".to_string(),
         };
         std::fs::write(dir.join("cgroup"), cgroup).unwrap();
-        child
+        (child, seen)
     }
 
     fn watchdog(&self, mode: Mode, events: &Events) -> Watchdog {
@@ -359,4 +423,136 @@ fn zombie_memory_after_unprepare() {
         );
         assert!(left.try_wait().is_ok());
     });
+}
+
+/// Builds `tests/fakes/hostile_preload.c` into `dir`.
+fn hostile_library(dir: &Path) -> PathBuf {
+    let out = dir.join("libhostile.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fakes/hostile_preload.c"
+        ))
+        .arg("-ldl")
+        .output()
+        .expect("a C compiler");
+    assert!(
+        built.status.success(),
+        "building the hostile library: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+/// Root and unshare are needed to mount the claim's files as the plugin does.
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let unshare = Command::new("unshare")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(root && unshare) {
+        assert!(
+            !e2e::in_ci(),
+            "the hostile-preload test needs root and unshare under CI"
+        );
+        eprintln!("SKIPPED: the hostile-preload test needs root and unshare");
+    }
+    root && unshare
+}
+
+/// A process that preloads the interception library and a hostile library rebinding
+/// cuMemAlloc_v2 to the driver holds 2 GiB of a 1 GiB claim (the fake driver's
+/// ledger, as NVML reports it): report mode only reports it; enforce mode kills it
+/// within 2 s. The same allocation without the hostile library is refused, so the
+/// library was in force and the hostile library is what got past it. Both ways of
+/// reaching the driver are covered: cuGetProcAddress (report) and dlsym (enforce).
+#[test]
+fn hostile_preload_over_budget_is_reported_or_killed() {
+    if !can_mount() {
+        return;
+    }
+    with_fake_host(
+        "hostile_preload_over_budget_is_reported_or_killed",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let n = node(host);
+            let library = e2e::interception_library();
+            let hostile = hostile_library(n._tmp.path());
+            // The wall holds without the hostile library.
+            let (mut walled, seen) = n.tenant(POD_A, &[&library], "gpa", 2 * GIB);
+            assert!(
+                seen.iter().any(|l| l.starts_with("err ")),
+                "the library refuses 2 GiB of a 1 GiB claim: {seen:?}"
+            );
+            kill(&mut walled);
+            n.vanish(walled.id());
+
+            let events = Events::default();
+            let (mut tenant, seen) = n.tenant(POD_A, &[&hostile, &library], "gpa", 2 * GIB);
+            assert!(seen.iter().any(|l| l.starts_with("ok ")), "{seen:?}");
+            let pid = tenant.id();
+            let mut wd = n.watchdog(Mode::Report, &events);
+            let found = wd.tick();
+            let over: Vec<&Finding> = found
+                .iter()
+                .map(|(_, f)| f)
+                .filter(|f| matches!(f, Finding::OverBudget { .. }))
+                .collect();
+            match &over[..] {
+                [Finding::OverBudget { used, kill, .. }] => {
+                    assert!(*used >= 2 * GIB, "{used}");
+                    assert_eq!(kill, &vec![pid]);
+                }
+                other => panic!("{other:?} in {found:?}"),
+            }
+            assert_eq!(events.0.lock().unwrap().len(), 1);
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                tenant.try_wait().unwrap().is_none(),
+                "report mode kills nothing"
+            );
+            kill(&mut tenant);
+            n.vanish(pid);
+
+            let (mut tenant, seen) = n.tenant(POD_A, &[&hostile, &library], "dlsym", 2 * GIB);
+            assert!(seen.iter().any(|l| l.starts_with("ok ")), "{seen:?}");
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let task = rt.spawn(n.watchdog(Mode::Enforce, &events).run(stop_rx));
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = tenant.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not killed within 2 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            println!(
+                "hostile tenant killed {:?} after the watchdog started",
+                t.elapsed()
+            );
+            let _ = stop_tx.send(true);
+            rt.block_on(task).unwrap();
+            n.vanish(tenant.id());
+        },
+    );
 }
