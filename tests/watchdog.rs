@@ -36,13 +36,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fake_nvml::{FakeHost, with_fake_host};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use k8s_openapi::api::resource::v1::{
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
+    ResourceClaimSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::backend::mock::{DEFAULT_NODE_YAML, StateAccess};
 use tessera::checkpoint::PodRef;
+use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
+use tessera::kubever::KubeVersion;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
 use tessera::state::{DeviceState, UnknownMig};
-use tessera::watchdog::{EventSink, Finding, Mode, Watchdog, WatchdogConfig};
+use tessera::watchdog::{EventSink, Finding, KubeEvents, KubePods, Mode, Watchdog, WatchdogConfig};
 
 const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
 const GPU1_MEMORY: u64 = 85_520_809_984;
@@ -85,11 +91,12 @@ struct Node {
 /// The fake host's GPUs with the NVML backend, gpu-1 shared, and a 1 GiB share of it
 /// prepared for pod A.
 fn node(host: &FakeHost) -> Node {
-    node_with(host, CLAIM)
+    node_with(host, CLAIM, &format!("c-{CLAIM}"))
 }
 
-/// As [`node`], the claim with UID `claim_uid` (the API server's, when it has it).
-fn node_with(host: &FakeHost, claim_uid: &str) -> Node {
+/// As [`node`], the claim `name` with UID `claim_uid` (the API server's, when it has
+/// it).
+fn node_with(host: &FakeHost, claim_uid: &str, name: &str) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let ledger = tmp.path().join("ledger");
     std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
@@ -120,6 +127,7 @@ fn node_with(host: &FakeHost, claim_uid: &str) -> Node {
     opts.paths.proc_root = host.proc_root();
     let state = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Keep).unwrap());
     let mut claim: ResourceClaim = harness::allocated_claim_object(claim_uid, "gpu", "gpu-1");
+    claim.metadata.name = Some(name.into());
     let status = claim.status.as_mut().unwrap();
     status
         .allocation
@@ -207,6 +215,15 @@ exec "$@"
     /// hold its memory, and places it in `pod` (or in no pod) by its cgroup file under
     /// the fake proc root.
     fn start(&self, mut cmd: Command, pod: Option<&str>) -> (Child, Vec<String>) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl(2) only, between fork and exec. The process dies with the
+        // test's thread, so a failing test leaves no process holding its output pipe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let mut child = cmd
             .env("LD_LIBRARY_PATH", &self.lib_dir)
             .env("FAKE_CUDA_LEDGER", &self.ledger)
@@ -553,6 +570,300 @@ fn hostile_preload_over_budget_is_reported_or_killed() {
             let _ = stop_tx.send(true);
             rt.block_on(task).unwrap();
             n.vanish(tenant.id());
+        },
+    );
+}
+
+/// A fake API server holding the claim (so that its UID is the server's), the node
+/// with that claim prepared for pod A, and pod B on the node naming the claim in its
+/// spec: it joined after the prepare, so the checkpoint does not know it.
+struct Cluster {
+    rt: tokio::runtime::Runtime,
+    api: FakeApiServer,
+    client: kube::Client,
+    node: Node,
+}
+
+fn cluster(host: &FakeHost) -> Cluster {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt
+        .block_on(FakeApiServer::start(FakeApiConfig::new(
+            KubeVersion::NEWEST,
+        )))
+        .unwrap();
+    api.add_node(harness::NODE);
+    let client = {
+        let _guard = rt.enter();
+        api.client().unwrap()
+    };
+    let claims: kube::Api<ResourceClaim> = kube::Api::namespaced(client.clone(), harness::NS);
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("shared-gpu".into()),
+            namespace: Some(harness::NS.into()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "gpu".into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: "gpu.tessera.dev".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }),
+        status: None,
+    };
+    let created = rt
+        .block_on(claims.create(&Default::default(), &claim))
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let name = "shared-gpu";
+    let node = node_with(host, &uid, name);
+    api.add_pod(
+        harness::NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-b", "uid": POD_B},
+            "spec": {
+                "nodeName": harness::NODE,
+                "containers": [{"name": "c", "image": "x"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]
+            }
+        }),
+    );
+    // Another node's pod naming the claim is not this node's business.
+    api.add_pod(
+        harness::NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-elsewhere", "uid": "0e8a4f2c-3b1d-4c6e-9f7a-5d2b8c1e0a93"},
+            "spec": {
+                "nodeName": "node-b",
+                "containers": [{"name": "c", "image": "x"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]
+            }
+        }),
+    );
+    Cluster {
+        rt,
+        api,
+        client,
+        node,
+    }
+}
+
+impl Cluster {
+    fn pods(&self) -> Box<KubePods> {
+        Box::new(KubePods {
+            client: self.client.clone(),
+            node: harness::NODE.into(),
+            handle: self.rt.handle().clone(),
+            timeout: Duration::from_secs(2),
+        })
+    }
+
+    fn watchdog(&self, mode: Mode, events: Box<dyn EventSink>) -> Watchdog {
+        Watchdog::new(
+            WatchdogConfig {
+                mode,
+                tolerance: 256 << 20,
+                proc_root: self.node.proc_root.clone(),
+                interval: Duration::from_millis(500),
+            },
+            self.node.state.clone(),
+            Some(events),
+        )
+        .with_pods(self.pods())
+    }
+
+    fn kube_events(&self) -> Box<dyn EventSink> {
+        Box::new(KubeEvents {
+            client: self.client.clone(),
+            node: harness::NODE.into(),
+            handle: self.rt.handle().clone(),
+        })
+    }
+}
+
+/// Regression (a pod that joined a shared claim after its prepare was never mapped:
+/// its processes were "no claim" and never killed): pod B's process holding 2 GiB of
+/// the 1 GiB claim is found through the API server and killed within 2 s in enforce
+/// mode. The lookup is cached: later ticks make no further API calls.
+#[test]
+fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
+    with_fake_host(
+        "a_pod_joining_a_prepared_claim_later_is_killed_over_budget",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let c = cluster(host);
+            let mut late = c.node.holder(2 * GIB, Some(POD_B));
+            let pid = late.id();
+            // The checkpoint alone does not know pod B.
+            let events = Events::default();
+            let found = c.node.watchdog(Mode::Report, &events).tick();
+            assert!(
+                matches!(&found[..], [(_, Finding::NoClaim { pid: p, .. })] if *p == pid),
+                "{found:?}"
+            );
+            // With the live lookup, in report mode: over budget, and cached.
+            c.api.clear_requests();
+            let mut wd = c.watchdog(Mode::Report, Box::new(events.clone()));
+            let found = wd.tick();
+            match &found[..] {
+                [(_, Finding::OverBudget { kill, pods, .. })] => {
+                    assert_eq!(kill, &vec![pid]);
+                    assert!(pods.iter().any(|p| p.uid == POD_B), "{pods:?}");
+                }
+                other => panic!("{other:?}"),
+            }
+            wd.tick();
+            wd.tick();
+            let calls: Vec<(String, String, bool)> = c
+                .api
+                .requests()
+                .iter()
+                .map(|r| {
+                    let on_node = r
+                        .query
+                        .contains(&format!("fieldSelector=spec.nodeName%3D{}", harness::NODE));
+                    (r.verb.clone(), r.resource.clone(), on_node)
+                })
+                .collect();
+            assert_eq!(
+                calls,
+                vec![
+                    ("list".into(), "pods".into(), true),
+                    ("get".into(), "resourceclaims".into(), false),
+                ],
+                "one lookup for three ticks"
+            );
+            assert!(
+                late.try_wait().unwrap().is_none(),
+                "report mode kills nothing"
+            );
+
+            // Enforce, through the plugin's loop.
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let task = c.rt.spawn(
+                c.watchdog(Mode::Enforce, Box::new(events.clone()))
+                    .run(stop_rx),
+            );
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = late.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not killed within 2 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            println!(
+                "late pod's process killed {:?} after the watchdog started",
+                t.elapsed()
+            );
+            let _ = stop_tx.send(true);
+            c.rt.block_on(task).unwrap();
+            c.node.vanish(pid);
+        },
+    );
+}
+
+/// The watchdog's Events reach the API server (the fake one, over HTTP, which
+/// validates core/v1 Events as the real one does): a Warning GpuMemoryOverBudget on
+/// each pod of the claim, the pod named with its UID, the message naming the PID and
+/// the bytes held.
+#[test]
+fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
+    with_fake_host(
+        "over_budget_events_are_valid_kubernetes_events_on_the_pods",
+        DEFAULT_NODE_YAML,
+        |host| {
+            use k8s_openapi::api::core::v1::Event;
+            let c = cluster(host);
+            let mut late = c.node.holder(2 * GIB, Some(POD_B));
+            let pid = late.id();
+            let found = c.watchdog(Mode::Report, c.kube_events()).tick();
+            let used = match &found[..] {
+                [(_, Finding::OverBudget { used, .. })] => *used,
+                other => panic!("{other:?}"),
+            };
+            let api: kube::Api<Event> = kube::Api::namespaced(c.client.clone(), harness::NS);
+            let t = Instant::now();
+            let events = loop {
+                let list = c.rt.block_on(api.list(&Default::default())).unwrap();
+                if list.items.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
+                    break list.items;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let mut on: Vec<(String, String)> = events
+                .iter()
+                .map(|e| {
+                    (
+                        e.involved_object.name.clone().unwrap_or_default(),
+                        e.involved_object.uid.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            on.sort();
+            assert_eq!(
+                on,
+                vec![
+                    ("pod-a".to_string(), POD_A.to_string()),
+                    ("pod-b".to_string(), POD_B.to_string())
+                ]
+            );
+            for e in &events {
+                let o = &e.involved_object;
+                assert_eq!(o.kind.as_deref(), Some("Pod"));
+                assert_eq!(o.api_version.as_deref(), Some("v1"));
+                assert_eq!(o.namespace.as_deref(), Some(harness::NS));
+                assert_eq!(e.metadata.namespace.as_deref(), Some(harness::NS));
+                assert_eq!(e.reason.as_deref(), Some("GpuMemoryOverBudget"));
+                assert_eq!(e.type_.as_deref(), Some("Warning"));
+                let msg = e.message.as_deref().unwrap_or_default();
+                assert!(msg.contains(&format!("processes [{pid}]")), "{msg}");
+                assert!(msg.contains(&format!("holds {used} bytes")), "{msg}");
+                assert!(msg.contains(&format!("budget of {GIB} bytes")), "{msg}");
+            }
+            let creates: Vec<u16> = c
+                .api
+                .requests()
+                .iter()
+                .filter(|r| r.resource == "events" && r.verb == "create")
+                .map(|r| r.status)
+                .collect();
+            assert_eq!(
+                creates,
+                vec![201, 201],
+                "accepted by the server's validation"
+            );
+            // The same server refuses an Event whose namespace does not match its pod's.
+            let mut bad = events[0].clone();
+            bad.metadata = ObjectMeta {
+                generate_name: Some("bad.".into()),
+                namespace: Some(harness::NS.into()),
+                ..Default::default()
+            };
+            bad.involved_object.namespace = Some("elsewhere".into());
+            let err =
+                c.rt.block_on(api.create(&Default::default(), &bad))
+                    .unwrap_err();
+            assert!(
+                err.to_string().contains("involvedObject.namespace"),
+                "{err}"
+            );
+            kill(&mut late);
+            c.node.vanish(pid);
         },
     );
 }
