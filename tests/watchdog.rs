@@ -42,9 +42,13 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::backend::mock::{DEFAULT_NODE_YAML, StateAccess};
+use tessera::backend::{
+    BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
+};
 use tessera::checkpoint::PodRef;
 use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
 use tessera::kubever::KubeVersion;
+use tessera::mig::MigError;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
 use tessera::state::{DeviceState, UnknownMig};
@@ -866,4 +870,205 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
             c.node.vanish(pid);
         },
     );
+}
+
+/// The mock node's backend with CUDA processes on its MIG devices: `processes` lists
+/// them with their GPU instance, and destroying an instance a process runs on answers
+/// IN_USE and changes nothing, as NVML does.
+struct MigProcesses {
+    inner: Arc<dyn GpuBackend>,
+    /// (GPU minor, process).
+    procs: Mutex<Vec<(u32, GpuProcess)>>,
+}
+
+impl GpuBackend for MigProcesses {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        self.inner.discover()
+    }
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        self.inner.mig_status(minor)
+    }
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.inner.set_mig_mode(minor, enabled)
+    }
+    fn create_mig(&self, minor: u32, p: u32, s: u32) -> Result<MigInstance, BackendError> {
+        self.inner.create_mig(minor, p, s)
+    }
+    fn destroy_mig(&self, minor: u32, gi: u32) -> Result<(), BackendError> {
+        let busy = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(m, p)| *m == minor && p.gi_id == Some(gi));
+        if busy {
+            return Err(BackendError::Mig {
+                op: "destroy",
+                minor,
+                source: MigError::InUse(format!("processes are running on GPU instance {gi}")),
+            });
+        }
+        self.inner.destroy_mig(minor, gi)
+    }
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        Ok(self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| *m == minor)
+            .map(|(_, p)| p.clone())
+            .collect())
+    }
+}
+
+/// Zombie memory on MIG (issue 11): a process of a claim holding a Tessera-created MIG
+/// device keeps it in use, so the unprepare fails with IN_USE and the claim stays
+/// "unprepare started". Its memory is zombie memory of that claim, keyed by the GPU
+/// instance (finding and `tessera_mig_memory_zombie_bytes{gi}`), also after a plugin
+/// restart (which no longer fails on the busy device); once the process is gone with
+/// its memory still held, zombie memory of a vanished process in that instance; once
+/// released, the unprepare completes and nothing is left.
+#[test]
+fn mig_zombie_memory_is_reported_per_gpu_instance() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let mut model = harness::model(root.path());
+    let backend = Arc::new(MigProcesses {
+        inner: model.backend.clone(),
+        procs: Mutex::new(Vec::new()),
+    });
+    model.backend = backend.clone();
+    let gpu0 = model
+        .gpus
+        .iter()
+        .find(|g| g.gpu.minor == 0)
+        .unwrap()
+        .gpu
+        .uuid
+        .clone();
+    let opts = harness::options(root.path());
+    let open = || Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
+    let state = open();
+    let uid = "00000000-0000-4000-8000-0000000000ab";
+    let mut claim = harness::allocated_claim_object(uid, "mig", "gpu-0-mig-2g20gb-14-4");
+    claim.status.as_mut().unwrap().reserved_for = Some(vec![ResourceClaimConsumerReference {
+        resource: "pods".into(),
+        name: "pod-a".into(),
+        uid: POD_A.into(),
+        api_group: None,
+    }]);
+    let devs = state.prepare(&claim, uid).unwrap();
+    let gi = devs[0].mig.as_ref().unwrap().gi_id;
+
+    // A process of pod A on the MIG device, holding 1 GiB there.
+    let proc_root = root.path().join("proc");
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id();
+    let dir = proc_root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cgroup"),
+        format!("0::/kubepods/besteffort/pod{POD_A}/ctr\n"),
+    )
+    .unwrap();
+    backend.procs.lock().unwrap().push((
+        0,
+        GpuProcess {
+            pid,
+            used_bytes: Some(GIB),
+            gi_id: Some(gi),
+        },
+    ));
+    let events = Events::default();
+    let watchdog = |state: &Arc<DeviceState>| {
+        Watchdog::new(
+            WatchdogConfig {
+                mode: Mode::Enforce,
+                tolerance: 256 << 20,
+                proc_root: proc_root.clone(),
+                interval: Duration::from_millis(500),
+            },
+            state.clone(),
+            Some(Box::new(events.clone())),
+        )
+    };
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![],
+        "a prepared MIG claim's process"
+    );
+
+    let err = state.unprepare(uid).unwrap_err().chain();
+    assert!(err.contains("in use"), "{err}");
+    assert_eq!(
+        harness::checkpoint_state(&opts.paths.state_dir, uid).as_deref(),
+        Some("UnprepareStarted")
+    );
+    let zombie = Finding::Zombie {
+        pid,
+        used: GIB,
+        gi: Some(gi),
+        claim: Some(uid.into()),
+        vanished: false,
+    };
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(gpu0.clone(), zombie.clone())]
+    );
+    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    let series = |name: &str, extra: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with(name) && l.contains(&format!("uuid=\"{gpu0}\"")) && l.contains(extra)
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    let gib = format!("{}.0", GIB);
+    assert_eq!(
+        series("tessera_mig_memory_zombie_bytes", &format!("gi=\"{gi}\"")).as_deref(),
+        Some(gib.as_str()),
+        "{text}"
+    );
+    assert_eq!(
+        series("tessera_gpu_memory_zombie_bytes", "").as_deref(),
+        Some(gib.as_str())
+    );
+
+    // A plugin restart: start-up keeps the busy claim instead of failing, and the
+    // checkpoint still attributes the memory to it.
+    drop(state);
+    let state = open();
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(gpu0.clone(), zombie.clone())]
+    );
+
+    // The process is gone; its memory is still held in the GPU instance.
+    kill(&mut sleeper);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(
+            gpu0.clone(),
+            Finding::Zombie {
+                pid,
+                used: GIB,
+                gi: Some(gi),
+                claim: None,
+                vanished: true,
+            }
+        )]
+    );
+
+    // Released: the kubelet's retry completes the unprepare; nothing is left.
+    backend.procs.lock().unwrap().clear();
+    state.unprepare(uid).unwrap();
+    assert_eq!(watchdog(&state).tick(), vec![]);
+    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    assert!(!text.contains("tessera_mig_memory_zombie_bytes{"), "{text}");
+    assert!(events.0.lock().unwrap().is_empty(), "zombies post no Event");
 }
