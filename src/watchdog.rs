@@ -5,7 +5,9 @@
 //! lists every process with a context and the memory it holds. The watchdog maps each
 //! of those processes to a claim **by host PID and cgroup**, never through the
 //! library's registry (a process that bypassed the library is not in it): the pod UID
-//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod.
+//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod in
+//! the checkpoint, or else the claims the API server says the pod uses ([`pods`]: a
+//! pod that joined a claim after its prepare).
 //!
 //! Per tick and GPU it finds:
 //! * **over budget**: a shared claim whose processes hold more than its budget plus
@@ -15,7 +17,8 @@
 //! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
 //!   GPU. Reported (log, metric) once per process.
 //! * **zombie memory**: memory held by a process that no longer exists, or by a process
-//!   of a claim this plugin unprepared. Reported (log naming the PIDs, gauge per GPU).
+//!   of a claim this plugin unprepared or is unpreparing (a MIG device still in use).
+//!   Reported (log naming the PIDs, gauges per GPU and per MIG GPU instance).
 //!
 //! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
 //! Events, and the live pod lookup of [`pods`]).
