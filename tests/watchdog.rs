@@ -920,7 +920,7 @@ impl GpuBackend for MigProcesses {
             .unwrap()
             .iter()
             .filter(|(m, _)| *m == minor)
-            .map(|(_, p)| p.clone())
+            .map(|(_, p)| *p)
             .collect())
     }
 }

@@ -329,7 +329,9 @@ mod tests {
         .into_iter()
         .map(|(u, r)| (u.to_string(), r))
         .collect();
-        let cases: &[(&[(&str, Option<&str>)], &[&str])] = &[
+        /// (the pod's claims: name and live UID, the prepared claims it matches).
+        type Case<'a> = (&'a [(&'a str, Option<&'a str>)], &'a [&'a str]);
+        let cases: &[Case] = &[
             (&[("shared", None)], &["u1"]),
             (&[("shared", Some("u1"))], &["u1"]),
             // Same name, another UID: the record is of a deleted claim.
