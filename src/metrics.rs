@@ -110,8 +110,8 @@ pub struct WatchdogLabel {
 pub struct RuntimeStatus {
     /// (claim UID, GPU UUID) → compute status.
     pub compute: BTreeMap<(String, String), ComputeStatus>,
-    /// GPU UUID → (zombie bytes, PIDs).
-    pub zombies: BTreeMap<String, (u64, Vec<u32>)>,
+    /// (GPU UUID, MIG GPU instance or `None` for the whole GPU) → (zombie bytes, PIDs).
+    pub zombies: BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>,
 }
 
 /// A claim's compute on one GPU as the controller last saw it.
@@ -132,7 +132,7 @@ pub fn runtime() -> &'static Mutex<RuntimeStatus> {
 }
 
 /// Replaces the zombie-memory table (the watchdog, each tick).
-pub fn set_zombies(z: BTreeMap<String, (u64, Vec<u32>)>) {
+pub fn set_zombies(z: BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>) {
     runtime().lock().unwrap_or_else(|p| p.into_inner()).zombies = z;
 }
 
@@ -296,8 +296,11 @@ pub struct GpuRow {
     pub memory_used: Option<u64>,
     /// Busy ratio over the driver's last sample window, 0 to 1.
     pub utilization: Option<f64>,
-    /// Memory held by vanished processes or processes of unprepared claims (watchdog).
+    /// Memory held by vanished processes or processes of unprepared claims (watchdog),
+    /// on the whole GPU and its MIG devices together.
     pub memory_zombie: u64,
+    /// The part of `memory_zombie` held in MIG GPU instances: (GI ID, bytes), by GI.
+    pub mig_zombie: Vec<(u32, u64)>,
 }
 
 /// One (claim, GPU) pair of a prepared claim.
@@ -344,6 +347,18 @@ struct GpuLabels {
     minor: String,
     model: String,
     mode: String,
+}
+
+/// A MIG GPU instance of a GPU: the GPU's labels and the GI ID (at most a few per GPU,
+/// so bounded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigLabels {
+    node: String,
+    uuid: String,
+    minor: String,
+    model: String,
+    mode: String,
+    gi: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -423,6 +438,27 @@ pub fn render(snap: &NodeSnapshot) -> String {
         "GPU memory held by processes that no longer exist or whose claim was unprepared",
         Some(Unit::Bytes),
         gpus.iter().map(|g| (gl(g), g.memory_zombie as f64)),
+    );
+    gauge_family(
+        &mut r,
+        "tessera_mig_memory_zombie",
+        "GPU memory held in a MIG GPU instance by processes that no longer exist or whose claim was unprepared (or is being unprepared)",
+        Some(Unit::Bytes),
+        gpus.iter().flat_map(|g| {
+            g.mig_zombie.iter().map(move |(gi, bytes)| {
+                (
+                    MigLabels {
+                        node: snap.node.clone(),
+                        uuid: g.uuid.clone(),
+                        minor: g.minor.to_string(),
+                        model: g.model.clone(),
+                        mode: g.mode.clone(),
+                        gi: gi.to_string(),
+                    },
+                    *bytes as f64,
+                )
+            })
+        }),
     );
     gauge_family(
         &mut r,
@@ -663,7 +699,22 @@ pub fn gather(state: &crate::state::DeviceState, node: &str) -> NodeSnapshot {
             utilization: usage
                 .and_then(|u| u.utilization_percent)
                 .map(|p| f64::from(p) / 100.0),
-            memory_zombie: rt.zombies.get(&g.gpu.uuid).map_or(0, |z| z.0),
+            memory_zombie: rt
+                .zombies
+                .iter()
+                .filter(|((uuid, _), _)| *uuid == g.gpu.uuid)
+                .map(|(_, z)| z.0)
+                .sum(),
+            mig_zombie: rt
+                .zombies
+                .iter()
+                .filter_map(|((uuid, gi), z)| {
+                    (*uuid == g.gpu.uuid)
+                        .then_some(*gi)
+                        .flatten()
+                        .map(|gi| (gi, z.0))
+                })
+                .collect(),
         });
     }
     for (uid, rec) in &claims {
@@ -745,6 +796,7 @@ mod tests {
                 memory_used: Some(5 << 30),
                 utilization: Some(0.875),
                 memory_zombie: 1 << 30,
+                mig_zombie: vec![(3, 512 << 20)],
             }],
             claims: vec![ClaimRow {
                 namespace: "ns".into(),
@@ -822,6 +874,7 @@ mod tests {
             "tessera_claim_refused_allocations_total{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 2",
             "tessera_claim_processes{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 1.0",
             "tessera_gpu_memory_zombie_bytes{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 1073741824.0",
+            "tessera_mig_memory_zombie_bytes{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\",gi=\"3\"} 536870912.0",
             "tessera_gpu_utilization_ratio{node=\"n\",uuid=\"GPU-a\",minor=\"1\",model=\"NVIDIA H100 80GB HBM3\",mode=\"shared\"} 0.875",
             "tessera_claim_compute_achieved_ratio{namespace=\"ns\",name=\"light\",uid=\"u1\",device=\"GPU-a\",kind=\"shared\"} 0.4",
         ] {

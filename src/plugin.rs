@@ -368,6 +368,12 @@ pub async fn run(
                 handle: tokio::runtime::Handle::current(),
             })),
         )
+        .with_pods(Box::new(crate::watchdog::KubePods {
+            client: client.clone(),
+            node: opts.node_name.clone(),
+            handle: tokio::runtime::Handle::current(),
+            timeout: crate::watchdog::pods::LOOKUP_TIMEOUT,
+        }))
         .run(bg_stop_rx.clone()),
     );
     let cleanup_task = tokio::spawn(stale_claim_cleanup(

@@ -175,6 +175,9 @@ pub struct Recovery {
     pub removed_claim_dirs: Vec<String>,
     /// Interception library versions no claim referenced.
     pub removed_lib_versions: Vec<String>,
+    /// Unfinished claims left "unprepare started" because processes still use their
+    /// MIG devices.
+    pub kept_in_use: Vec<String>,
 }
 
 /// The prepared claims of this node.
@@ -324,8 +327,23 @@ impl DeviceState {
             .map(|(u, _)| u.clone())
             .collect();
         for uid in unfinished {
-            self.roll_back(&mut cp, &uid)?;
-            rec.rolled_back.push(uid);
+            match self.roll_back(&mut cp, &uid) {
+                Ok(()) => rec.rolled_back.push(uid),
+                // Processes still use one of its MIG devices: the claim stays, being
+                // unprepared, so that the plugin starts (and its watchdog reports the
+                // memory as zombie memory); the kubelet's next unprepare finishes it.
+                Err(PrepareError::Backend(BackendError::Mig {
+                    source: MigError::InUse(_),
+                    ..
+                })) => {
+                    if let Some(r) = cp.claims.get_mut(&uid) {
+                        r.state = ClaimState::UnprepareStarted;
+                    }
+                    self.store.store(&cp)?;
+                    rec.kept_in_use.push(uid);
+                }
+                Err(e) => return Err(e),
+            }
         }
         let known: BTreeSet<String> = cp
             .claims
@@ -427,6 +445,15 @@ impl DeviceState {
                         source: MigError::NotFound(_),
                         ..
                     }) => {}
+                    Err(
+                        e @ BackendError::Mig {
+                            source: MigError::InUse(_),
+                            ..
+                        },
+                    ) => {
+                        self.log_mig_holders(uid, m.gpu_minor, inst.gi_id);
+                        return Err(e.into());
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -903,6 +930,15 @@ impl DeviceState {
                     source: MigError::NotFound(_),
                     ..
                 }) => {}
+                Err(
+                    e @ BackendError::Mig {
+                        source: MigError::InUse(_),
+                        ..
+                    },
+                ) => {
+                    self.log_mig_holders(uid, m.gpu_minor, m.gi_id);
+                    return Err(e.into());
+                }
                 Err(e) => return Err(e.into()),
             }
             self.cfg.fail_points.hit("unprepare-after-mig-destroy");
@@ -939,6 +975,23 @@ impl DeviceState {
             at: unix_now(),
         });
         Ok(())
+    }
+
+    /// Logs the processes that keep a claim's MIG device in use (its destroy answered
+    /// IN_USE): the claim stays "unprepare started", and the watchdog reports their
+    /// memory as zombie memory of the claim until they exit.
+    fn log_mig_holders(&self, uid: &str, minor: u32, gi: u32) {
+        match self.backend.processes(minor) {
+            Ok(procs) => {
+                let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
+                let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
+                let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
+                warn!(claim = uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
+            }
+            Err(e) => {
+                warn!(claim = uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+            }
+        }
     }
 
     /// Claims prepared at least `min_age_secs` ago: (uid, namespace, name). The stale

@@ -5,7 +5,9 @@
 //! lists every process with a context and the memory it holds. The watchdog maps each
 //! of those processes to a claim **by host PID and cgroup**, never through the
 //! library's registry (a process that bypassed the library is not in it): the pod UID
-//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod.
+//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod in
+//! the checkpoint, or else the claims the API server says the pod uses ([`pods`]: a
+//! pod that joined a claim after its prepare).
 //!
 //! Per tick and GPU it finds:
 //! * **over budget**: a shared claim whose processes hold more than its budget plus
@@ -15,19 +17,23 @@
 //! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
 //!   GPU. Reported (log, metric) once per process.
 //! * **zombie memory**: memory held by a process that no longer exists, or by a process
-//!   of a claim this plugin unprepared. Reported (log naming the PIDs, gauge per GPU).
+//!   of a claim this plugin unprepared or is unpreparing (a MIG device still in use).
+//!   Reported (log naming the PIDs, gauges per GPU and per MIG GPU instance).
 //!
 //! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
-//! Events).
+//! Events, and the live pod lookup of [`pods`]).
+
+pub mod pods;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracing::{info, warn};
 
 use crate::checkpoint::{ClaimRecord, ClaimState, PodRef};
 use crate::state::{DeviceState, Unprepared};
+pub use pods::{KubePods, LiveClaim, LivePod, LookupError, PodCache, PodLookup};
 
 /// What the watchdog does about a claim over its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +102,8 @@ pub struct ProcessView {
     pub exists: bool,
     /// Pod UID from the cgroup, when in a pod.
     pub pod: Option<String>,
+    /// The MIG GPU instance it runs on; `None` on a whole GPU.
+    pub gi: Option<u32>,
 }
 
 /// A prepared claim with devices on the GPU being judged.
@@ -131,10 +139,13 @@ pub enum Finding {
         used: u64,
         pod: Option<String>,
     },
-    /// Memory still held by a vanished process, or by a process of an unprepared claim.
+    /// Memory still held by a vanished process, or by a process of a claim unprepared
+    /// (or being unprepared).
     Zombie {
         pid: u32,
         used: u64,
+        /// The MIG GPU instance holding the memory; `None` for the whole GPU.
+        gi: Option<u32>,
         /// The unprepared claim it belonged to, when known.
         claim: Option<String>,
         vanished: bool,
@@ -160,6 +171,7 @@ pub fn judge(
             out.push(Finding::Zombie {
                 pid: p.pid,
                 used: p.used_bytes,
+                gi: p.gi,
                 claim: None,
                 vanished: true,
             });
@@ -188,6 +200,7 @@ pub fn judge(
             Some(u) => out.push(Finding::Zombie {
                 pid: p.pid,
                 used: p.used_bytes,
+                gi: p.gi,
                 claim: Some(u.uid.clone()),
                 vanished: false,
             }),
@@ -266,6 +279,35 @@ pub fn claims_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<
             })
         })
         .collect()
+}
+
+/// Claims of the checkpoint with devices on GPU `uuid` whose unprepare has begun but
+/// not finished (a MIG device still in use fails its destroy and leaves the claim
+/// there), as unprepared claims: their processes hold zombie memory. Deterministic.
+pub fn unpreparing_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<Unprepared> {
+    claims
+        .iter()
+        .filter(|(_, r)| r.state == ClaimState::UnprepareStarted)
+        .filter(|(_, r)| r.devices.iter().any(|d| d.gpu_uuid == uuid))
+        .map(|(uid, r)| Unprepared {
+            uid: uid.clone(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            pods: r.pods.clone(),
+            gpus: vec![uuid.to_string()],
+            at: r.started_at,
+        })
+        .collect()
+}
+
+/// Adds a live pod to the views of the claims (`claim_uids`) it uses, unless already
+/// recorded there. Deterministic.
+pub fn add_live_pod(on_gpu: &mut [ClaimView], pod: &LivePod, claim_uids: &[String]) {
+    for c in on_gpu.iter_mut().filter(|c| claim_uids.contains(&c.uid)) {
+        if !c.pods.iter().any(|r| r.uid == pod.uid) {
+            c.pods.push(pod.pod_ref());
+        }
+    }
 }
 
 /// Where the watchdog reports what it did; Kubernetes Events in the plugin, a list in
@@ -350,15 +392,108 @@ pub fn parse_tolerance(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("--watchdog-tolerance {s:?}: not a whole number of bytes"))
 }
 
-/// Default tolerance: the library charges context creation by an estimate, and NVML
-/// counts the driver's own per-process reservations.
+/// Default tolerance: NVML's per-process figure includes the process's context and the
+/// driver's own reservations, which the library's charges match only approximately
+/// (context creation is charged per the interception library's estimate).
 pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
+
+/// Why a kill was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("PID {pid} now belongs to pod {now:?}, not {expected:?} (PID reused)")]
+    Reused {
+        pid: u32,
+        expected: Option<String>,
+        now: Option<String>,
+    },
+    #[error("signalling PID {pid} failed")]
+    Signal {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`),
+/// so that a PID reused since NVML listed it is never killed. Through a pidfd where the
+/// kernel has them (5.3+): the pidfd pins the process whose cgroup was checked, so the
+/// signal cannot reach a process that took the PID after the check.
+pub fn kill_checked(proc_root: &Path, pid: u32, expected: Option<&str>) -> Result<(), KillError> {
+    let signal_err = |source| KillError::Signal { pid, source };
+    let check = || {
+        let now = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
+            .ok()
+            .as_deref()
+            .and_then(pod_uid_from_cgroup);
+        if now.as_deref() == expected {
+            Ok(())
+        } else {
+            Err(KillError::Reused {
+                pid,
+                expected: expected.map(str::to_string),
+                now,
+            })
+        }
+    };
+    // SAFETY: pidfd_open(2) takes a PID and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOSYS) {
+            return Err(signal_err(e));
+        }
+        // No pidfds: a check and kill(2), with the (tiny) window between them.
+        check()?;
+        // SAFETY: kill(2) on a PID just checked to be in the expected pod.
+        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+            return Err(signal_err(std::io::Error::last_os_error()));
+        }
+        return Ok(());
+    }
+    let fd = fd as libc::c_int;
+    let r = check().and_then(|()| {
+        // SAFETY: pidfd_send_signal(2) on the pidfd opened above, no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            Err(signal_err(std::io::Error::last_os_error()))
+        } else {
+            Ok(())
+        }
+    });
+    // SAFETY: closing the pidfd this function opened.
+    unsafe { libc::close(fd) };
+    r
+}
+
+/// An error with its causes on one line, for logs.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
 
 /// The edge: one tick reads NVML and procfs, judges each GPU, acts and reports.
 pub struct Watchdog {
     cfg: WatchdogConfig,
     state: Arc<DeviceState>,
     events: Option<Box<dyn EventSink>>,
+    /// Finds pods the checkpoint does not map (pods that joined a claim after its
+    /// prepare); `None`: the checkpoint only.
+    pods: Option<Box<dyn PodLookup>>,
+    pod_cache: PodCache,
     /// (pid, kind) already reported, so reports are made once per process.
     reported: BTreeSet<(u32, &'static str)>,
     /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
@@ -368,6 +503,9 @@ pub struct Watchdog {
 
 /// How long a killed PID is left alone.
 const KILL_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Zombie memory found in one tick: (GPU UUID, MIG GI or `None`) → (bytes, PIDs).
+pub type Zombies = BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>;
 
 impl Watchdog {
     pub fn new(
@@ -379,12 +517,20 @@ impl Watchdog {
             cfg,
             state,
             events,
+            pods: None,
+            pod_cache: PodCache::default(),
             reported: BTreeSet::new(),
             killed: BTreeMap::new(),
         }
     }
 
-    fn view(&self, pid: u32, used: u64) -> ProcessView {
+    /// Also maps processes of pods the checkpoint does not know through `lookup`.
+    pub fn with_pods(mut self, lookup: Box<dyn PodLookup>) -> Self {
+        self.pods = Some(lookup);
+        self
+    }
+
+    fn view(&self, pid: u32, used: u64, gi: Option<u32>) -> ProcessView {
         let dir = self.cfg.proc_root.join(pid.to_string());
         let cgroup = std::fs::read_to_string(dir.join("cgroup")).ok();
         ProcessView {
@@ -392,6 +538,38 @@ impl Watchdog {
             used_bytes: used,
             exists: dir.exists(),
             pod: cgroup.as_deref().and_then(pod_uid_from_cgroup),
+            gi,
+        }
+    }
+
+    /// Adds to `on_gpu` the pods of `views` that no claim there records but that the
+    /// API server says use one of them.
+    fn join_live_pods(
+        &mut self,
+        views: &[ProcessView],
+        on_gpu: &mut [ClaimView],
+        claims: &BTreeMap<String, ClaimRecord>,
+    ) {
+        let Some(lookup) = self.pods.as_deref() else {
+            return;
+        };
+        let unknown: BTreeSet<&str> = views
+            .iter()
+            .filter(|v| v.exists)
+            .filter_map(|v| v.pod.as_deref())
+            .filter(|pod| !on_gpu.iter().any(|c| c.pods.iter().any(|r| r.uid == *pod)))
+            .collect();
+        let now = std::time::Instant::now();
+        for pod in unknown {
+            let (live, err) = self.pod_cache.resolve(pod, lookup, now);
+            if let Some(e) = err {
+                warn!(pod, error = %chain(&e), "watchdog: cannot look the pod up");
+            }
+            let Some(live) = live else { continue };
+            let uids = pods::claims_of(&live, claims);
+            if !uids.is_empty() {
+                add_live_pod(on_gpu, &live, &uids);
+            }
         }
     }
 
@@ -404,7 +582,7 @@ impl Watchdog {
         let unprepared = self.state.recently_unprepared();
         let mut all = Vec::new();
         let mut seen: BTreeSet<(u32, &'static str)> = BTreeSet::new();
-        let mut zombies: BTreeMap<String, (u64, Vec<u32>)> = BTreeMap::new();
+        let mut zombies = Zombies::new();
         let state = self.state.clone();
         for g in state.gpus() {
             let uuid = g.gpu.uuid.clone();
@@ -417,22 +595,22 @@ impl Watchdog {
             };
             let views: Vec<ProcessView> = procs
                 .iter()
-                .map(|p| self.view(p.pid, p.used_bytes.unwrap_or(0)))
+                .map(|p| self.view(p.pid, p.used_bytes.unwrap_or(0), p.gi_id))
                 .collect();
-            let on_gpu: Vec<Unprepared> = unprepared
+            let mut gone: Vec<Unprepared> = unprepared
                 .iter()
                 .filter(|u| u.gpus.contains(&uuid))
                 .cloned()
                 .collect();
-            for f in judge(
-                &views,
-                &claims_on_gpu(&claims, &uuid),
-                &on_gpu,
-                self.cfg.tolerance,
-            ) {
-                self.act(&uuid, &f, &mut seen);
-                if let Finding::Zombie { pid, used, .. } = &f {
-                    let z = zombies.entry(uuid.clone()).or_default();
+            gone.extend(unpreparing_on_gpu(&claims, &uuid));
+            let mut on_gpu = claims_on_gpu(&claims, &uuid);
+            self.join_live_pods(&views, &mut on_gpu, &claims);
+            let pod_of: BTreeMap<u32, Option<String>> =
+                views.iter().map(|v| (v.pid, v.pod.clone())).collect();
+            for f in judge(&views, &on_gpu, &gone, self.cfg.tolerance) {
+                self.act(&uuid, &f, &pod_of, &mut seen);
+                if let Finding::Zombie { pid, used, gi, .. } = &f {
+                    let z = zombies.entry((uuid.clone(), *gi)).or_default();
                     z.0 += used;
                     z.1.push(*pid);
                 }
@@ -444,7 +622,13 @@ impl Watchdog {
         all
     }
 
-    fn act(&mut self, gpu: &str, f: &Finding, seen: &mut BTreeSet<(u32, &'static str)>) {
+    fn act(
+        &mut self,
+        gpu: &str,
+        f: &Finding,
+        pod_of: &BTreeMap<u32, Option<String>>,
+        seen: &mut BTreeSet<(u32, &'static str)>,
+    ) {
         let m = crate::metrics::driver();
         match f {
             Finding::OverBudget {
@@ -472,14 +656,16 @@ impl Watchdog {
                 if enforce {
                     // PID 0 and 1 are never a pod's workload as the host sees it.
                     for &pid in kill.iter().filter(|p| **p > 1) {
-                        // SAFETY: kill(2) on a PID NVML listed in a pod of the claim.
-                        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0 {
-                            killed.push(pid);
-                            self.killed.insert(pid, std::time::Instant::now());
-                        } else {
-                            let e = std::io::Error::last_os_error();
-                            warn!(pid, error = %e, "watchdog: kill failed");
-                            failed.push(pid);
+                        let pod = pod_of.get(&pid).cloned().flatten();
+                        match kill_checked(&self.cfg.proc_root, pid, pod.as_deref()) {
+                            Ok(()) => {
+                                killed.push(pid);
+                                self.killed.insert(pid, std::time::Instant::now());
+                            }
+                            Err(e) => {
+                                warn!(pid, error = %chain(&e), "watchdog: kill failed");
+                                failed.push(pid);
+                            }
                         }
                     }
                 }
@@ -517,6 +703,7 @@ impl Watchdog {
             Finding::Zombie {
                 pid,
                 used,
+                gi,
                 claim,
                 vanished,
             } => {
@@ -526,11 +713,12 @@ impl Watchdog {
                         warn!(
                             pid,
                             gpu,
+                            gi = ?gi,
                             used,
                             "zombie memory: GPU memory held by a process that no longer exists"
                         );
                     } else {
-                        warn!(pid, gpu, used, claim = ?claim, "zombie memory: GPU memory still held by a process of an unprepared claim");
+                        warn!(pid, gpu, gi = ?gi, used, claim = ?claim, "zombie memory: GPU memory still held by a process of an unprepared claim");
                     }
                     m.watchdog_action("report", "zombie");
                 }
@@ -605,6 +793,7 @@ mod tests {
             used_bytes: gib << 30,
             exists: true,
             pod: pod.map(Into::into),
+            gi: None,
         }
     }
 
@@ -634,6 +823,7 @@ mod tests {
                 used_bytes: (4 << 30) + (200 << 20),
                 exists: true,
                 pod: Some(POD.into()),
+                gi: None,
             }],
             &[claim("u1", POD, Some(4 << 30))],
             &[],
@@ -685,16 +875,132 @@ mod tests {
                 Finding::Zombie {
                     pid: 11,
                     used: 2 << 30,
+                    gi: None,
                     claim: Some("old".into()),
                     vanished: false
                 },
                 Finding::Zombie {
                     pid: 12,
                     used: 1 << 30,
+                    gi: None,
                     claim: None,
                     vanished: true
                 },
             ]
         );
+    }
+
+    /// Regression (a pod joining a shared claim after its prepare was never mapped):
+    /// once the live lookup adds the pod to the claim, its processes count against
+    /// the claim's budget and the largest is killed.
+    #[test]
+    fn a_pod_joining_later_is_held_to_the_claims_budget() {
+        const LATE: &str = "7d0e2a9b-1c3f-4e5d-8a6b-9c0d1e2f3a4b";
+        let procs = [proc(10, 1, Some(POD)), proc(20, 3, Some(LATE))];
+        let mut views = vec![claim("u1", POD, Some(2 << 30))];
+        assert!(matches!(
+            &judge(&procs, &views, &[], 0)[..],
+            [Finding::NoClaim { pid: 20, .. }]
+        ));
+        let live = LivePod {
+            uid: LATE.into(),
+            namespace: "ns".into(),
+            name: "late".into(),
+            claims: vec![],
+        };
+        add_live_pod(&mut views, &live, &["u1".into()]);
+        add_live_pod(&mut views, &live, &["u1".into()]);
+        assert_eq!(views[0].pods.len(), 2, "added once");
+        match &judge(&procs, &views, &[], 0)[..] {
+            [Finding::OverBudget { kill, pids, .. }] => {
+                assert_eq!(kill, &vec![20]);
+                assert_eq!(pids, &vec![10, 20]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A claim whose unprepare has begun (its MIG device still in use) has zombie
+    /// processes, keyed by the GPU instance they run on.
+    #[test]
+    fn processes_of_a_claim_being_unprepared_are_zombies_of_their_gpu_instance() {
+        use crate::checkpoint::{MigRecord, PreparedDevice};
+        let device = PreparedDevice {
+            request_names: vec!["gpu".into()],
+            pool_name: "node".into(),
+            device_name: "gpu-0-mig-1g.10gb-3".into(),
+            cdi_device_ids: vec![],
+            share_id: None,
+            gpu_uuid: "GPU-a".into(),
+            config: Default::default(),
+            mig: Some(MigRecord {
+                gpu_minor: 0,
+                profile_id: 19,
+                start: 3,
+                size: 1,
+                gi_id: 9,
+                ci_id: Some(0),
+                uuid: None,
+                created: true,
+            }),
+            budget: None,
+        };
+        let rec = |state| ClaimRecord {
+            state,
+            namespace: "ns".into(),
+            name: "mig".into(),
+            devices: vec![device.clone()],
+            cdi_spec: None,
+            claim_files: false,
+            lib_version: None,
+            pods: vec![PodRef {
+                name: "p".into(),
+                uid: POD.into(),
+            }],
+            started_at: 0,
+            completed_at: None,
+        };
+        let mut claims = BTreeMap::new();
+        claims.insert("u1".to_string(), rec(ClaimState::UnprepareStarted));
+        assert!(claims_on_gpu(&claims, "GPU-a").is_empty());
+        let gone = unpreparing_on_gpu(&claims, "GPU-a");
+        assert_eq!(gone.len(), 1);
+        assert!(unpreparing_on_gpu(&claims, "GPU-b").is_empty());
+        let mut p = proc(10, 1, Some(POD));
+        p.gi = Some(9);
+        assert_eq!(
+            judge(&[p], &[], &gone, 0),
+            vec![Finding::Zombie {
+                pid: 10,
+                used: 1 << 30,
+                gi: Some(9),
+                claim: Some("u1".into()),
+                vanished: false
+            }]
+        );
+        claims.insert("u1".to_string(), rec(ClaimState::PrepareCompleted));
+        assert!(unpreparing_on_gpu(&claims, "GPU-a").is_empty());
+        assert_eq!(claims_on_gpu(&claims, "GPU-a").len(), 1);
+    }
+
+    /// A PID whose cgroup no longer names the expected pod is not signalled.
+    #[test]
+    fn a_reused_pid_is_not_killed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let dir = root.path().join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), "0::/system.slice/other.service\n").unwrap();
+        let r = kill_checked(root.path(), pid, Some(POD));
+        assert!(matches!(r, Err(KillError::Reused { .. })), "{r:?}");
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
+        kill_checked(root.path(), pid, Some(POD)).unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
     }
 }

@@ -6,10 +6,17 @@
 //!
 //! * a bypass over its claim's budget is killed within 2 s in enforce mode, and only
 //!   reported (with a Warning Event on its pod) in report mode;
+//! * so is a process that preloads the interception library *and* a hostile library
+//!   rebinding cuMemAlloc_v2 to the driver (`tests/fakes/hostile_preload.c`);
+//! * a pod that joins a claim after its prepare is found through the API server (the
+//!   fake one, over HTTP) and held to the claim's budget; the Warning Events reach the
+//!   API server as valid core/v1 Events;
 //! * a GPU process of no claim is reported;
 //! * nothing happens below the tolerance;
 //! * after unprepare, memory still held is zombie memory: a finding and a gauge naming
-//!   the PIDs, for a process of the unprepared claim and for one that no longer exists.
+//!   the PIDs, for a process of the unprepared claim and for one that no longer exists;
+//!   on MIG, per GPU instance, while the claim's device is still in use (also across a
+//!   plugin restart).
 //!
 //! Each test runs in a child process (the fake NVML reads its environment at init).
 
@@ -23,19 +30,29 @@ mod fake_nvml;
 mod e2e;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fake_nvml::{FakeHost, with_fake_host};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use k8s_openapi::api::resource::v1::{
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
+    ResourceClaimSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::backend::mock::{DEFAULT_NODE_YAML, StateAccess};
+use tessera::backend::{
+    BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
+};
 use tessera::checkpoint::PodRef;
+use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
+use tessera::kubever::KubeVersion;
+use tessera::mig::MigError;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
 use tessera::state::{DeviceState, UnknownMig};
-use tessera::watchdog::{EventSink, Finding, Mode, Watchdog, WatchdogConfig};
+use tessera::watchdog::{EventSink, Finding, KubeEvents, KubePods, Mode, Watchdog, WatchdogConfig};
 
 const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
 const GPU1_MEMORY: u64 = 85_520_809_984;
@@ -64,6 +81,10 @@ impl EventSink for Events {
 
 struct Node {
     state: Arc<DeviceState>,
+    /// The prepared claim's UID.
+    claim: String,
+    /// The plugin's run dir (claim files under `claims/<uid>/`).
+    run_dir: PathBuf,
     proc_root: PathBuf,
     fakes: e2e::CudaFakes,
     lib_dir: PathBuf,
@@ -74,6 +95,12 @@ struct Node {
 /// The fake host's GPUs with the NVML backend, gpu-1 shared, and a 1 GiB share of it
 /// prepared for pod A.
 fn node(host: &FakeHost) -> Node {
+    node_with(host, CLAIM, &format!("c-{CLAIM}"))
+}
+
+/// As [`node`], the claim `name` with UID `claim_uid` (the API server's, when it has
+/// it).
+fn node_with(host: &FakeHost, claim_uid: &str, name: &str) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let ledger = tmp.path().join("ledger");
     std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
@@ -103,7 +130,8 @@ fn node(host: &FakeHost) -> Node {
     let mut opts = harness::options(tmp.path());
     opts.paths.proc_root = host.proc_root();
     let state = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Keep).unwrap());
-    let mut claim: ResourceClaim = harness::allocated_claim_object(CLAIM, "gpu", "gpu-1");
+    let mut claim: ResourceClaim = harness::allocated_claim_object(claim_uid, "gpu", "gpu-1");
+    claim.metadata.name = Some(name.into());
     let status = claim.status.as_mut().unwrap();
     status
         .allocation
@@ -122,7 +150,7 @@ fn node(host: &FakeHost) -> Node {
         api_group: None,
     }]);
     state
-        .prepare(&claim, CLAIM)
+        .prepare(&claim, claim_uid)
         .unwrap_or_else(|e| panic!("{}", e.chain()));
     let fakes = e2e::cuda_fakes(&tmp.path().join("fakes"));
     let lib_dir = tmp.path().join("libcuda");
@@ -130,6 +158,8 @@ fn node(host: &FakeHost) -> Node {
     std::os::unix::fs::symlink(&fakes.libcuda, lib_dir.join("libcuda.so.1")).unwrap();
     Node {
         state,
+        claim: claim_uid.to_string(),
+        run_dir: opts.paths.run_dir.clone(),
         proc_root: host.proc_root(),
         fakes,
         lib_dir,
@@ -142,8 +172,63 @@ impl Node {
     /// A process holding `bytes` on gpu-1 without the interception library, placed in
     /// `pod` (or in no pod) by its cgroup file under the fake proc root.
     fn holder(&self, bytes: u64, pod: Option<&str>) -> Child {
-        let mut child = Command::new(&self.fakes.client)
-            .args(["dlsym", "ctx", "0", "alloc", &bytes.to_string(), "hold"])
+        let mut cmd = Command::new(&self.fakes.client);
+        cmd.args(["dlsym", "ctx", "0", "alloc", &bytes.to_string(), "hold"]);
+        let (child, seen) = self.start(cmd, pod);
+        assert!(
+            seen.iter().any(|l| l.starts_with("ok ")),
+            "client: {seen:?}"
+        );
+        child
+    }
+
+    /// A tenant process of `pod`: the client (loading mode `mode`) allocating `bytes`
+    /// and holding them, in a mount namespace of its own where the claim's files are
+    /// mounted as the plugin mounts them (`limits` and `control` read-only) under
+    /// `/run/tessera/claims/<uid>/`, with `preload` in `LD_PRELOAD`. Returns the
+    /// process and the client's lines.
+    fn tenant(&self, pod: &str, preload: &[&Path], mode: &str, bytes: u64) -> (Child, Vec<String>) {
+        const SCRIPT: &str = r#"set -e
+mount -t tmpfs tmpfs /run
+d=/run/tessera/claims/$CLAIM_UID
+mkdir -p "$d"
+for f in limits control region; do
+  touch "$d/$f"
+  mount --bind "$CLAIM_SRC/$f" "$d/$f"
+done
+mount -o remount,bind,ro "$d/limits"
+mount -o remount,bind,ro "$d/control"
+export LD_PRELOAD="$TENANT_PRELOAD"
+exec "$@"
+"#;
+        let preload: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "sh", "-c", SCRIPT, "sh"])
+            .arg(&self.fakes.client)
+            .args([mode, "ctx", "0", "alloc", &bytes.to_string(), "hold"])
+            .env("CLAIM_UID", &self.claim)
+            .env(
+                "CLAIM_SRC",
+                tessera::claimfiles::claim_dir(&self.run_dir, &self.claim),
+            )
+            .env("TENANT_PRELOAD", preload.join(" "));
+        self.start(cmd, Some(pod))
+    }
+
+    /// Starts `cmd` (the client, exec'd in place) on the fake driver, waits for it to
+    /// hold its memory, and places it in `pod` (or in no pod) by its cgroup file under
+    /// the fake proc root.
+    fn start(&self, mut cmd: Command, pod: Option<&str>) -> (Child, Vec<String>) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl(2) only, between fork and exec. The process dies with the
+        // test's thread, so a failing test leaves no process holding its output pipe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .env("LD_LIBRARY_PATH", &self.lib_dir)
             .env("FAKE_CUDA_LEDGER", &self.ledger)
             .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
@@ -159,9 +244,9 @@ impl Node {
                 break;
             }
         }
-        assert!(
-            seen.iter().any(|l| l.starts_with("ok "))
-                && seen.last().map(String::as_str) == Some("holding"),
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("holding"),
             "client: {seen:?}"
         );
         let dir = self.proc_root.join(child.id().to_string());
@@ -174,7 +259,7 @@ impl Node {
             None => "0::/system.slice/some-daemon.service\n".to_string(),
         };
         std::fs::write(dir.join("cgroup"), cgroup).unwrap();
-        child
+        (child, seen)
     }
 
     fn watchdog(&self, mode: Mode, events: &Events) -> Watchdog {
@@ -337,6 +422,7 @@ fn zombie_memory_after_unprepare() {
                 Finding::Zombie {
                     pid,
                     used: GIB / 2,
+                    gi: None,
                     claim: Some(CLAIM.into()),
                     vanished: false
                 }
@@ -358,4 +444,631 @@ fn zombie_memory_after_unprepare() {
         );
         assert!(left.try_wait().is_ok());
     });
+}
+
+/// Builds `tests/fakes/hostile_preload.c` into `dir`.
+fn hostile_library(dir: &Path) -> PathBuf {
+    let out = dir.join("libhostile.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fakes/hostile_preload.c"
+        ))
+        .arg("-ldl")
+        .output()
+        .expect("a C compiler");
+    assert!(
+        built.status.success(),
+        "building the hostile library: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+/// Root and unshare are needed to mount the claim's files as the plugin does.
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let unshare = Command::new("unshare")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(root && unshare) {
+        assert!(
+            !e2e::in_ci(),
+            "the hostile-preload test needs root and unshare under CI"
+        );
+        eprintln!("SKIPPED: the hostile-preload test needs root and unshare");
+    }
+    root && unshare
+}
+
+/// A process that preloads the interception library and a hostile library rebinding
+/// cuMemAlloc_v2 to the driver holds 2 GiB of a 1 GiB claim (the fake driver's
+/// ledger, as NVML reports it): report mode only reports it; enforce mode kills it
+/// within 2 s. The same allocation without the hostile library is refused, so the
+/// library was in force and the hostile library is what got past it. Both ways of
+/// reaching the driver are covered: cuGetProcAddress (report) and dlsym (enforce).
+#[test]
+fn hostile_preload_over_budget_is_reported_or_killed() {
+    if !can_mount() {
+        return;
+    }
+    with_fake_host(
+        "hostile_preload_over_budget_is_reported_or_killed",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let n = node(host);
+            let library = e2e::interception_library();
+            let hostile = hostile_library(n._tmp.path());
+            // The wall holds without the hostile library.
+            let (mut walled, seen) = n.tenant(POD_A, &[&library], "gpa", 2 * GIB);
+            assert!(
+                seen.iter().any(|l| l.starts_with("err ")),
+                "the library refuses 2 GiB of a 1 GiB claim: {seen:?}"
+            );
+            kill(&mut walled);
+            n.vanish(walled.id());
+
+            let events = Events::default();
+            let (mut tenant, seen) = n.tenant(POD_A, &[&hostile, &library], "gpa", 2 * GIB);
+            assert!(seen.iter().any(|l| l.starts_with("ok ")), "{seen:?}");
+            let pid = tenant.id();
+            let mut wd = n.watchdog(Mode::Report, &events);
+            let found = wd.tick();
+            let over: Vec<&Finding> = found
+                .iter()
+                .map(|(_, f)| f)
+                .filter(|f| matches!(f, Finding::OverBudget { .. }))
+                .collect();
+            match &over[..] {
+                [Finding::OverBudget { used, kill, .. }] => {
+                    assert!(*used >= 2 * GIB, "{used}");
+                    assert_eq!(kill, &vec![pid]);
+                }
+                other => panic!("{other:?} in {found:?}"),
+            }
+            assert_eq!(events.0.lock().unwrap().len(), 1);
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                tenant.try_wait().unwrap().is_none(),
+                "report mode kills nothing"
+            );
+            kill(&mut tenant);
+            n.vanish(pid);
+
+            let (mut tenant, seen) = n.tenant(POD_A, &[&hostile, &library], "dlsym", 2 * GIB);
+            assert!(seen.iter().any(|l| l.starts_with("ok ")), "{seen:?}");
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let task = rt.spawn(n.watchdog(Mode::Enforce, &events).run(stop_rx));
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = tenant.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not killed within 2 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            println!(
+                "hostile tenant killed {:?} after the watchdog started",
+                t.elapsed()
+            );
+            let _ = stop_tx.send(true);
+            rt.block_on(task).unwrap();
+            n.vanish(tenant.id());
+        },
+    );
+}
+
+/// A fake API server holding the claim (so that its UID is the server's), the node
+/// with that claim prepared for pod A, and pod B on the node naming the claim in its
+/// spec: it joined after the prepare, so the checkpoint does not know it.
+struct Cluster {
+    rt: tokio::runtime::Runtime,
+    api: FakeApiServer,
+    client: kube::Client,
+    node: Node,
+}
+
+fn cluster(host: &FakeHost) -> Cluster {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt
+        .block_on(FakeApiServer::start(FakeApiConfig::new(
+            KubeVersion::NEWEST,
+        )))
+        .unwrap();
+    api.add_node(harness::NODE);
+    let client = {
+        let _guard = rt.enter();
+        api.client().unwrap()
+    };
+    let claims: kube::Api<ResourceClaim> = kube::Api::namespaced(client.clone(), harness::NS);
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("shared-gpu".into()),
+            namespace: Some(harness::NS.into()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "gpu".into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: "gpu.tessera.dev".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }),
+        status: None,
+    };
+    let created = rt
+        .block_on(claims.create(&Default::default(), &claim))
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let name = "shared-gpu";
+    let node = node_with(host, &uid, name);
+    api.add_pod(
+        harness::NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-b", "uid": POD_B},
+            "spec": {
+                "nodeName": harness::NODE,
+                "containers": [{"name": "c", "image": "x"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]
+            }
+        }),
+    );
+    // Another node's pod naming the claim is not this node's business.
+    api.add_pod(
+        harness::NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-elsewhere", "uid": "0e8a4f2c-3b1d-4c6e-9f7a-5d2b8c1e0a93"},
+            "spec": {
+                "nodeName": "node-b",
+                "containers": [{"name": "c", "image": "x"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]
+            }
+        }),
+    );
+    Cluster {
+        rt,
+        api,
+        client,
+        node,
+    }
+}
+
+impl Cluster {
+    fn pods(&self) -> Box<KubePods> {
+        Box::new(KubePods {
+            client: self.client.clone(),
+            node: harness::NODE.into(),
+            handle: self.rt.handle().clone(),
+            timeout: Duration::from_secs(2),
+        })
+    }
+
+    fn watchdog(&self, mode: Mode, events: Box<dyn EventSink>) -> Watchdog {
+        Watchdog::new(
+            WatchdogConfig {
+                mode,
+                tolerance: 256 << 20,
+                proc_root: self.node.proc_root.clone(),
+                interval: Duration::from_millis(500),
+            },
+            self.node.state.clone(),
+            Some(events),
+        )
+        .with_pods(self.pods())
+    }
+
+    fn kube_events(&self) -> Box<dyn EventSink> {
+        Box::new(KubeEvents {
+            client: self.client.clone(),
+            node: harness::NODE.into(),
+            handle: self.rt.handle().clone(),
+        })
+    }
+}
+
+/// Regression (a pod that joined a shared claim after its prepare was never mapped:
+/// its processes were "no claim" and never killed): pod B's process holding 2 GiB of
+/// the 1 GiB claim is found through the API server and killed within 2 s in enforce
+/// mode. The lookup is cached: later ticks make no further API calls.
+#[test]
+fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
+    with_fake_host(
+        "a_pod_joining_a_prepared_claim_later_is_killed_over_budget",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let c = cluster(host);
+            let mut late = c.node.holder(2 * GIB, Some(POD_B));
+            let pid = late.id();
+            // The checkpoint alone does not know pod B.
+            let events = Events::default();
+            let found = c.node.watchdog(Mode::Report, &events).tick();
+            assert!(
+                matches!(&found[..], [(_, Finding::NoClaim { pid: p, .. })] if *p == pid),
+                "{found:?}"
+            );
+            // With the live lookup, in report mode: over budget, and cached.
+            c.api.clear_requests();
+            let mut wd = c.watchdog(Mode::Report, Box::new(events.clone()));
+            let found = wd.tick();
+            match &found[..] {
+                [(_, Finding::OverBudget { kill, pods, .. })] => {
+                    assert_eq!(kill, &vec![pid]);
+                    assert!(pods.iter().any(|p| p.uid == POD_B), "{pods:?}");
+                }
+                other => panic!("{other:?}"),
+            }
+            wd.tick();
+            wd.tick();
+            let calls: Vec<(String, String, bool)> = c
+                .api
+                .requests()
+                .iter()
+                .map(|r| {
+                    let on_node = r
+                        .query
+                        .contains(&format!("fieldSelector=spec.nodeName%3D{}", harness::NODE));
+                    (r.verb.clone(), r.resource.clone(), on_node)
+                })
+                .collect();
+            assert_eq!(
+                calls,
+                vec![
+                    ("list".into(), "pods".into(), true),
+                    ("get".into(), "resourceclaims".into(), false),
+                ],
+                "one lookup for three ticks"
+            );
+            assert!(
+                late.try_wait().unwrap().is_none(),
+                "report mode kills nothing"
+            );
+
+            // Enforce, through the plugin's loop.
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let task = c.rt.spawn(
+                c.watchdog(Mode::Enforce, Box::new(events.clone()))
+                    .run(stop_rx),
+            );
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = late.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not killed within 2 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            println!(
+                "late pod's process killed {:?} after the watchdog started",
+                t.elapsed()
+            );
+            let _ = stop_tx.send(true);
+            c.rt.block_on(task).unwrap();
+            c.node.vanish(pid);
+        },
+    );
+}
+
+/// The watchdog's Events reach the API server (the fake one, over HTTP, which
+/// validates core/v1 Events as the real one does): a Warning GpuMemoryOverBudget on
+/// each pod of the claim, the pod named with its UID, the message naming the PID and
+/// the bytes held.
+#[test]
+fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
+    with_fake_host(
+        "over_budget_events_are_valid_kubernetes_events_on_the_pods",
+        DEFAULT_NODE_YAML,
+        |host| {
+            use k8s_openapi::api::core::v1::Event;
+            let c = cluster(host);
+            let mut late = c.node.holder(2 * GIB, Some(POD_B));
+            let pid = late.id();
+            let found = c.watchdog(Mode::Report, c.kube_events()).tick();
+            let used = match &found[..] {
+                [(_, Finding::OverBudget { used, .. })] => *used,
+                other => panic!("{other:?}"),
+            };
+            let api: kube::Api<Event> = kube::Api::namespaced(c.client.clone(), harness::NS);
+            let t = Instant::now();
+            let events = loop {
+                let list = c.rt.block_on(api.list(&Default::default())).unwrap();
+                if list.items.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
+                    break list.items;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let mut on: Vec<(String, String)> = events
+                .iter()
+                .map(|e| {
+                    (
+                        e.involved_object.name.clone().unwrap_or_default(),
+                        e.involved_object.uid.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            on.sort();
+            assert_eq!(
+                on,
+                vec![
+                    ("pod-a".to_string(), POD_A.to_string()),
+                    ("pod-b".to_string(), POD_B.to_string())
+                ]
+            );
+            for e in &events {
+                let o = &e.involved_object;
+                assert_eq!(o.kind.as_deref(), Some("Pod"));
+                assert_eq!(o.api_version.as_deref(), Some("v1"));
+                assert_eq!(o.namespace.as_deref(), Some(harness::NS));
+                assert_eq!(e.metadata.namespace.as_deref(), Some(harness::NS));
+                assert_eq!(e.reason.as_deref(), Some("GpuMemoryOverBudget"));
+                assert_eq!(e.type_.as_deref(), Some("Warning"));
+                let msg = e.message.as_deref().unwrap_or_default();
+                assert!(msg.contains(&format!("processes [{pid}]")), "{msg}");
+                assert!(msg.contains(&format!("holds {used} bytes")), "{msg}");
+                assert!(msg.contains(&format!("budget of {GIB} bytes")), "{msg}");
+            }
+            let creates: Vec<u16> = c
+                .api
+                .requests()
+                .iter()
+                .filter(|r| r.resource == "events" && r.verb == "create")
+                .map(|r| r.status)
+                .collect();
+            assert_eq!(
+                creates,
+                vec![201, 201],
+                "accepted by the server's validation"
+            );
+            // The same server refuses an Event whose namespace does not match its pod's.
+            let mut bad = events[0].clone();
+            bad.metadata = ObjectMeta {
+                generate_name: Some("bad.".into()),
+                namespace: Some(harness::NS.into()),
+                ..Default::default()
+            };
+            bad.involved_object.namespace = Some("elsewhere".into());
+            let err =
+                c.rt.block_on(api.create(&Default::default(), &bad))
+                    .unwrap_err();
+            assert!(
+                err.to_string().contains("involvedObject.namespace"),
+                "{err}"
+            );
+            kill(&mut late);
+            c.node.vanish(pid);
+        },
+    );
+}
+
+/// The mock node's backend with CUDA processes on its MIG devices: `processes` lists
+/// them with their GPU instance, and destroying an instance a process runs on answers
+/// IN_USE and changes nothing, as NVML does.
+struct MigProcesses {
+    inner: Arc<dyn GpuBackend>,
+    /// (GPU minor, process).
+    procs: Mutex<Vec<(u32, GpuProcess)>>,
+}
+
+impl GpuBackend for MigProcesses {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        self.inner.discover()
+    }
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        self.inner.mig_status(minor)
+    }
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.inner.set_mig_mode(minor, enabled)
+    }
+    fn create_mig(&self, minor: u32, p: u32, s: u32) -> Result<MigInstance, BackendError> {
+        self.inner.create_mig(minor, p, s)
+    }
+    fn destroy_mig(&self, minor: u32, gi: u32) -> Result<(), BackendError> {
+        let busy = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(m, p)| *m == minor && p.gi_id == Some(gi));
+        if busy {
+            return Err(BackendError::Mig {
+                op: "destroy",
+                minor,
+                source: MigError::InUse(format!("processes are running on GPU instance {gi}")),
+            });
+        }
+        self.inner.destroy_mig(minor, gi)
+    }
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        Ok(self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| *m == minor)
+            .map(|(_, p)| *p)
+            .collect())
+    }
+}
+
+/// Zombie memory on MIG (issue 11): a process of a claim holding a Tessera-created MIG
+/// device keeps it in use, so the unprepare fails with IN_USE and the claim stays
+/// "unprepare started". Its memory is zombie memory of that claim, keyed by the GPU
+/// instance (finding and `tessera_mig_memory_zombie_bytes{gi}`), also after a plugin
+/// restart (which no longer fails on the busy device); once the process is gone with
+/// its memory still held, zombie memory of a vanished process in that instance; once
+/// released, the unprepare completes and nothing is left.
+#[test]
+fn mig_zombie_memory_is_reported_per_gpu_instance() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let mut model = harness::model(root.path());
+    let backend = Arc::new(MigProcesses {
+        inner: model.backend.clone(),
+        procs: Mutex::new(Vec::new()),
+    });
+    model.backend = backend.clone();
+    let gpu0 = model
+        .gpus
+        .iter()
+        .find(|g| g.gpu.minor == 0)
+        .unwrap()
+        .gpu
+        .uuid
+        .clone();
+    let opts = harness::options(root.path());
+    let open = || Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
+    let state = open();
+    let uid = "00000000-0000-4000-8000-0000000000ab";
+    let mut claim = harness::allocated_claim_object(uid, "mig", "gpu-0-mig-2g20gb-14-4");
+    claim.status.as_mut().unwrap().reserved_for = Some(vec![ResourceClaimConsumerReference {
+        resource: "pods".into(),
+        name: "pod-a".into(),
+        uid: POD_A.into(),
+        api_group: None,
+    }]);
+    let devs = state.prepare(&claim, uid).unwrap();
+    let gi = devs[0].mig.as_ref().unwrap().gi_id;
+
+    // A process of pod A on the MIG device, holding 1 GiB there.
+    let proc_root = root.path().join("proc");
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id();
+    let dir = proc_root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cgroup"),
+        format!("0::/kubepods/besteffort/pod{POD_A}/ctr\n"),
+    )
+    .unwrap();
+    backend.procs.lock().unwrap().push((
+        0,
+        GpuProcess {
+            pid,
+            used_bytes: Some(GIB),
+            gi_id: Some(gi),
+        },
+    ));
+    let events = Events::default();
+    let watchdog = |state: &Arc<DeviceState>| {
+        Watchdog::new(
+            WatchdogConfig {
+                mode: Mode::Enforce,
+                tolerance: 256 << 20,
+                proc_root: proc_root.clone(),
+                interval: Duration::from_millis(500),
+            },
+            state.clone(),
+            Some(Box::new(events.clone())),
+        )
+    };
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![],
+        "a prepared MIG claim's process"
+    );
+
+    let err = state.unprepare(uid).unwrap_err().chain();
+    assert!(err.contains("in use"), "{err}");
+    assert_eq!(
+        harness::checkpoint_state(&opts.paths.state_dir, uid).as_deref(),
+        Some("UnprepareStarted")
+    );
+    let zombie = Finding::Zombie {
+        pid,
+        used: GIB,
+        gi: Some(gi),
+        claim: Some(uid.into()),
+        vanished: false,
+    };
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(gpu0.clone(), zombie.clone())]
+    );
+    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    let series = |name: &str, extra: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with(name) && l.contains(&format!("uuid=\"{gpu0}\"")) && l.contains(extra)
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    let gib = format!("{}.0", GIB);
+    assert_eq!(
+        series("tessera_mig_memory_zombie_bytes", &format!("gi=\"{gi}\"")).as_deref(),
+        Some(gib.as_str()),
+        "{text}"
+    );
+    assert_eq!(
+        series("tessera_gpu_memory_zombie_bytes", "").as_deref(),
+        Some(gib.as_str())
+    );
+
+    // A plugin restart: start-up keeps the busy claim instead of failing, and the
+    // checkpoint still attributes the memory to it.
+    drop(state);
+    let state = open();
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(gpu0.clone(), zombie.clone())]
+    );
+
+    // The process is gone; its memory is still held in the GPU instance.
+    kill(&mut sleeper);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        watchdog(&state).tick(),
+        vec![(
+            gpu0.clone(),
+            Finding::Zombie {
+                pid,
+                used: GIB,
+                gi: Some(gi),
+                claim: None,
+                vanished: true,
+            }
+        )]
+    );
+
+    // Released: the kubelet's retry completes the unprepare; nothing is left.
+    backend.procs.lock().unwrap().clear();
+    state.unprepare(uid).unwrap();
+    assert_eq!(watchdog(&state).tick(), vec![]);
+    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    assert!(!text.contains("tessera_mig_memory_zombie_bytes{"), "{text}");
+    assert!(events.0.lock().unwrap().is_empty(), "zombies post no Event");
 }

@@ -1134,8 +1134,10 @@ impl GpuBackend for NvmlBackend {
         Ok(p.log.iter().filter(|e| e.seq > since).copied().collect())
     }
 
-    /// `nvmlDeviceGetComputeRunningProcesses_v3`: on a MIG-enabled GPU the parent
-    /// handle lists the processes of every MIG device, with their GPU instance.
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`, plus the graphics list
+    /// (`nvmlDeviceGetGraphicsRunningProcesses_v3`, where the driver has it): on a
+    /// MIG-enabled GPU the parent handle lists the processes of every MIG device, with
+    /// their GPU instance.
     fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
         let gpu = self.gpu(minor)?;
         let list = self
@@ -1145,17 +1147,31 @@ impl GpuBackend for NvmlBackend {
                 "nvmlDeviceGetComputeRunningProcesses_v3",
                 gpu.index,
             ))?;
-        Ok(list
-            .into_iter()
-            .map(|p| GpuProcess {
+        // Graphics contexts hold device memory too. A process with both kinds is in
+        // both lists with the same figure; a driver or library without the graphics
+        // call (the fake NVML) leaves the compute list as it is.
+        let graphics = self
+            .device(gpu)
+            .running_graphics_processes()
+            .unwrap_or_default();
+        let mut out: Vec<GpuProcess> = Vec::with_capacity(list.len() + graphics.len());
+        for p in list.into_iter().chain(graphics) {
+            if out
+                .iter()
+                .any(|o| o.pid == p.pid && o.gi_id == p.gpu_instance_id)
+            {
+                continue;
+            }
+            out.push(GpuProcess {
                 pid: p.pid,
                 used_bytes: match p.used_gpu_memory {
                     nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
                     nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
                 },
                 gi_id: p.gpu_instance_id,
-            })
-            .collect())
+            });
+        }
+        Ok(out)
     }
 
     /// `nvmlDeviceGetProcessUtilization`; NVML's `NOT_FOUND` (no sample newer than

@@ -4,7 +4,8 @@
 //! where they matter to Tessera: `/version`; nodes get/list; resourceslices list (label
 //! and field selectors), watch, create (`generateName`, `dryRun=All`), update (409 on a
 //! stale resourceVersion) and delete (preconditions); resourceclaims get, list, create,
-//! update, status update and delete; pods get and list; events create.
+//! update, status update and delete; pods get and list; events create (core/v1 Events
+//! validated as the API server does).
 //!
 //! It is parameterized by Kubernetes version (1.34–1.37) and feature gates: disabled
 //! gates drop their fields silently, and ResourceSlices are validated per version
@@ -15,6 +16,7 @@
 // test double, and boxing it would only add noise.
 #![allow(clippy::result_large_err)]
 
+mod events;
 mod selectors;
 mod store;
 
@@ -779,6 +781,15 @@ fn admit(
             stored.status = new.status;
             stored.metadata.resource_version = new.metadata.resource_version;
             serde_json::to_value(&stored).map_err(|e| bad_request(e.to_string()))
+        }
+        ("events", None) if t.group.is_empty() => {
+            let ev: k8s_openapi::api::core::v1::Event =
+                serde_json::from_value(obj.clone()).map_err(decode_err)?;
+            let errs = events::validate_event(&ev);
+            if !errs.is_empty() {
+                return Err(invalid(t, name, &errs));
+            }
+            Ok(obj)
         }
         _ => Ok(obj),
     }

@@ -1,0 +1,127 @@
+//! Validation of core/v1 Events on create, as the API server's
+//! `ValidateEventCreate` does for a `v1` request: the legacy rules only (stricter
+//! rules apply to events.k8s.io/v1 and are not modelled).
+
+use k8s_openapi::api::core::v1::Event;
+
+use crate::validation::format::validate_dns_subdomain;
+use crate::validation::{BadValue, FieldError, FieldPath};
+
+/// `k8s.io/kubernetes/pkg/apis/core/validation.ReasonLengthLimit` and friends.
+const REASON_LENGTH_LIMIT: usize = 128;
+const ACTION_LENGTH_LIMIT: usize = 128;
+const NOTE_LENGTH_LIMIT: usize = 1024;
+const REPORTING_INSTANCE_LENGTH_LIMIT: usize = 128;
+
+/// The errors the API server returns for creating `ev` through core/v1. Pure.
+pub fn validate_event(ev: &Event) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let ns = ev.metadata.namespace.as_deref().unwrap_or("");
+    let involved_ns = ev.involved_object.namespace.as_deref().unwrap_or("");
+    let involved_path = "involvedObject.namespace";
+    let mismatch = || {
+        FieldError::invalid(
+            involved_path,
+            BadValue::str(involved_ns),
+            "does not match event.namespace",
+        )
+    };
+    if ev.event_time.is_none() {
+        if involved_ns.is_empty() {
+            if !ns.is_empty() && ns != "default" {
+                errs.push(mismatch());
+            }
+        } else if ns != involved_ns {
+            errs.push(mismatch());
+        }
+    } else {
+        if involved_ns.is_empty() && ns != "default" && ns != "kube-system" {
+            errs.push(mismatch());
+        }
+        let reporting = ev.reporting_component.as_deref().unwrap_or("");
+        if reporting.is_empty() {
+            errs.push(FieldError::required("reportingComponent", ""));
+        }
+        let instance = ev.reporting_instance.as_deref().unwrap_or("");
+        if instance.is_empty() {
+            errs.push(FieldError::required("reportingInstance", ""));
+        }
+        if instance.len() > REPORTING_INSTANCE_LENGTH_LIMIT {
+            errs.push(FieldError::too_long(
+                "reportingInstance",
+                REPORTING_INSTANCE_LENGTH_LIMIT,
+            ));
+        }
+        let action = ev.action.as_deref().unwrap_or("");
+        if action.is_empty() {
+            errs.push(FieldError::required("action", ""));
+        }
+        if action.len() > ACTION_LENGTH_LIMIT {
+            errs.push(FieldError::too_long("action", ACTION_LENGTH_LIMIT));
+        }
+        let reason = ev.reason.as_deref().unwrap_or("");
+        if reason.is_empty() {
+            errs.push(FieldError::required("reason", ""));
+        }
+        if reason.len() > REASON_LENGTH_LIMIT {
+            errs.push(FieldError::too_long("reason", REASON_LENGTH_LIMIT));
+        }
+        if ev.message.as_deref().unwrap_or("").len() > NOTE_LENGTH_LIMIT {
+            errs.push(FieldError::too_long("message", NOTE_LENGTH_LIMIT));
+        }
+    }
+    errs.extend(validate_dns_subdomain(
+        ns,
+        &FieldPath::new("metadata.namespace"),
+    ));
+    if let Some(name) = ev.metadata.name.as_deref() {
+        errs.extend(validate_dns_subdomain(
+            name,
+            &FieldPath::new("metadata.name"),
+        ));
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(v: serde_json::Value) -> Event {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A Warning on a pod in its own namespace passes; a mismatched namespace, a bad
+    /// name, and a new-style event without its reporting fields do not.
+    #[test]
+    fn events_are_validated_as_the_api_server_does_for_v1() {
+        let ok = event(json!({
+            "metadata": {"name": "pod-a.x7k2q", "namespace": "ns"},
+            "involvedObject": {"kind": "Pod", "name": "pod-a", "namespace": "ns"},
+            "reason": "GpuMemoryOverBudget", "type": "Warning"
+        }));
+        assert!(validate_event(&ok).is_empty());
+        let other_ns = event(json!({
+            "metadata": {"name": "e", "namespace": "ns"},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": "other"}
+        }));
+        assert_eq!(validate_event(&other_ns).len(), 1);
+        let bad_name = event(json!({
+            "metadata": {"name": "Pod_A", "namespace": "ns"},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"}
+        }));
+        assert!(!validate_event(&bad_name).is_empty());
+        let new_style = event(json!({
+            "metadata": {"name": "e", "namespace": "ns"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"}
+        }));
+        assert_eq!(
+            validate_event(&new_style).len(),
+            4,
+            "{:?}",
+            validate_event(&new_style)
+        );
+    }
+}
