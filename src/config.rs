@@ -341,6 +341,9 @@ mod tests {
             ("health: {xidClearAfter: 0s}\n", "health.xidClearAfter"),
             ("health: {xidClearAfter: 5}\n", "health.xidClearAfter"),
             ("health: {xidClearAfter: forever}\n", "health.xidClearAfter"),
+            // Regression: a multi-byte last character panicked the decoder.
+            ("health: {xidClearAfter: 5µ}\n", "health.xidClearAfter"),
+            ("health: {xidClearAfter: +5m}\n", "health.xidClearAfter"),
             (
                 "health:\n  xids:\n  - {xid: 63, action: NoSchedule, clearAfter: 2d}\n",
                 "health.xids[0].clearAfter",

@@ -82,7 +82,8 @@ impl HealthAction {
     }
 }
 
-/// A quiet period: `<n>s`, `<n>m` or `<n>h` (n ≥ 1), or `Never`.
+/// A quiet period: `<n>s`, `<n>m` or `<n>h` (n ≥ 1, decimal digits without a sign or
+/// leading zero), or `Never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Quiet {
@@ -110,12 +111,22 @@ impl TryFrom<String> for Quiet {
             return Ok(Quiet::Never);
         }
         let bad = || format!("invalid quiet period {s:?}: want <n>s, <n>m, <n>h (n ≥ 1) or Never");
-        let (n, unit) = s.split_at(s.len().saturating_sub(1));
+        // Split off the last character, not the last byte: a multi-byte unit ("5µ")
+        // must be refused, not panic mid-character.
+        let Some((at, unit)) = s.char_indices().next_back() else {
+            return Err(bad());
+        };
+        let n = &s[..at];
+        // Digits only, no leading zero: `u64::from_str` would also take "+5", and
+        // "05m" would not print back as written.
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+            return Err(bad());
+        }
         let n: u64 = n.parse().map_err(|_| bad())?;
         let secs = match unit {
-            "s" => Some(n),
-            "m" => n.checked_mul(60),
-            "h" => n.checked_mul(3600),
+            's' => Some(n),
+            'm' => n.checked_mul(60),
+            'h' => n.checked_mul(3600),
             _ => None,
         };
         match secs {
@@ -599,6 +610,14 @@ mod tests {
             ("never", None),
             ("", None),
             ("99999999999999999999h", None),
+            // Regressions: a multi-byte last character panicked (byte split); a sign
+            // was accepted.
+            ("5µ", None),
+            ("µ", None),
+            ("5mµ", None),
+            ("+5m", None),
+            ("05m", None),
+            (" 5m", None),
         ] {
             let got = Quiet::try_from(text.to_string()).ok();
             assert_eq!(got, want, "{text:?}");
