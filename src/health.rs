@@ -452,7 +452,8 @@ mod tests {
         let (scraper, calls, release) = hanging_scraper(false);
         let h = Arc::new(Health::with_scrape_timeout(Duration::from_millis(300)));
         h.set_scraper(scraper);
-        let (stale, text) = body(respond(&h, "/metrics", "application/openmetrics-text").await).await;
+        let (stale, text) =
+            body(respond(&h, "/metrics", "application/openmetrics-text").await).await;
         assert!(!stale && text.contains("tessera_scrape_number 0"), "{text}");
         assert!(text.contains("tessera_metrics_scrape_stale 0\n"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -465,7 +466,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         // Meanwhile, on the same (only) worker:
         assert_eq!(respond(&h, "/healthz", "").await.status(), StatusCode::OK);
-        assert!(!waiting.is_finished(), "the /metrics request is still waiting");
+        assert!(
+            !waiting.is_finished(),
+            "the /metrics request is still waiting"
+        );
         let r = waiting.await.unwrap();
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert_eq!(r.status(), StatusCode::OK);
@@ -505,7 +509,11 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         let (_, why) = body(r).await;
         assert!(why.contains("timed out") && why.contains("old"), "{why}");
-        assert_eq!(calls.load(Ordering::SeqCst), 2, "both waited on the hung scrape");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "both waited on the hung scrape"
+        );
         release.send(()).unwrap();
     }
 

@@ -504,3 +504,51 @@ async fn an_xid_on_a_mig_device_taints_only_the_devices_it_overlaps() {
     k.unprepare_v1(std::slice::from_ref(&claim)).await.unwrap();
     plugin.stop().await;
 }
+
+/// Regression (an XID on a MIG instance was matched to a placement only when polled, so
+/// an instance destroyed by then, the common case since a fatal XID kills the pod and
+/// its unprepare destroys the instance, was charged to the whole GPU and evicted every
+/// tenant): the watcher keeps the placement the instance had at its previous poll, so
+/// the XID still taints only the devices overlapping that placement.
+#[tokio::test]
+async fn an_xid_on_a_mig_instance_destroyed_before_the_poll_taints_only_its_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = harness::model(dir.path());
+    let backend = model.backend.clone();
+    assert!(model.mig.contains_key(&0), "gpu-0 is a mig-mode GPU");
+    backend.set_mig_mode(0, true).unwrap();
+    let inst = backend.create_mig(0, 19, 5).unwrap();
+    let features = tessera::slices::ServerFeatures {
+        partitionable: true,
+        consumable_capacity: true,
+        device_taints: true,
+    };
+    let mut watcher =
+        tessera::healthsvc::HealthWatcher::new(model, DRIVER, NODE, KubeVersion::NEWEST, features);
+    assert!(!watcher.poll().await.unwrap(), "nothing happened yet");
+    // The XID, then the instance's destruction, both before the next poll.
+    inject_mig_xid(&dir.path().join("state"), 0, inst.gi_id, 48).unwrap();
+    backend.destroy_mig(0, inst.gi_id).unwrap();
+    assert!(watcher.poll().await.unwrap());
+
+    assert_eq!(watcher.health().unhealthy(0), None, "not the whole GPU");
+    let unhealthy: Vec<String> = watcher
+        .device_list(0)
+        .into_iter()
+        .filter(|d| d.health() == pb::HealthStatus::Unhealthy)
+        .map(|d| d.device.unwrap().device_name)
+        .collect();
+    for overlapping in ["gpu-0-mig-1g10gb-19-5", "gpu-0"] {
+        assert!(unhealthy.iter().any(|d| d == overlapping), "{unhealthy:?}");
+    }
+    for beside in ["gpu-0-mig-1g10gb-19-4", "gpu-0-mig-1g10gb-19-6", "gpu-1"] {
+        assert!(
+            !unhealthy.iter().any(|d| d == beside),
+            "{beside}: {unhealthy:?}"
+        );
+    }
+    assert!(
+        unhealthy.len() < 10,
+        "most partitions are beside it: {unhealthy:?}"
+    );
+}

@@ -50,7 +50,10 @@ async fn scrape(addr: SocketAddr) -> String {
         .expect("the metrics endpoint answers");
     assert_eq!(status, 200, "{body}");
     assert!(!head.contains("x-tessera-scrape"), "a stale reply: {head}");
-    assert!(body.contains("\ntessera_metrics_scrape_stale 0\n"), "{body}");
+    assert!(
+        body.contains("\ntessera_metrics_scrape_stale 0\n"),
+        "{body}"
+    );
     // Chunked transfer encoding: keep the exposition lines only.
     body.lines()
         .filter(|l| l.starts_with('#') || l.starts_with("tessera_"))
