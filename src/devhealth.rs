@@ -35,7 +35,8 @@
 //!
 //! A stronger action replaces a weaker one (`NoExecute` over `NoSchedule`); an equal
 //! or weaker event keeps the first cause and its time, so that repeated XIDs do not
-//! churn the slices, but restarts the quiet period.
+//! churn the slices, but restarts the quiet period. Either way the state keeps the
+//! stricter of the two quiet periods (none beats any).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -471,12 +472,17 @@ impl NodeHealth {
         if action == HealthAction::Ignore {
             return Applied::Ignored;
         }
-        if let Some(cur) = self.unhealthy.get_mut(&(minor, scope))
-            && cur.action >= action
-        {
-            cur.last_event = now;
-            cur.clear_after = stricter(cur.clear_after, clear_after);
-            return Applied::Unchanged;
+        let mut clear_after = clear_after;
+        if let Some(cur) = self.unhealthy.get_mut(&(minor, scope)) {
+            // Whichever state stays, it clears no sooner than either event allows: a
+            // stronger XID with a quiet period must not expire a loss that never
+            // clears by time.
+            clear_after = stricter(cur.clear_after, clear_after);
+            if cur.action >= action {
+                cur.last_event = now;
+                cur.clear_after = clear_after;
+                return Applied::Unchanged;
+            }
         }
         self.unhealthy.insert(
             (minor, scope),
@@ -711,6 +717,40 @@ mod tests {
             Applied::Changed
         );
         assert!(h.all_unhealthy().is_empty());
+    }
+
+    /// Regression (a stronger event kept only its own quiet period): with `gpuLost:
+    /// NoSchedule`, a NoExecute XID with `clearAfter: 1m` replaces the loss but the
+    /// state still never clears by time, since the GPU is still lost.
+    #[test]
+    fn a_stronger_event_keeps_the_stricter_quiet_period() {
+        let mut h = NodeHealth::new(HealthConfig {
+            gpu_lost: Some(HealthAction::NoSchedule),
+            xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
+            ..Default::default()
+        });
+        h.apply(&ev(0, HealthEventKind::Lost), 0);
+        assert_eq!(
+            h.apply(&ev(0, HealthEventKind::Xid(94)), 10),
+            Applied::Changed
+        );
+        let u = h.unhealthy(0).unwrap();
+        assert_eq!(
+            (u.cause, u.action),
+            (Cause::Xid(94), HealthAction::NoExecute)
+        );
+        assert_eq!(u.clear_after, None);
+        assert!(h.expire(1_000_000).is_empty(), "still lost");
+        // The other way round too: the longer of two periods wins.
+        let mut h = NodeHealth::new(HealthConfig {
+            xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
+            ..Default::default()
+        });
+        h.apply(&ev(0, HealthEventKind::Xid(63)), 0);
+        h.apply(&ev(0, HealthEventKind::Xid(94)), 10);
+        assert_eq!(h.unhealthy(0).unwrap().clear_after, Some(300));
+        assert!(h.expire(309).is_empty());
+        assert_eq!(h.expire(310).len(), 1);
     }
 
     /// With `clearOnRecovery: false` nothing clears: not a recovery, not quiet.
