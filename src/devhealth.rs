@@ -31,7 +31,9 @@
 //!   other reset indication, so after resetting a GPU that had a fatal XID without
 //!   falling off the bus the operator restarts the plugin on the node (health is kept
 //!   in memory and starts healthy), or sets `clearAfter` for that XID;
-//! * with `clearOnRecovery: false` nothing clears until the plugin restarts.
+//! * with `clearOnRecovery: false` nothing clears until the plugin restarts (a quiet
+//!   period set with it is refused, as is a `clearAfter` on an `Ignore` rule:
+//!   [`HealthConfig::problem`]).
 //!
 //! A stronger action replaces a weaker one (`NoExecute` over `NoSchedule`); an equal
 //! or weaker event keeps the first cause and its time, so that repeated XIDs do not
@@ -170,10 +172,6 @@ fn default_true() -> bool {
     true
 }
 
-fn default_xid_clear_after() -> Quiet {
-    Quiet::After(DEFAULT_XID_CLEAR_AFTER_SECONDS)
-}
-
 /// The node config's `health:` section. Every field is optional:
 ///
 /// ```yaml
@@ -191,8 +189,9 @@ fn default_xid_clear_after() -> Quiet {
 pub struct HealthConfig {
     #[serde(default = "default_true")]
     pub clear_on_recovery: bool,
-    #[serde(default = "default_xid_clear_after")]
-    pub xid_clear_after: Quiet,
+    /// Absent: [`DEFAULT_XID_CLEAR_AFTER_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_clear_after: Option<Quiet>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_lost: Option<HealthAction>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -203,7 +202,7 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             clear_on_recovery: true,
-            xid_clear_after: default_xid_clear_after(),
+            xid_clear_after: None,
             gpu_lost: None,
             xids: Vec::new(),
         }
@@ -238,7 +237,9 @@ impl HealthConfig {
             return q.seconds();
         }
         match self.xid_action(xid) {
-            HealthAction::NoSchedule => self.xid_clear_after.seconds(),
+            HealthAction::NoSchedule => self
+                .xid_clear_after
+                .map_or(Some(DEFAULT_XID_CLEAR_AFTER_SECONDS), Quiet::seconds),
             HealthAction::Ignore | HealthAction::NoExecute => None,
         }
     }
@@ -255,6 +256,49 @@ impl HealthConfig {
             .enumerate()
             .find(|(i, r)| self.xids[..*i].iter().any(|o| o.xid == r.xid))
             .map(|(i, r)| (i, r.xid))
+    }
+
+    /// The first setting the policy would silently never use, as (field under
+    /// `health.`, why): a duplicated XID, a `clearAfter` on an `Ignore` rule (it never
+    /// taints), or a quiet period with `clearOnRecovery: false` (nothing clears).
+    /// Deterministic.
+    pub fn problem(&self) -> Option<(String, String)> {
+        if let Some((i, xid)) = self.duplicate_xid() {
+            return Some((
+                format!("xids[{i}].xid"),
+                format!("XID {xid} is listed twice"),
+            ));
+        }
+        if let Some((i, r)) = self
+            .xids
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.action == HealthAction::Ignore && r.clear_after.is_some())
+        {
+            return Some((
+                format!("xids[{i}].clearAfter"),
+                format!(
+                    "XID {} is ignored (action: Ignore), so it has no taint to clear",
+                    r.xid
+                ),
+            ));
+        }
+        if !self.clear_on_recovery {
+            let keeps = "clearOnRecovery: false keeps every taint until the plugin restarts";
+            if self.xid_clear_after.is_some() {
+                return Some((
+                    "xidClearAfter".into(),
+                    format!("{keeps}; drop one of the two"),
+                ));
+            }
+            if let Some(i) = self.xids.iter().position(|r| r.clear_after.is_some()) {
+                return Some((
+                    format!("xids[{i}].clearAfter"),
+                    format!("{keeps}; drop one of the two"),
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -584,7 +628,7 @@ mod tests {
             assert_eq!(d.xid_clear_after(x), None, "{x}");
         }
         let c = HealthConfig {
-            xid_clear_after: Quiet::After(60),
+            xid_clear_after: Some(Quiet::After(60)),
             xids: vec![
                 rule(48, HealthAction::NoExecute, Some(Quiet::After(3600))),
                 rule(63, HealthAction::NoSchedule, Some(Quiet::Never)),

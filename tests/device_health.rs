@@ -370,7 +370,7 @@ async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
 #[tokio::test]
 async fn a_noschedule_xid_clears_after_the_quiet_period() {
     let mut h = Harness::new().await;
-    h.model.config.health.xid_clear_after = Quiet::After(1);
+    h.model.config.health.xid_clear_after = Some(Quiet::After(1));
     let plugin = h.start_plugin().await;
     let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
