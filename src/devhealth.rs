@@ -1,6 +1,8 @@
 //! Device health: what the backend's health events (NVML XID errors, a GPU fallen off
 //! the bus, a GPU answering again) mean for the devices Tessera publishes. Pure: no
-//! I/O, the clock is a parameter.
+//! I/O, the clock is a parameter ([`At`]: the wall clock for a taint's `timeAdded`,
+//! the monotonic clock for quiet periods, so that a clock step never clears a taint
+//! early or late).
 //!
 //! Health is kept per [`Scope`]: a physical GPU (by minor), or one MIG GPU instance
 //! of it. An XID NVML reports with a GPU instance ID is the instance's: it makes
@@ -42,6 +44,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -302,6 +305,25 @@ impl HealthConfig {
     }
 }
 
+/// When an event is applied or quiet periods are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    /// Unix seconds: the taint's `timeAdded`.
+    pub unix: i64,
+    /// What quiet periods are measured on.
+    pub mono: Instant,
+}
+
+impl At {
+    /// Both clocks now (tokio's monotonic clock, so that a paused test clock applies).
+    pub fn now() -> At {
+        At {
+            unix: now_unix(),
+            mono: tokio::time::Instant::now().into_std(),
+        }
+    }
+}
+
 /// Memory slices `[start, start + size)` of a GPU: a MIG placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Span {
@@ -361,8 +383,8 @@ pub struct Unhealthy {
     pub message: String,
     /// Unix seconds: when the scope became unhealthy (the taint's `timeAdded`).
     pub since: i64,
-    /// Unix seconds of the latest event that kept it so.
-    pub last_event: i64,
+    /// The latest event that kept it so (monotonic).
+    pub last_event: Instant,
     /// Quiet seconds after [`Unhealthy::last_event`] that clear it; `None`: only a
     /// recovery does.
     pub clear_after: Option<u64>,
@@ -466,16 +488,16 @@ impl NodeHealth {
         &self.unhealthy
     }
 
-    /// Applies one backend event at time `now` (unix seconds) to the whole GPU: what
+    /// Applies one backend event at `now` to the whole GPU: what
     /// [`NodeHealth::apply_in`] does with [`Scope::Gpu`].
-    pub fn apply(&mut self, ev: &HealthEvent, now: i64) -> Applied {
+    pub fn apply(&mut self, ev: &HealthEvent, now: At) -> Applied {
         self.apply_in(ev, Scope::Gpu, now)
     }
 
-    /// Applies one backend event at time `now` (unix seconds). `scope` is where an XID
+    /// Applies one backend event at `now`. `scope` is where an XID
     /// happened (the caller resolves the event's GPU instance ID to its placement);
     /// a loss is always the GPU's, and a recovery clears every scope of the GPU.
-    pub fn apply_in(&mut self, ev: &HealthEvent, scope: Scope, now: i64) -> Applied {
+    pub fn apply_in(&mut self, ev: &HealthEvent, scope: Scope, now: At) -> Applied {
         let minor = ev.minor;
         let (cause, action, clear_after, scope, message) = match ev.kind {
             HealthEventKind::Xid(x) => {
@@ -523,7 +545,7 @@ impl NodeHealth {
             // clears by time.
             clear_after = stricter(cur.clear_after, clear_after);
             if cur.action >= action {
-                cur.last_event = now;
+                cur.last_event = now.mono;
                 cur.clear_after = clear_after;
                 return Applied::Unchanged;
             }
@@ -534,18 +556,18 @@ impl NodeHealth {
                 cause,
                 action,
                 message,
-                since: now,
-                last_event: now,
+                since: now.unix,
+                last_event: now.mono,
                 clear_after,
             },
         );
         Applied::Changed
     }
 
-    /// Clears every state whose quiet period has passed at `now` (unix seconds) and
+    /// Clears every state whose quiet period has passed at `now` (monotonic) and
     /// returns the scopes cleared, in order. Nothing clears with `clearOnRecovery:
     /// false`.
-    pub fn expire(&mut self, now: i64) -> Vec<((u32, Scope), Unhealthy)> {
+    pub fn expire(&mut self, now: Instant) -> Vec<((u32, Scope), Unhealthy)> {
         if !self.policy.clear_on_recovery {
             return Vec::new();
         }
@@ -554,7 +576,8 @@ impl NodeHealth {
             .iter()
             .filter(|(_, u)| {
                 u.clear_after
-                    .is_some_and(|d| now >= u.last_event.saturating_add_unsigned(d))
+                    .and_then(|d| u.last_event.checked_add(Duration::from_secs(d)))
+                    .is_some_and(|due| now >= due)
             })
             .map(|(k, _)| *k)
             .collect();
@@ -581,6 +604,21 @@ mod tests {
             minor,
             gi_id: None,
             kind,
+        }
+    }
+
+    static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+    /// `secs` seconds on the monotonic clock of the tests.
+    fn mono(secs: u64) -> Instant {
+        *START + Duration::from_secs(secs)
+    }
+
+    /// Unix second `secs`, which is also `mono(secs)`.
+    fn at(secs: u64) -> At {
+        At {
+            unix: secs as i64,
+            mono: mono(secs),
         }
     }
 
@@ -683,12 +721,12 @@ mod tests {
     fn events_move_a_gpu_between_states() {
         let mut h = NodeHealth::new(HealthConfig::default());
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(13)), 10),
+            h.apply(&ev(1, HealthEventKind::Xid(13)), at(10)),
             Applied::Ignored
         );
         assert_eq!(h.gpu(1), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(63)), 10),
+            h.apply(&ev(1, HealthEventKind::Xid(63)), at(10)),
             Applied::Changed
         );
         let u = h.unhealthy(1).unwrap();
@@ -697,10 +735,13 @@ mod tests {
             (Cause::Xid(63), HealthAction::NoSchedule, 10)
         );
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(64)), 11),
+            h.apply(&ev(1, HealthEventKind::Xid(64)), at(11)),
             Applied::Unchanged
         );
-        assert_eq!(h.apply(&ev(1, HealthEventKind::Lost), 12), Applied::Changed);
+        assert_eq!(
+            h.apply(&ev(1, HealthEventKind::Lost), at(12)),
+            Applied::Changed
+        );
         let t = h.unhealthy(1).unwrap().taint();
         assert_eq!(t.key, TAINT_KEY);
         assert_eq!(t.value.as_deref(), Some("gpu-lost"));
@@ -708,12 +749,12 @@ mod tests {
         assert_eq!(t.time_added.unwrap().0.as_second(), 12);
         assert_eq!(h.gpu(0), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 13),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(13)),
             Applied::Changed
         );
         assert_eq!(h.gpu(1), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 13),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(13)),
             Applied::Unchanged
         );
     }
@@ -723,20 +764,49 @@ mod tests {
     #[test]
     fn a_noschedule_xid_clears_after_a_quiet_period() {
         let mut h = NodeHealth::new(HealthConfig::default());
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 1_000);
-        assert!(h.expire(1_299).is_empty());
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(1_000));
+        assert!(h.expire(mono(1_299)).is_empty());
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Xid(64)), 1_200),
+            h.apply(&ev(0, HealthEventKind::Xid(64)), at(1_200)),
             Applied::Unchanged
         );
-        assert!(h.expire(1_300).is_empty(), "the second XID restarted it");
-        assert!(h.expire(1_499).is_empty());
-        let cleared = h.expire(1_500);
+        assert!(
+            h.expire(mono(1_300)).is_empty(),
+            "the second XID restarted it"
+        );
+        assert!(h.expire(mono(1_499)).is_empty());
+        let cleared = h.expire(mono(1_500));
         assert_eq!(cleared.len(), 1);
         assert_eq!(cleared[0].0, (0, Scope::Gpu));
         assert_eq!(cleared[0].1.since, 1_000, "the taint kept its first time");
         assert_eq!(h.gpu(0), DeviceHealth::Healthy);
-        assert!(h.expire(10_000).is_empty());
+        assert!(h.expire(mono(10_000)).is_empty());
+    }
+
+    /// Regression (quiet periods ran on the wall clock at 1 s resolution, so an NTP
+    /// step cleared taints early or late): they run on the monotonic clock; a wall
+    /// clock stepped back an hour changes nothing but the unix times recorded.
+    #[test]
+    fn quiet_periods_ignore_wall_clock_steps() {
+        let mut h = NodeHealth::new(HealthConfig::default());
+        h.apply(
+            &ev(0, HealthEventKind::Xid(63)),
+            At {
+                unix: 10_000,
+                mono: mono(0),
+            },
+        );
+        h.apply(
+            &ev(0, HealthEventKind::Xid(64)),
+            At {
+                unix: 10_000 - 3_600,
+                mono: mono(100),
+            },
+        );
+        assert!(h.expire(mono(399)).is_empty());
+        let cleared = h.expire(mono(400));
+        assert_eq!(cleared.len(), 1);
+        assert_eq!(cleared[0].1.since, 10_000);
     }
 
     /// Fatal XIDs and losses never clear by time, only when the GPU answers again; a
@@ -744,20 +814,20 @@ mod tests {
     #[test]
     fn fatal_xids_and_losses_wait_for_recovery() {
         let mut h = NodeHealth::new(HealthConfig::default());
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 0);
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(0));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Xid(48)), 10),
+            h.apply(&ev(0, HealthEventKind::Xid(48)), at(10)),
             Applied::Changed
         );
-        h.apply(&ev(1, HealthEventKind::Lost), 0);
-        assert!(h.expire(1_000_000).is_empty());
+        h.apply(&ev(1, HealthEventKind::Lost), at(0));
+        assert!(h.expire(mono(1_000_000)).is_empty());
         assert_eq!(h.unhealthy(0).unwrap().cause, Cause::Xid(48));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 20),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(20)),
             Applied::Changed
         );
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 20),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(20)),
             Applied::Changed
         );
         assert!(h.all_unhealthy().is_empty());
@@ -773,9 +843,9 @@ mod tests {
             xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
             ..Default::default()
         });
-        h.apply(&ev(0, HealthEventKind::Lost), 0);
+        h.apply(&ev(0, HealthEventKind::Lost), at(0));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Xid(94)), 10),
+            h.apply(&ev(0, HealthEventKind::Xid(94)), at(10)),
             Applied::Changed
         );
         let u = h.unhealthy(0).unwrap();
@@ -784,17 +854,17 @@ mod tests {
             (Cause::Xid(94), HealthAction::NoExecute)
         );
         assert_eq!(u.clear_after, None);
-        assert!(h.expire(1_000_000).is_empty(), "still lost");
+        assert!(h.expire(mono(1_000_000)).is_empty(), "still lost");
         // The other way round too: the longer of two periods wins.
         let mut h = NodeHealth::new(HealthConfig {
             xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
             ..Default::default()
         });
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 0);
-        h.apply(&ev(0, HealthEventKind::Xid(94)), 10);
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(0));
+        h.apply(&ev(0, HealthEventKind::Xid(94)), at(10));
         assert_eq!(h.unhealthy(0).unwrap().clear_after, Some(300));
-        assert!(h.expire(309).is_empty());
-        assert_eq!(h.expire(310).len(), 1);
+        assert!(h.expire(mono(309)).is_empty());
+        assert_eq!(h.expire(mono(310)).len(), 1);
     }
 
     /// With `clearOnRecovery: false` nothing clears: not a recovery, not quiet.
@@ -804,13 +874,13 @@ mod tests {
             clear_on_recovery: false,
             ..Default::default()
         });
-        h.apply(&ev(0, HealthEventKind::Xid(79)), 5);
-        h.apply(&ev(1, HealthEventKind::Xid(63)), 5);
+        h.apply(&ev(0, HealthEventKind::Xid(79)), at(5));
+        h.apply(&ev(1, HealthEventKind::Xid(63)), at(5));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 6),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(6)),
             Applied::Unchanged
         );
-        assert!(h.expire(1_000_000).is_empty());
+        assert!(h.expire(mono(1_000_000)).is_empty());
         assert!(h.unhealthy(0).is_some() && h.unhealthy(1).is_some());
     }
 
@@ -829,39 +899,39 @@ mod tests {
             gi_id: Some(5),
             ..ev(0, HealthEventKind::Xid(48))
         };
-        assert_eq!(h.apply_in(&e, gi, 10), Applied::Changed);
+        assert_eq!(h.apply_in(&e, gi, at(10)), Applied::Changed);
         assert_eq!(h.unhealthy(0), None, "the GPU itself stays healthy");
-        let at = |start, size| Some(Span { start, size });
+        let place = |start, size| Some(Span { start, size });
         for (device, hit) in [
             (None, true),
-            (at(4, 2), true),
-            (at(5, 1), true),
-            (at(4, 4), true),
-            (at(0, 8), true),
-            (at(0, 4), false),
-            (at(6, 1), false),
-            (at(3, 1), false),
+            (place(4, 2), true),
+            (place(5, 1), true),
+            (place(4, 4), true),
+            (place(0, 8), true),
+            (place(0, 4), false),
+            (place(6, 1), false),
+            (place(3, 1), false),
         ] {
             assert_eq!(h.device(0, device).is_some(), hit, "{device:?}");
         }
         assert_eq!(h.device(1, None), None);
-        let u = h.device(0, at(4, 2)).unwrap();
+        let u = h.device(0, place(4, 2)).unwrap();
         assert_eq!(u.action, HealthAction::NoExecute);
         assert!(u.message.contains("GPU instance 5"), "{}", u.message);
         // A weaker GPU-level XID: everything NoSchedule, the instance still NoExecute.
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 11);
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(11));
         assert_eq!(
-            h.device(0, at(0, 1)).unwrap().action,
+            h.device(0, place(0, 1)).unwrap().action,
             HealthAction::NoSchedule
         );
         assert_eq!(
-            h.device(0, at(4, 1)).unwrap().action,
+            h.device(0, place(4, 1)).unwrap().action,
             HealthAction::NoExecute
         );
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 12),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(12)),
             Applied::Changed
         );
-        assert_eq!(h.device(0, at(4, 2)), None);
+        assert_eq!(h.device(0, place(4, 2)), None);
     }
 }

@@ -33,7 +33,7 @@ use tracing::{info, warn};
 use std::collections::BTreeMap;
 
 use crate::backend::{GpuBackend, HealthEvent, HealthEventKind};
-use crate::devhealth::{Applied, DeviceHealth, NodeHealth, Scope, Span, now_unix};
+use crate::devhealth::{Applied, At, DeviceHealth, NodeHealth, Scope, Span, now_unix};
 use crate::kubever::KubeVersion;
 use crate::node::NodeModel;
 use crate::proto::health_v1alpha1 as pb;
@@ -218,7 +218,7 @@ impl HealthWatcher {
         &mut self,
         events: &[HealthEvent],
         current: &BTreeMap<u32, Option<Placements>>,
-        now: i64,
+        now: At,
     ) -> bool {
         let mut changed = false;
         for e in events {
@@ -252,7 +252,7 @@ impl HealthWatcher {
     }
 
     /// Applies one event to one scope and logs what it did; true when it changed.
-    fn apply_one(&mut self, e: &HealthEvent, scope: Scope, now: i64) -> bool {
+    fn apply_one(&mut self, e: &HealthEvent, scope: Scope, now: At) -> bool {
         let r = self.health.apply_in(e, scope, now);
         let kind = match e.kind {
             HealthEventKind::Xid(x) => format!("XID {x}"),
@@ -286,8 +286,9 @@ impl HealthWatcher {
         r == Applied::Changed
     }
 
-    /// Clears the states whose quiet period passed at `now`; true when any did.
-    pub fn expire(&mut self, now: i64) -> bool {
+    /// Clears the states whose quiet period passed at `now` (monotonic); true when any
+    /// did.
+    pub fn expire(&mut self, now: std::time::Instant) -> bool {
         let cleared = self.health.expire(now);
         for ((minor, scope), u) in &cleared {
             let gi = match scope {
@@ -332,9 +333,9 @@ impl HealthWatcher {
                 (Vec::new(), BTreeMap::new())
             }
         };
-        let now = now_unix();
+        let now = At::now();
         let changed = self.apply(&events, &current, now);
-        Ok(self.expire(now) || changed)
+        Ok(self.expire(now.mono) || changed)
     }
 
     /// Polls every `interval` until `stop` turns true; on each change sends the new
@@ -359,7 +360,7 @@ impl HealthWatcher {
                     }
                     failing = true;
                     // Quiet periods still run out while the backend cannot answer.
-                    self.expire(now_unix())
+                    self.expire(At::now().mono)
                 }
             };
             if changed {

@@ -34,7 +34,7 @@ fn health(events: &[(u32, HealthEventKind)]) -> NodeHealth {
                 gi_id: None,
                 kind: *kind,
             },
-            1_800_000_000,
+            tessera::devhealth::At::now(),
         );
     }
     h
@@ -364,13 +364,15 @@ async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
     assert!(end.is_ok(), "the health stream outlived the plugin");
 }
 
-/// A NoSchedule XID (63) clears once gpu-3 was quiet for `xidClearAfter` (1 s here):
-/// the taint leaves the stored slice and the stream turns the device Healthy, while a
-/// fatal XID on gpu-2 injected at the same time stays.
+/// A NoSchedule XID (63) clears once gpu-3 was quiet for `xidClearAfter` (2 s here),
+/// not before: the taint is still stored just before the period ends, then leaves
+/// the stored slice and the stream turns the device Healthy, while a fatal XID on
+/// gpu-2 injected at the same time stays. Runs on the real clock (the plugin's).
 #[tokio::test]
 async fn a_noschedule_xid_clears_after_the_quiet_period() {
+    const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
     let mut h = Harness::new().await;
-    h.model.config.health.xid_clear_after = Some(Quiet::After(1));
+    h.model.config.health.xid_clear_after = Some(Quiet::After(QUIET.as_secs()));
     let plugin = h.start_plugin().await;
     let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
@@ -383,26 +385,29 @@ async fn a_noschedule_xid_clears_after_the_quiet_period() {
     })
     .await;
     let state = &h.opts.paths.state_dir;
+    // The plugin applies the XID at a poll after this, so its period ends after
+    // `injected + QUIET`.
+    let injected = std::time::Instant::now();
     inject_xid(state, 3, 63).unwrap();
     inject_xid(state, 2, 79).unwrap();
-    harness::wait_until("gpu-3 tainted", || {
+    let tainted = || {
         stored_taints(&h.api, "gpu-3") == Some(Some(vec![("xid-63".into(), "NoSchedule".into())]))
-    })
-    .await;
+    };
+    harness::wait_until("gpu-3 tainted", tainted).await;
     next_until(&mut stream, "gpu-3 unhealthy", |d| {
         status_of(d, "gpu-3").0 == pb::HealthStatus::Unhealthy
     })
     .await;
-    let t = std::time::Instant::now();
+    let just_before = QUIET - std::time::Duration::from_millis(200);
+    tokio::time::sleep(just_before.saturating_sub(injected.elapsed())).await;
+    assert!(tainted(), "cleared before its quiet period ended");
     let list = next_until(&mut stream, "gpu-3 healthy again", |d| {
         status_of(d, "gpu-3").0 == pb::HealthStatus::Healthy
     })
     .await;
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(5),
-        "{:?}",
-        t.elapsed()
-    );
+    let took = injected.elapsed();
+    assert!(took >= QUIET, "cleared after {took:?}");
+    assert!(took < QUIET * 3, "cleared after {took:?}");
     assert_eq!(status_of(&list, "gpu-2").0, pb::HealthStatus::Unhealthy);
     harness::wait_until("gpu-3 untainted", || {
         stored_taints(&h.api, "gpu-3") == Some(None)
