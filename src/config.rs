@@ -226,11 +226,8 @@ impl NodeConfig {
                 ));
             }
         }
-        if let Some((i, xid)) = self.health.duplicate_xid() {
-            return Err(err(
-                format!("health.xids[{i}].xid"),
-                format!("XID {xid} is listed twice"),
-            ));
+        if let Some((field, why)) = self.health.problem() {
+            return Err(err(format!("health.{field}"), why));
         }
         if self.shared_slots == 0 || 100 % self.shared_slots != 0 {
             return Err(err(
@@ -341,6 +338,9 @@ mod tests {
             ("health: {xidClearAfter: 0s}\n", "health.xidClearAfter"),
             ("health: {xidClearAfter: 5}\n", "health.xidClearAfter"),
             ("health: {xidClearAfter: forever}\n", "health.xidClearAfter"),
+            // Regression: a multi-byte last character panicked the decoder.
+            ("health: {xidClearAfter: 5µ}\n", "health.xidClearAfter"),
+            ("health: {xidClearAfter: +5m}\n", "health.xidClearAfter"),
             (
                 "health:\n  xids:\n  - {xid: 63, action: NoSchedule, clearAfter: 2d}\n",
                 "health.xids[0].clearAfter",
@@ -352,6 +352,19 @@ mod tests {
             (
                 "health:\n  xids:\n  - {xid: 79, action: Ignore}\n  - {xid: 79, action: NoExecute}\n",
                 "health.xids[1].xid",
+            ),
+            // Settings that would be silently ignored.
+            (
+                "health:\n  xids:\n  - {xid: 63, action: NoSchedule}\n  - {xid: 79, action: Ignore, clearAfter: 1h}\n",
+                "health.xids[1].clearAfter",
+            ),
+            (
+                "health: {clearOnRecovery: false, xidClearAfter: 5m}\n",
+                "health.xidClearAfter",
+            ),
+            (
+                "health:\n  clearOnRecovery: false\n  xids:\n  - {xid: 48, action: NoExecute, clearAfter: 1h}\n",
+                "health.xids[0].clearAfter",
             ),
         ];
         for (body, field) in cases {

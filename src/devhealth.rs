@@ -1,6 +1,8 @@
 //! Device health: what the backend's health events (NVML XID errors, a GPU fallen off
 //! the bus, a GPU answering again) mean for the devices Tessera publishes. Pure: no
-//! I/O, the clock is a parameter.
+//! I/O, the clock is a parameter ([`At`]: the wall clock for a taint's `timeAdded`,
+//! the monotonic clock for quiet periods, so that a clock step never clears a taint
+//! early or late).
 //!
 //! Health is kept per [`Scope`]: a physical GPU (by minor), or one MIG GPU instance
 //! of it. An XID NVML reports with a GPU instance ID is the instance's: it makes
@@ -31,14 +33,18 @@
 //!   other reset indication, so after resetting a GPU that had a fatal XID without
 //!   falling off the bus the operator restarts the plugin on the node (health is kept
 //!   in memory and starts healthy), or sets `clearAfter` for that XID;
-//! * with `clearOnRecovery: false` nothing clears until the plugin restarts.
+//! * with `clearOnRecovery: false` nothing clears until the plugin restarts (a quiet
+//!   period set with it is refused, as is a `clearAfter` on an `Ignore` rule:
+//!   [`HealthConfig::problem`]).
 //!
 //! A stronger action replaces a weaker one (`NoExecute` over `NoSchedule`); an equal
 //! or weaker event keeps the first cause and its time, so that repeated XIDs do not
-//! churn the slices, but restarts the quiet period.
+//! churn the slices, but restarts the quiet period. Either way the state keeps the
+//! stricter of the two quiet periods (none beats any).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -82,7 +88,8 @@ impl HealthAction {
     }
 }
 
-/// A quiet period: `<n>s`, `<n>m` or `<n>h` (n ≥ 1), or `Never`.
+/// A quiet period: `<n>s`, `<n>m` or `<n>h` (n ≥ 1, decimal digits without a sign or
+/// leading zero), or `Never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Quiet {
@@ -110,12 +117,22 @@ impl TryFrom<String> for Quiet {
             return Ok(Quiet::Never);
         }
         let bad = || format!("invalid quiet period {s:?}: want <n>s, <n>m, <n>h (n ≥ 1) or Never");
-        let (n, unit) = s.split_at(s.len().saturating_sub(1));
+        // Split off the last character, not the last byte: a multi-byte unit ("5µ")
+        // must be refused, not panic mid-character.
+        let Some((at, unit)) = s.char_indices().next_back() else {
+            return Err(bad());
+        };
+        let n = &s[..at];
+        // Digits only, no leading zero: `u64::from_str` would also take "+5", and
+        // "05m" would not print back as written.
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+            return Err(bad());
+        }
         let n: u64 = n.parse().map_err(|_| bad())?;
         let secs = match unit {
-            "s" => Some(n),
-            "m" => n.checked_mul(60),
-            "h" => n.checked_mul(3600),
+            's' => Some(n),
+            'm' => n.checked_mul(60),
+            'h' => n.checked_mul(3600),
             _ => None,
         };
         match secs {
@@ -158,10 +175,6 @@ fn default_true() -> bool {
     true
 }
 
-fn default_xid_clear_after() -> Quiet {
-    Quiet::After(DEFAULT_XID_CLEAR_AFTER_SECONDS)
-}
-
 /// The node config's `health:` section. Every field is optional:
 ///
 /// ```yaml
@@ -179,8 +192,9 @@ fn default_xid_clear_after() -> Quiet {
 pub struct HealthConfig {
     #[serde(default = "default_true")]
     pub clear_on_recovery: bool,
-    #[serde(default = "default_xid_clear_after")]
-    pub xid_clear_after: Quiet,
+    /// Absent: [`DEFAULT_XID_CLEAR_AFTER_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_clear_after: Option<Quiet>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_lost: Option<HealthAction>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -191,7 +205,7 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             clear_on_recovery: true,
-            xid_clear_after: default_xid_clear_after(),
+            xid_clear_after: None,
             gpu_lost: None,
             xids: Vec::new(),
         }
@@ -226,7 +240,9 @@ impl HealthConfig {
             return q.seconds();
         }
         match self.xid_action(xid) {
-            HealthAction::NoSchedule => self.xid_clear_after.seconds(),
+            HealthAction::NoSchedule => self
+                .xid_clear_after
+                .map_or(Some(DEFAULT_XID_CLEAR_AFTER_SECONDS), Quiet::seconds),
             HealthAction::Ignore | HealthAction::NoExecute => None,
         }
     }
@@ -243,6 +259,68 @@ impl HealthConfig {
             .enumerate()
             .find(|(i, r)| self.xids[..*i].iter().any(|o| o.xid == r.xid))
             .map(|(i, r)| (i, r.xid))
+    }
+
+    /// The first setting the policy would silently never use, as (field under
+    /// `health.`, why): a duplicated XID, a `clearAfter` on an `Ignore` rule (it never
+    /// taints), or a quiet period with `clearOnRecovery: false` (nothing clears).
+    /// Deterministic.
+    pub fn problem(&self) -> Option<(String, String)> {
+        if let Some((i, xid)) = self.duplicate_xid() {
+            return Some((
+                format!("xids[{i}].xid"),
+                format!("XID {xid} is listed twice"),
+            ));
+        }
+        if let Some((i, r)) = self
+            .xids
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.action == HealthAction::Ignore && r.clear_after.is_some())
+        {
+            return Some((
+                format!("xids[{i}].clearAfter"),
+                format!(
+                    "XID {} is ignored (action: Ignore), so it has no taint to clear",
+                    r.xid
+                ),
+            ));
+        }
+        if !self.clear_on_recovery {
+            let keeps = "clearOnRecovery: false keeps every taint until the plugin restarts";
+            if self.xid_clear_after.is_some() {
+                return Some((
+                    "xidClearAfter".into(),
+                    format!("{keeps}; drop one of the two"),
+                ));
+            }
+            if let Some(i) = self.xids.iter().position(|r| r.clear_after.is_some()) {
+                return Some((
+                    format!("xids[{i}].clearAfter"),
+                    format!("{keeps}; drop one of the two"),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// When an event is applied or quiet periods are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    /// Unix seconds: the taint's `timeAdded`.
+    pub unix: i64,
+    /// What quiet periods are measured on.
+    pub mono: Instant,
+}
+
+impl At {
+    /// Both clocks now (tokio's monotonic clock, so that a paused test clock applies).
+    pub fn now() -> At {
+        At {
+            unix: now_unix(),
+            mono: tokio::time::Instant::now().into_std(),
+        }
     }
 }
 
@@ -305,8 +383,8 @@ pub struct Unhealthy {
     pub message: String,
     /// Unix seconds: when the scope became unhealthy (the taint's `timeAdded`).
     pub since: i64,
-    /// Unix seconds of the latest event that kept it so.
-    pub last_event: i64,
+    /// The latest event that kept it so (monotonic).
+    pub last_event: Instant,
     /// Quiet seconds after [`Unhealthy::last_event`] that clear it; `None`: only a
     /// recovery does.
     pub clear_after: Option<u64>,
@@ -410,16 +488,16 @@ impl NodeHealth {
         &self.unhealthy
     }
 
-    /// Applies one backend event at time `now` (unix seconds) to the whole GPU: what
+    /// Applies one backend event at `now` to the whole GPU: what
     /// [`NodeHealth::apply_in`] does with [`Scope::Gpu`].
-    pub fn apply(&mut self, ev: &HealthEvent, now: i64) -> Applied {
+    pub fn apply(&mut self, ev: &HealthEvent, now: At) -> Applied {
         self.apply_in(ev, Scope::Gpu, now)
     }
 
-    /// Applies one backend event at time `now` (unix seconds). `scope` is where an XID
+    /// Applies one backend event at `now`. `scope` is where an XID
     /// happened (the caller resolves the event's GPU instance ID to its placement);
     /// a loss is always the GPU's, and a recovery clears every scope of the GPU.
-    pub fn apply_in(&mut self, ev: &HealthEvent, scope: Scope, now: i64) -> Applied {
+    pub fn apply_in(&mut self, ev: &HealthEvent, scope: Scope, now: At) -> Applied {
         let minor = ev.minor;
         let (cause, action, clear_after, scope, message) = match ev.kind {
             HealthEventKind::Xid(x) => {
@@ -460,12 +538,17 @@ impl NodeHealth {
         if action == HealthAction::Ignore {
             return Applied::Ignored;
         }
-        if let Some(cur) = self.unhealthy.get_mut(&(minor, scope))
-            && cur.action >= action
-        {
-            cur.last_event = now;
-            cur.clear_after = stricter(cur.clear_after, clear_after);
-            return Applied::Unchanged;
+        let mut clear_after = clear_after;
+        if let Some(cur) = self.unhealthy.get_mut(&(minor, scope)) {
+            // Whichever state stays, it clears no sooner than either event allows: a
+            // stronger XID with a quiet period must not expire a loss that never
+            // clears by time.
+            clear_after = stricter(cur.clear_after, clear_after);
+            if cur.action >= action {
+                cur.last_event = now.mono;
+                cur.clear_after = clear_after;
+                return Applied::Unchanged;
+            }
         }
         self.unhealthy.insert(
             (minor, scope),
@@ -473,18 +556,18 @@ impl NodeHealth {
                 cause,
                 action,
                 message,
-                since: now,
-                last_event: now,
+                since: now.unix,
+                last_event: now.mono,
                 clear_after,
             },
         );
         Applied::Changed
     }
 
-    /// Clears every state whose quiet period has passed at `now` (unix seconds) and
+    /// Clears every state whose quiet period has passed at `now` (monotonic) and
     /// returns the scopes cleared, in order. Nothing clears with `clearOnRecovery:
     /// false`.
-    pub fn expire(&mut self, now: i64) -> Vec<((u32, Scope), Unhealthy)> {
+    pub fn expire(&mut self, now: Instant) -> Vec<((u32, Scope), Unhealthy)> {
         if !self.policy.clear_on_recovery {
             return Vec::new();
         }
@@ -493,7 +576,8 @@ impl NodeHealth {
             .iter()
             .filter(|(_, u)| {
                 u.clear_after
-                    .is_some_and(|d| now >= u.last_event.saturating_add_unsigned(d))
+                    .and_then(|d| u.last_event.checked_add(Duration::from_secs(d)))
+                    .is_some_and(|due| now >= due)
             })
             .map(|(k, _)| *k)
             .collect();
@@ -520,6 +604,21 @@ mod tests {
             minor,
             gi_id: None,
             kind,
+        }
+    }
+
+    static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+    /// `secs` seconds on the monotonic clock of the tests.
+    fn mono(secs: u64) -> Instant {
+        *START + Duration::from_secs(secs)
+    }
+
+    /// Unix second `secs`, which is also `mono(secs)`.
+    fn at(secs: u64) -> At {
+        At {
+            unix: secs as i64,
+            mono: mono(secs),
         }
     }
 
@@ -567,7 +666,7 @@ mod tests {
             assert_eq!(d.xid_clear_after(x), None, "{x}");
         }
         let c = HealthConfig {
-            xid_clear_after: Quiet::After(60),
+            xid_clear_after: Some(Quiet::After(60)),
             xids: vec![
                 rule(48, HealthAction::NoExecute, Some(Quiet::After(3600))),
                 rule(63, HealthAction::NoSchedule, Some(Quiet::Never)),
@@ -599,6 +698,14 @@ mod tests {
             ("never", None),
             ("", None),
             ("99999999999999999999h", None),
+            // Regressions: a multi-byte last character panicked (byte split); a sign
+            // was accepted.
+            ("5µ", None),
+            ("µ", None),
+            ("5mµ", None),
+            ("+5m", None),
+            ("05m", None),
+            (" 5m", None),
         ] {
             let got = Quiet::try_from(text.to_string()).ok();
             assert_eq!(got, want, "{text:?}");
@@ -614,12 +721,12 @@ mod tests {
     fn events_move_a_gpu_between_states() {
         let mut h = NodeHealth::new(HealthConfig::default());
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(13)), 10),
+            h.apply(&ev(1, HealthEventKind::Xid(13)), at(10)),
             Applied::Ignored
         );
         assert_eq!(h.gpu(1), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(63)), 10),
+            h.apply(&ev(1, HealthEventKind::Xid(63)), at(10)),
             Applied::Changed
         );
         let u = h.unhealthy(1).unwrap();
@@ -628,10 +735,13 @@ mod tests {
             (Cause::Xid(63), HealthAction::NoSchedule, 10)
         );
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Xid(64)), 11),
+            h.apply(&ev(1, HealthEventKind::Xid(64)), at(11)),
             Applied::Unchanged
         );
-        assert_eq!(h.apply(&ev(1, HealthEventKind::Lost), 12), Applied::Changed);
+        assert_eq!(
+            h.apply(&ev(1, HealthEventKind::Lost), at(12)),
+            Applied::Changed
+        );
         let t = h.unhealthy(1).unwrap().taint();
         assert_eq!(t.key, TAINT_KEY);
         assert_eq!(t.value.as_deref(), Some("gpu-lost"));
@@ -639,12 +749,12 @@ mod tests {
         assert_eq!(t.time_added.unwrap().0.as_second(), 12);
         assert_eq!(h.gpu(0), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 13),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(13)),
             Applied::Changed
         );
         assert_eq!(h.gpu(1), DeviceHealth::Healthy);
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 13),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(13)),
             Applied::Unchanged
         );
     }
@@ -654,20 +764,49 @@ mod tests {
     #[test]
     fn a_noschedule_xid_clears_after_a_quiet_period() {
         let mut h = NodeHealth::new(HealthConfig::default());
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 1_000);
-        assert!(h.expire(1_299).is_empty());
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(1_000));
+        assert!(h.expire(mono(1_299)).is_empty());
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Xid(64)), 1_200),
+            h.apply(&ev(0, HealthEventKind::Xid(64)), at(1_200)),
             Applied::Unchanged
         );
-        assert!(h.expire(1_300).is_empty(), "the second XID restarted it");
-        assert!(h.expire(1_499).is_empty());
-        let cleared = h.expire(1_500);
+        assert!(
+            h.expire(mono(1_300)).is_empty(),
+            "the second XID restarted it"
+        );
+        assert!(h.expire(mono(1_499)).is_empty());
+        let cleared = h.expire(mono(1_500));
         assert_eq!(cleared.len(), 1);
         assert_eq!(cleared[0].0, (0, Scope::Gpu));
         assert_eq!(cleared[0].1.since, 1_000, "the taint kept its first time");
         assert_eq!(h.gpu(0), DeviceHealth::Healthy);
-        assert!(h.expire(10_000).is_empty());
+        assert!(h.expire(mono(10_000)).is_empty());
+    }
+
+    /// Regression (quiet periods ran on the wall clock at 1 s resolution, so an NTP
+    /// step cleared taints early or late): they run on the monotonic clock; a wall
+    /// clock stepped back an hour changes nothing but the unix times recorded.
+    #[test]
+    fn quiet_periods_ignore_wall_clock_steps() {
+        let mut h = NodeHealth::new(HealthConfig::default());
+        h.apply(
+            &ev(0, HealthEventKind::Xid(63)),
+            At {
+                unix: 10_000,
+                mono: mono(0),
+            },
+        );
+        h.apply(
+            &ev(0, HealthEventKind::Xid(64)),
+            At {
+                unix: 10_000 - 3_600,
+                mono: mono(100),
+            },
+        );
+        assert!(h.expire(mono(399)).is_empty());
+        let cleared = h.expire(mono(400));
+        assert_eq!(cleared.len(), 1);
+        assert_eq!(cleared[0].1.since, 10_000);
     }
 
     /// Fatal XIDs and losses never clear by time, only when the GPU answers again; a
@@ -675,23 +814,57 @@ mod tests {
     #[test]
     fn fatal_xids_and_losses_wait_for_recovery() {
         let mut h = NodeHealth::new(HealthConfig::default());
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 0);
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(0));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Xid(48)), 10),
+            h.apply(&ev(0, HealthEventKind::Xid(48)), at(10)),
             Applied::Changed
         );
-        h.apply(&ev(1, HealthEventKind::Lost), 0);
-        assert!(h.expire(1_000_000).is_empty());
+        h.apply(&ev(1, HealthEventKind::Lost), at(0));
+        assert!(h.expire(mono(1_000_000)).is_empty());
         assert_eq!(h.unhealthy(0).unwrap().cause, Cause::Xid(48));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 20),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(20)),
             Applied::Changed
         );
         assert_eq!(
-            h.apply(&ev(1, HealthEventKind::Recovered), 20),
+            h.apply(&ev(1, HealthEventKind::Recovered), at(20)),
             Applied::Changed
         );
         assert!(h.all_unhealthy().is_empty());
+    }
+
+    /// Regression (a stronger event kept only its own quiet period): with `gpuLost:
+    /// NoSchedule`, a NoExecute XID with `clearAfter: 1m` replaces the loss but the
+    /// state still never clears by time, since the GPU is still lost.
+    #[test]
+    fn a_stronger_event_keeps_the_stricter_quiet_period() {
+        let mut h = NodeHealth::new(HealthConfig {
+            gpu_lost: Some(HealthAction::NoSchedule),
+            xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
+            ..Default::default()
+        });
+        h.apply(&ev(0, HealthEventKind::Lost), at(0));
+        assert_eq!(
+            h.apply(&ev(0, HealthEventKind::Xid(94)), at(10)),
+            Applied::Changed
+        );
+        let u = h.unhealthy(0).unwrap();
+        assert_eq!(
+            (u.cause, u.action),
+            (Cause::Xid(94), HealthAction::NoExecute)
+        );
+        assert_eq!(u.clear_after, None);
+        assert!(h.expire(mono(1_000_000)).is_empty(), "still lost");
+        // The other way round too: the longer of two periods wins.
+        let mut h = NodeHealth::new(HealthConfig {
+            xids: vec![rule(94, HealthAction::NoExecute, Some(Quiet::After(60)))],
+            ..Default::default()
+        });
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(0));
+        h.apply(&ev(0, HealthEventKind::Xid(94)), at(10));
+        assert_eq!(h.unhealthy(0).unwrap().clear_after, Some(300));
+        assert!(h.expire(mono(309)).is_empty());
+        assert_eq!(h.expire(mono(310)).len(), 1);
     }
 
     /// With `clearOnRecovery: false` nothing clears: not a recovery, not quiet.
@@ -701,13 +874,13 @@ mod tests {
             clear_on_recovery: false,
             ..Default::default()
         });
-        h.apply(&ev(0, HealthEventKind::Xid(79)), 5);
-        h.apply(&ev(1, HealthEventKind::Xid(63)), 5);
+        h.apply(&ev(0, HealthEventKind::Xid(79)), at(5));
+        h.apply(&ev(1, HealthEventKind::Xid(63)), at(5));
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 6),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(6)),
             Applied::Unchanged
         );
-        assert!(h.expire(1_000_000).is_empty());
+        assert!(h.expire(mono(1_000_000)).is_empty());
         assert!(h.unhealthy(0).is_some() && h.unhealthy(1).is_some());
     }
 
@@ -726,39 +899,39 @@ mod tests {
             gi_id: Some(5),
             ..ev(0, HealthEventKind::Xid(48))
         };
-        assert_eq!(h.apply_in(&e, gi, 10), Applied::Changed);
+        assert_eq!(h.apply_in(&e, gi, at(10)), Applied::Changed);
         assert_eq!(h.unhealthy(0), None, "the GPU itself stays healthy");
-        let at = |start, size| Some(Span { start, size });
+        let place = |start, size| Some(Span { start, size });
         for (device, hit) in [
             (None, true),
-            (at(4, 2), true),
-            (at(5, 1), true),
-            (at(4, 4), true),
-            (at(0, 8), true),
-            (at(0, 4), false),
-            (at(6, 1), false),
-            (at(3, 1), false),
+            (place(4, 2), true),
+            (place(5, 1), true),
+            (place(4, 4), true),
+            (place(0, 8), true),
+            (place(0, 4), false),
+            (place(6, 1), false),
+            (place(3, 1), false),
         ] {
             assert_eq!(h.device(0, device).is_some(), hit, "{device:?}");
         }
         assert_eq!(h.device(1, None), None);
-        let u = h.device(0, at(4, 2)).unwrap();
+        let u = h.device(0, place(4, 2)).unwrap();
         assert_eq!(u.action, HealthAction::NoExecute);
         assert!(u.message.contains("GPU instance 5"), "{}", u.message);
         // A weaker GPU-level XID: everything NoSchedule, the instance still NoExecute.
-        h.apply(&ev(0, HealthEventKind::Xid(63)), 11);
+        h.apply(&ev(0, HealthEventKind::Xid(63)), at(11));
         assert_eq!(
-            h.device(0, at(0, 1)).unwrap().action,
+            h.device(0, place(0, 1)).unwrap().action,
             HealthAction::NoSchedule
         );
         assert_eq!(
-            h.device(0, at(4, 1)).unwrap().action,
+            h.device(0, place(4, 1)).unwrap().action,
             HealthAction::NoExecute
         );
         assert_eq!(
-            h.apply(&ev(0, HealthEventKind::Recovered), 12),
+            h.apply(&ev(0, HealthEventKind::Recovered), at(12)),
             Applied::Changed
         );
-        assert_eq!(h.device(0, at(4, 2)), None);
+        assert_eq!(h.device(0, place(4, 2)), None);
     }
 }

@@ -15,7 +15,6 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::checkpoint::PreparedDevice;
-use crate::metrics::FetchFailure;
 use crate::proto::{dra_v1, dra_v1beta1, registration};
 use crate::state::DeviceState;
 
@@ -28,6 +27,50 @@ pub const SUPPORTED_VERSIONS: [&str; 3] = [
 ];
 /// How long one claim GET may take; well inside the kubelet's 45 s call deadline.
 const CLAIM_GET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the claim GET before a prepare failed; [`FetchError::reason`] is its bounded
+/// label in the error metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// No answer within [`CLAIM_GET_TIMEOUT`].
+    #[error("getting ResourceClaim {namespace}/{name} timed out")]
+    Timeout { namespace: String, name: String },
+    /// The API server answered with an error, or could not be reached.
+    #[error("getting ResourceClaim {namespace}/{name}")]
+    Api {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The ResourceClaim does not exist (any more).
+    #[error("ResourceClaim {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    /// It exists with another UID: deleted and created again.
+    #[error(transparent)]
+    Replaced(crate::claims::ClaimError),
+}
+
+impl FetchError {
+    /// The `reason` label of `tessera_claim_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FetchError::NotFound { .. } => "claim_not_found",
+            FetchError::Replaced(_) => "claim_replaced",
+            FetchError::Api { .. } => "claim_api",
+            FetchError::Timeout { .. } => "claim_timeout",
+        }
+    }
+
+    /// The kubelet's per-claim error string: this error and its direct cause (a
+    /// `kube::Error` prints its own causes).
+    pub fn message(&self) -> String {
+        match std::error::Error::source(self) {
+            Some(cause) if !matches!(self, FetchError::Replaced(_)) => format!("{self}: {cause}"),
+            _ => self.to_string(),
+        }
+    }
+}
 
 /// A claim reference as the kubelet sends it (the same in v1 and v1beta1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,32 +94,38 @@ impl Driver {
 
     /// GETs the claim the kubelet names and checks it is the one with its UID. A
     /// failure is counted in the error metrics by its bounded reason.
-    async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, String> {
+    ///
+    /// This is the only UID check a re-prepare meets: `DeviceState::prepare` answers a
+    /// claim already prepared from its checkpoint, before `claims::plan_claim` (whose
+    /// own check guards the pure planner) runs.
+    async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, FetchError> {
         let r = self.fetch_inner(c).await;
-        if let Err((why, _)) = &r {
-            crate::metrics::driver().error("prepare", why.reason());
+        if let Err(e) = &r {
+            crate::metrics::driver().error("prepare", e.reason());
         }
-        r.map_err(|(_, msg)| msg)
+        r
     }
 
-    async fn fetch_inner(&self, c: &ClaimRef) -> Result<ResourceClaim, (FetchFailure, String)> {
+    async fn fetch_inner(&self, c: &ClaimRef) -> Result<ResourceClaim, FetchError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-        let what = format!("ResourceClaim {}/{}", c.namespace, c.name);
+        let (namespace, name) = (c.namespace.clone(), c.name.clone());
         match tokio::time::timeout(CLAIM_GET_TIMEOUT, api.get_opt(&c.name)).await {
-            Err(_) => Err((FetchFailure::Timeout, format!("getting {what} timed out"))),
-            Ok(Err(e)) => Err((FetchFailure::Api, format!("getting {what}: {e}"))),
-            Ok(Ok(None)) => Err((FetchFailure::NotFound, format!("{what} not found"))),
+            Err(_) => Err(FetchError::Timeout { namespace, name }),
+            Ok(Err(source)) => Err(FetchError::Api {
+                namespace,
+                name,
+                source,
+            }),
+            Ok(Ok(None)) => Err(FetchError::NotFound { namespace, name }),
             Ok(Ok(Some(claim))) => match claim.metadata.uid.as_deref() {
                 Some(uid) if uid == c.uid => Ok(claim),
-                found => Err((
-                    FetchFailure::Replaced,
+                found => Err(FetchError::Replaced(
                     crate::claims::ClaimError::UidMismatch {
-                        namespace: c.namespace.clone(),
-                        name: c.name.clone(),
+                        namespace,
+                        name,
                         expected: c.uid.clone(),
                         found: found.unwrap_or_default().to_string(),
-                    }
-                    .to_string(),
+                    },
                 )),
             },
         }
@@ -92,7 +141,7 @@ impl Driver {
             let span =
                 info_span!("prepare", claim = %c.uid, namespace = %c.namespace, name = %c.name);
             let result = async {
-                let claim = self.fetch(&c).await?;
+                let claim = self.fetch(&c).await.map_err(|e| e.message())?;
                 let state = self.state.clone();
                 let uid = c.uid.clone();
                 let r = tokio::task::spawn_blocking(move || state.prepare(&claim, &uid))
@@ -318,5 +367,47 @@ impl registration::registration_server::Registration for Registrar {
                 s.error
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each claim GET failure has its own bounded reason, and the kubelet's message
+    /// names the claim once (a replaced claim: the UID check's own message).
+    #[test]
+    fn fetch_errors_have_bounded_reasons_and_plain_messages() {
+        let (namespace, name) = ("ns".to_string(), "c".to_string());
+        let cases = [
+            (
+                FetchError::Timeout {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                },
+                "claim_timeout",
+                "getting ResourceClaim ns/c timed out",
+            ),
+            (
+                FetchError::NotFound {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                },
+                "claim_not_found",
+                "ResourceClaim ns/c not found",
+            ),
+        ];
+        for (e, reason, message) in cases {
+            assert_eq!((e.reason(), e.message().as_str()), (reason, message));
+        }
+        let mismatch = crate::claims::ClaimError::UidMismatch {
+            namespace,
+            name,
+            expected: "a".into(),
+            found: "b".into(),
+        };
+        let want = mismatch.to_string();
+        let e = FetchError::Replaced(mismatch);
+        assert_eq!((e.reason(), e.message()), ("claim_replaced", want));
     }
 }

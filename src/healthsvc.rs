@@ -3,10 +3,16 @@
 //! health gRPC service (`v1alpha1.DRAResourceHealth`, `NodeWatchResources`) that
 //! streams the complete device list with each device's health to the kubelet.
 //!
-//! An XID naming a MIG GPU instance is resolved, when it is polled, to the placement
-//! that instance has (the backend's MIG status), so that only the devices overlapping
-//! it turn unhealthy; an instance gone by then is attributed to the whole GPU. Each
-//! poll also clears the states whose quiet period passed ([`NodeHealth::expire`]).
+//! An XID naming a MIG GPU instance is resolved to that instance's placement, so that
+//! only the devices overlapping it turn unhealthy. The watcher keeps the placement of
+//! every GPU instance as of its previous poll (from discovery, then the backend's MIG
+//! status of each `mig`-mode GPU, re-read every poll): a fatal XID usually kills the
+//! pod, whose unprepare destroys the instance before the poll drains the XID, so the
+//! placement it had is taken from that cache ([`resolve_instance`]). GPU instance IDs
+//! are reused; when the ID names a different placement now than at the previous poll,
+//! the XID is charged to both (it happened on one of them). Only an instance never
+//! seen is charged to the whole GPU. Each poll also clears the states whose quiet
+//! period passed ([`NodeHealth::expire`]).
 //!
 //! The watcher owns the health model; both outputs are `watch` channels: the pool goes
 //! to the publisher (`Publisher::run`), the device list to every open health stream.
@@ -27,7 +33,7 @@ use tracing::{info, warn};
 use std::collections::BTreeMap;
 
 use crate::backend::{GpuBackend, HealthEvent, HealthEventKind};
-use crate::devhealth::{Applied, DeviceHealth, NodeHealth, Scope, Span, now_unix};
+use crate::devhealth::{Applied, At, DeviceHealth, NodeHealth, Scope, Span, now_unix};
 use crate::kubever::KubeVersion;
 use crate::node::NodeModel;
 use crate::proto::health_v1alpha1 as pb;
@@ -53,6 +59,59 @@ pub struct HealthWatcher {
     since: u64,
     /// Every device of the pool, healthy or not, with its GPU minor and placement.
     devices: Vec<(String, u32, Option<Span>)>,
+    /// The placement of each (GPU minor, GPU instance ID) as of the previous poll.
+    placements: Placements,
+}
+
+/// GPU instance placements by (GPU minor, GPU instance ID).
+pub type Placements = BTreeMap<(u32, u32), Span>;
+
+/// The placements of the instances in `st`, of GPU `minor`.
+fn placements_of(
+    minor: u32,
+    st: &crate::backend::MigStatus,
+) -> impl Iterator<Item = ((u32, u32), Span)> + '_ {
+    st.instances.iter().map(move |i| {
+        (
+            (minor, i.gi_id),
+            Span {
+                start: i.start,
+                size: i.size,
+            },
+        )
+    })
+}
+
+/// Where an XID naming GPU instance `gi_id` of GPU `minor` happened, from the
+/// placements at the previous poll (`before`) and now (`now`, `None` when the MIG
+/// status could not be read): the instance's placement; both when the ID names a
+/// different placement now (destroyed and reused since: the XID was one of them's);
+/// the whole GPU only when the instance is in neither. Deterministic.
+pub fn resolve_instance(
+    minor: u32,
+    gi_id: u32,
+    before: &Placements,
+    now: Option<&Placements>,
+) -> Vec<Scope> {
+    let mut spans: Vec<Span> = Vec::new();
+    for span in [
+        before.get(&(minor, gi_id)),
+        now.and_then(|n| n.get(&(minor, gi_id))),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !spans.contains(span) {
+            spans.push(*span);
+        }
+    }
+    if spans.is_empty() {
+        return vec![Scope::Gpu];
+    }
+    spans
+        .into_iter()
+        .map(|span| Scope::Instance { gi_id, span })
+        .collect()
 }
 
 impl HealthWatcher {
@@ -80,7 +139,13 @@ impl HealthWatcher {
                     .map(|(d, span)| (d.name, g.gpu.minor, span))
             })
             .collect();
+        let placements = model
+            .mig
+            .iter()
+            .flat_map(|(minor, st)| placements_of(*minor, st))
+            .collect();
         HealthWatcher {
+            placements,
             health: NodeHealth::new(model.config.health.clone()),
             model,
             driver: driver.into(),
@@ -145,69 +210,85 @@ impl HealthWatcher {
             .collect()
     }
 
-    /// Applies events the backend reported at `now`; `instances` holds the placement
-    /// of each (GPU minor, GPU instance ID) the events name that still exists. True
-    /// when any device's health changed.
+    /// Applies events the backend reported at `now`; `current` holds the placement of
+    /// each GPU instance of the `mig`-mode GPUs now (`None` for a GPU whose MIG status
+    /// could not be read), and becomes the cache for the next call. True when any
+    /// device's health changed.
     pub fn apply(
         &mut self,
         events: &[HealthEvent],
-        instances: &BTreeMap<(u32, u32), Span>,
-        now: i64,
+        current: &BTreeMap<u32, Option<Placements>>,
+        now: At,
     ) -> bool {
         let mut changed = false;
         for e in events {
             self.since = self.since.max(e.seq);
-            let scope = match e.gi_id {
-                None => Scope::Gpu,
-                Some(gi_id) => match instances.get(&(e.minor, gi_id)) {
-                    Some(&span) => Scope::Instance { gi_id, span },
-                    None => {
+            let scopes = match e.gi_id {
+                None => vec![Scope::Gpu],
+                Some(gi_id) => {
+                    let now_known = current.get(&e.minor).and_then(Option::as_ref);
+                    let scopes = resolve_instance(e.minor, gi_id, &self.placements, now_known);
+                    if scopes == [Scope::Gpu] {
                         warn!(
                             gpu = e.minor,
                             gi = gi_id,
-                            "health event names a GPU instance that no longer exists: attributing it to the whole GPU"
+                            "health event names a GPU instance never seen: attributing it to the whole GPU"
                         );
-                        Scope::Gpu
                     }
-                },
-            };
-            let r = self.health.apply_in(e, scope, now);
-            let kind = match e.kind {
-                HealthEventKind::Xid(x) => format!("XID {x}"),
-                HealthEventKind::Lost => "GPU lost".into(),
-                HealthEventKind::Recovered => "recovered".into(),
-            };
-            let gi = e.gi_id.map(i64::from).unwrap_or(-1);
-            let state = match scope {
-                Scope::Gpu => self.health.unhealthy(e.minor),
-                Scope::Instance { .. } => self.health.all_unhealthy().get(&(e.minor, scope)),
-            };
-            match (&r, state) {
-                (Applied::Changed, Some(u)) if self.features.device_taints => warn!(
-                    gpu = e.minor, gi, event = %kind, effect = u.action.effect().unwrap_or("-"),
-                    "GPU unhealthy: tainting its devices"
-                ),
-                (Applied::Changed, Some(_)) => warn!(
-                    gpu = e.minor, gi, event = %kind,
-                    "GPU unhealthy: leaving its devices out of the ResourceSlices (the API server drops device taints)"
-                ),
-                (Applied::Changed, None) => {
-                    info!(gpu = e.minor, "GPU healthy again: republishing its devices")
+                    scopes
                 }
-                (Applied::Ignored, _) => {
-                    info!(gpu = e.minor, gi, event = %kind, "health event ignored by policy")
-                }
-                (Applied::Unchanged, _) => {
-                    info!(gpu = e.minor, gi, event = %kind, "health event changes nothing")
-                }
+            };
+            for scope in scopes {
+                changed |= self.apply_one(e, scope, now);
             }
-            changed |= r == Applied::Changed;
+        }
+        for (minor, st) in current {
+            if let Some(st) = st {
+                self.placements.retain(|(m, _), _| m != minor);
+                self.placements.extend(st.iter().map(|(k, v)| (*k, *v)));
+            }
         }
         changed
     }
 
-    /// Clears the states whose quiet period passed at `now`; true when any did.
-    pub fn expire(&mut self, now: i64) -> bool {
+    /// Applies one event to one scope and logs what it did; true when it changed.
+    fn apply_one(&mut self, e: &HealthEvent, scope: Scope, now: At) -> bool {
+        let r = self.health.apply_in(e, scope, now);
+        let kind = match e.kind {
+            HealthEventKind::Xid(x) => format!("XID {x}"),
+            HealthEventKind::Lost => "GPU lost".into(),
+            HealthEventKind::Recovered => "recovered".into(),
+        };
+        let gi = e.gi_id.map(i64::from).unwrap_or(-1);
+        let state = match scope {
+            Scope::Gpu => self.health.unhealthy(e.minor),
+            Scope::Instance { .. } => self.health.all_unhealthy().get(&(e.minor, scope)),
+        };
+        match (&r, state) {
+            (Applied::Changed, Some(u)) if self.features.device_taints => warn!(
+                gpu = e.minor, gi, event = %kind, effect = u.action.effect().unwrap_or("-"),
+                "GPU unhealthy: tainting its devices"
+            ),
+            (Applied::Changed, Some(_)) => warn!(
+                gpu = e.minor, gi, event = %kind,
+                "GPU unhealthy: leaving its devices out of the ResourceSlices (the API server drops device taints)"
+            ),
+            (Applied::Changed, None) => {
+                info!(gpu = e.minor, "GPU healthy again: republishing its devices")
+            }
+            (Applied::Ignored, _) => {
+                info!(gpu = e.minor, gi, event = %kind, "health event ignored by policy")
+            }
+            (Applied::Unchanged, _) => {
+                info!(gpu = e.minor, gi, event = %kind, "health event changes nothing")
+            }
+        }
+        r == Applied::Changed
+    }
+
+    /// Clears the states whose quiet period passed at `now` (monotonic); true when any
+    /// did.
+    pub fn expire(&mut self, now: std::time::Instant) -> bool {
         let cleared = self.health.expire(now);
         for ((minor, scope), u) in &cleared {
             let gi = match scope {
@@ -222,47 +303,39 @@ impl HealthWatcher {
         !cleared.is_empty()
     }
 
-    /// Polls the backend once (on a blocking thread: the events, and the MIG status
-    /// of GPUs whose events name a GPU instance), applies what it reported and clears
-    /// what went quiet.
+    /// Polls the backend once (on a blocking thread: the events, then the MIG status
+    /// of every `mig`-mode GPU), applies what it reported and clears what went quiet.
     pub async fn poll(&mut self) -> Result<bool, crate::backend::BackendError> {
         let backend: Arc<dyn GpuBackend> = self.model.backend.clone();
         let since = self.since;
+        let mig_gpus: Vec<u32> = self.model.mig.keys().copied().collect();
         let polled = tokio::task::spawn_blocking(move || {
             let events = backend.health_events(since)?;
-            let mut instances = BTreeMap::new();
-            let minors: std::collections::BTreeSet<u32> = events
-                .iter()
-                .filter(|e| e.gi_id.is_some())
-                .map(|e| e.minor)
+            // Read after the events: an instance that had an XID and is gone now is
+            // in the previous poll's placements.
+            let current: BTreeMap<u32, Option<Placements>> = mig_gpus
+                .into_iter()
+                .map(|minor| match backend.mig_status(minor) {
+                    Ok(st) => (minor, Some(placements_of(minor, &st).collect())),
+                    Err(e) => {
+                        warn!(gpu = minor, error = %e, "cannot read the MIG status for health events");
+                        (minor, None)
+                    }
+                })
                 .collect();
-            for minor in minors {
-                match backend.mig_status(minor) {
-                    Ok(st) => instances.extend(st.instances.iter().map(|i| {
-                        (
-                            (minor, i.gi_id),
-                            Span {
-                                start: i.start,
-                                size: i.size,
-                            },
-                        )
-                    })),
-                    Err(e) => warn!(gpu = minor, error = %e, "cannot read the MIG status for a health event"),
-                }
-            }
-            Ok::<_, crate::backend::BackendError>((events, instances))
+            Ok::<_, crate::backend::BackendError>((events, current))
         })
         .await;
-        let (events, instances) = match polled {
+        let (events, current) = match polled {
             Ok(r) => r?,
             Err(e) => {
                 warn!(error = %e, "health poll task failed");
                 (Vec::new(), BTreeMap::new())
             }
         };
-        let now = now_unix();
-        let changed = self.apply(&events, &instances, now);
-        Ok(self.expire(now) || changed)
+        let now = At::now();
+        let changed = self.apply(&events, &current, now);
+        Ok(self.expire(now.mono) || changed)
     }
 
     /// Polls every `interval` until `stop` turns true; on each change sends the new
@@ -287,7 +360,7 @@ impl HealthWatcher {
                     }
                     failing = true;
                     // Quiet periods still run out while the backend cannot answer.
-                    self.expire(now_unix())
+                    self.expire(At::now().mono)
                 }
             };
             if changed {
@@ -358,6 +431,39 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An instance's XID goes to its placement at the previous poll or now (both when
+    /// the ID was reused for another placement since), and to the whole GPU only
+    /// when the instance was never seen.
+    #[test]
+    fn instance_xids_resolve_to_known_placements() {
+        let span = |start, size| Span { start, size };
+        let inst = |gi_id, span| Scope::Instance { gi_id, span };
+        let before: Placements = [((0, 5), span(4, 2)), ((1, 5), span(0, 1))].into();
+        let reused: Placements = [((0, 5), span(0, 1))].into();
+        let same: Placements = [((0, 5), span(4, 2))].into();
+        let appeared: Placements = [((0, 7), span(6, 1))].into();
+        let empty = Placements::new();
+        for (gi, now, want) in [
+            (5, Some(&empty), vec![inst(5, span(4, 2))]),
+            (5, None, vec![inst(5, span(4, 2))]),
+            (5, Some(&same), vec![inst(5, span(4, 2))]),
+            (
+                5,
+                Some(&reused),
+                vec![inst(5, span(4, 2)), inst(5, span(0, 1))],
+            ),
+            (7, Some(&appeared), vec![inst(7, span(6, 1))]),
+            (7, Some(&empty), vec![Scope::Gpu]),
+            (7, None, vec![Scope::Gpu]),
+        ] {
+            assert_eq!(
+                resolve_instance(0, gi, &before, now),
+                want,
+                "gi {gi} now {now:?}"
+            );
+        }
+    }
 
     /// Messages are cut to the kubelet's 1024 characters, ending in `...`.
     #[test]

@@ -179,6 +179,9 @@ struct InventoryArgs {
     output: OutputFormat,
 }
 
+/// How long the plugin's exit waits for blocking tasks (NVML calls) still running.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // The demo prints its own summary; its logs would only interleave with it.
@@ -203,7 +206,11 @@ fn main() -> Result<()> {
         }
         Command::Plugin(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(plugin(*a))
+            let result = rt.block_on(plugin(*a));
+            // Dropping a runtime waits for every blocking task: one stuck in a hung NVML
+            // call (a health poll) would keep SIGTERM from ever finishing.
+            rt.shutdown_timeout(SHUTDOWN_GRACE);
+            result
         }
     }
 }

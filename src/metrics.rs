@@ -64,7 +64,7 @@ pub struct ErrorLabel {
     pub op: String,
     /// A bounded reason: a step of the state machine (`claim`, `cdi`, `checkpoint`,
     /// `gpu`, `lock`, `claim_files`, `library`, `task`), or the claim GET before it
-    /// ([`FetchFailure::reason`]: `claim_not_found`, `claim_replaced`, `claim_api`,
+    /// ([`crate::driver::FetchError::reason`]: `claim_not_found`, `claim_replaced`, `claim_api`,
     /// `claim_timeout`).
     pub reason: String,
 }
@@ -571,30 +571,6 @@ pub fn device_kind(d: &crate::checkpoint::PreparedDevice) -> &'static str {
         (None, Some(_), Some(_)) => "shared",
         (None, Some(_), None) => "slot",
         (None, None, _) => "whole",
-    }
-}
-
-/// Why the claim GET before a prepare failed (bounded, for the error metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FetchFailure {
-    /// The ResourceClaim does not exist (any more).
-    NotFound,
-    /// It exists with another UID: deleted and created again.
-    Replaced,
-    /// The API server answered with an error, or could not be reached.
-    Api,
-    /// No answer within the GET timeout.
-    Timeout,
-}
-
-impl FetchFailure {
-    pub fn reason(self) -> &'static str {
-        match self {
-            FetchFailure::NotFound => "claim_not_found",
-            FetchFailure::Replaced => "claim_replaced",
-            FetchFailure::Api => "claim_api",
-            FetchFailure::Timeout => "claim_timeout",
-        }
     }
 }
 

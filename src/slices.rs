@@ -1001,7 +1001,7 @@ mod tests {
                     gi_id: None,
                     kind: *kind,
                 },
-                1_800_000_000,
+                crate::devhealth::At::now(),
             );
         }
         h
@@ -1068,7 +1068,7 @@ mod tests {
                 gi_id: 9,
                 span: Span { start: 6, size: 1 },
             },
-            1_800_000_000,
+            crate::devhealth::At::now(),
         );
         let version = KubeVersion::NEWEST;
         let mut params = PoolParams {

@@ -26,7 +26,8 @@ use tessera::backend::{
     ProcessSample,
 };
 
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+/// Status, header block and body of `GET path`.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     write!(
@@ -37,16 +38,22 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    Some((status, head.to_ascii_lowercase(), body.to_string()))
 }
 
+/// A fresh scrape: 200, not a repeat of an earlier one (no stale header, stale gauge 0).
 async fn scrape(addr: SocketAddr) -> String {
-    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
+    let (status, head, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
         .await
         .unwrap()
         .expect("the metrics endpoint answers");
     assert_eq!(status, 200, "{body}");
+    assert!(!head.contains("x-tessera-scrape"), "a stale reply: {head}");
+    assert!(
+        body.contains("\ntessera_metrics_scrape_stale 0\n"),
+        "{body}"
+    );
     // Chunked transfer encoding: keep the exposition lines only.
     body.lines()
         .filter(|l| l.starts_with('#') || l.starts_with("tessera_"))
