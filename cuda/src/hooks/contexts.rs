@@ -71,6 +71,12 @@ fn reserve_context(dev: CUdevice, what: &str) -> Result<Option<Pending>, CUresul
     if !st.active() {
         return Ok(None);
     }
+    // Before cuInit, or for an ordinal the driver does not have, the driver's own
+    // error is the answer (and the ordinal's UUID is not looked up, so no failure is
+    // remembered for it).
+    if !crate::throttle::device_count().is_some_and(|n| (0..n).contains(&dev)) {
+        return Ok(None);
+    }
     let Some(g) = gpu_of(st, Some(dev), what)? else {
         return Ok(None);
     };
