@@ -1073,10 +1073,10 @@ mod tests {
                         if ok {
                             held.push(bytes);
                         }
-                        if held.len() > 4 || i % 3 == 0 {
-                            if let Some(b) = held.pop() {
-                                r.pool_put(s, 0, b, keep);
-                            }
+                        if (held.len() > 4 || i % 3 == 0)
+                            && let Some(b) = held.pop()
+                        {
+                            r.pool_put(s, 0, b, keep);
                         }
                     }
                     for b in held {
