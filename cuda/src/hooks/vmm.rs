@@ -164,11 +164,13 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         }
         hits.into_iter()
             .map(|(va, h, n)| {
-                let last = b
+                let here = per_handle.get(&h).copied().unwrap_or(0);
+                // The handle's last mappings end here, after its release: zero them.
+                let scrub_it = b
                     .handles
                     .get(&h)
-                    .is_some_and(|x| x.released && x.maps <= per_handle[&h]);
-                (va, h, n, last && b.handles[&h].entry.scrub_bytes > 0)
+                    .is_some_and(|x| x.released && x.maps <= here && x.entry.scrub_bytes > 0);
+                (va, h, n, scrub_it)
             })
             .collect()
     })
