@@ -72,7 +72,19 @@ pub mod gpu {
     /// Nanoseconds launches spent waiting in the bucket, summed over threads
     /// (cumulative).
     pub const WAITED_NS: usize = 112;
+    /// (v2) What the library charges per CUDA context on this GPU when it cannot
+    /// measure the context (bytes; written at creation, [`super::DEFAULT_CONTEXT_BYTES`];
+    /// 0 = contexts are not charged, as in regions written before the field).
+    pub const CONTEXT_BYTES: usize = 120;
 }
+
+/// The per-context charge a fresh region carries: a CUDA context reserves device
+/// memory of its own (local memory for every resident thread, the printf FIFO, the
+/// malloc heap, code and driver state), measured at about 300–500 MiB on A100/H100-class
+/// GPUs (anchor-hami.md). The low end: the library replaces it by a measurement
+/// whenever the driver can answer one, and the node-side watchdog's tolerance covers
+/// the rest.
+pub const DEFAULT_CONTEXT_BYTES: u64 = 300 << 20;
 
 /// Most a single launch may put a bucket in debt (its cost at the current rate is
 /// capped there), and so how far ahead of now a sane theoretical arrival time can be:
@@ -249,6 +261,11 @@ pub fn initial_bytes(uuids: &[&str], slots: u32) -> Result<Vec<u8>, AbiError> {
     for (i, u) in uuids.iter().enumerate() {
         let off = l.gpu_offset(i) + gpu::UUID;
         put_uuid(&mut b[off..off + UUID_FIELD], u)?;
+        wr_u64(
+            &mut b,
+            l.gpu_offset(i) + gpu::CONTEXT_BYTES,
+            DEFAULT_CONTEXT_BYTES,
+        );
     }
     Ok(b)
 }
@@ -455,6 +472,65 @@ impl Region {
     #[inline]
     pub fn pool(&self, s: usize, g: usize) -> u64 {
         self.pooled(s, g).map_or(0, |p| p.load(Ordering::Relaxed))
+    }
+
+    /// What a CUDA context on GPU `g` is charged when it cannot be measured
+    /// ([`gpu::CONTEXT_BYTES`]; 0 for a region without the field).
+    pub fn context_bytes(&self, g: usize) -> u64 {
+        if self.layout.version < 2 {
+            return 0;
+        }
+        self.gpu_field(g, gpu::CONTEXT_BYTES)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+
+    /// Bytes reserved on GPU `g` less what every slot's pool holds: what the claim's
+    /// processes have really allocated (a loop over the slots' pool counters).
+    pub fn allocated(&self, g: usize) -> Option<u64> {
+        let pooled = (0..self.layout.slot_count)
+            .map(|s| self.pool(s, g))
+            .fold(0u64, u64::saturating_add);
+        self.gpu_used(g).map(|u| u.saturating_sub(pooled))
+    }
+
+    /// Returns to GPU `g`'s total what other slots (every slot but `own`) hold in
+    /// their pools, so that a reservation that would otherwise be refused can use
+    /// budget no allocation holds. Returns the bytes freed. Safe against the owners:
+    /// each pool is emptied with one swap (an owner's `pool_take` then finds it empty
+    /// and reserves from the total instead; its `pool_put` refills it), and only what
+    /// the slot's charge really held is subtracted from the total (a reclaim of a
+    /// dead slot racing with this cannot return the same bytes twice).
+    pub fn steal_pools(&self, g: usize, own: usize) -> u64 {
+        if !self.map.writable() || !self.layout.has_pools() {
+            return 0;
+        }
+        let Some(used) = self.gpu_field(g, gpu::USED) else {
+            return 0;
+        };
+        let mut freed = 0u64;
+        for s in (0..self.layout.slot_count).filter(|&s| s != own) {
+            let (Some(p), Some(c)) = (self.pooled(s, g), self.charged(s, g)) else {
+                continue;
+            };
+            if p.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let take = p.swap(0, Ordering::AcqRel);
+            if take == 0 {
+                continue;
+            }
+            let before = c
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(take))
+                })
+                .unwrap_or(0);
+            let n = before.min(take);
+            if n > 0 {
+                sat_sub(used, n);
+                freed = freed.saturating_add(n);
+            }
+        }
+        freed
     }
 
     /// Takes `bytes` from slot `s`'s pool on GPU `g` for an allocation: one
@@ -968,5 +1044,66 @@ mod tests {
         assert_eq!((s.gpus[0].used, s.gpus[0].peak), (0, 10));
         assert_eq!(s.slots[0].charged, [0]);
         assert_eq!(r.reserve(0, 0, 101, 100), Err(Refusal::OverBudget));
+    }
+
+    /// Another process taking back pools while their owners allocate and free from
+    /// them keeps the books: the GPU's usage is always the sum of the slots' charges,
+    /// never above the budget, and everything is back to zero once the owners free.
+    #[test]
+    fn stealing_pools_races_owners_without_losing_a_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = region(&dir, 4);
+        let f = File::options().read(true).write(true).open(&p).unwrap();
+        let r = Region::map(&f, true).unwrap();
+        let budget = 64 << 20;
+        let keep = 4 << 20;
+        for s in 0..3 {
+            r.occupy_slot(s, 1 + s as u128, 0, 0);
+        }
+        let owners = std::sync::atomic::AtomicU32::new(2);
+        std::thread::scope(|sc| {
+            for s in 0..2usize {
+                let (r, owners) = (&r, &owners);
+                sc.spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..20_000u64 {
+                        let bytes = (1 + (i + s as u64) % 2) << 20;
+                        let ok = r.pool_take(s, 0, bytes)
+                            || r.reserve_ahead(s, 0, bytes, keep, budget).is_ok();
+                        if ok {
+                            held.push(bytes);
+                        }
+                        if (held.len() > 4 || i % 3 == 0)
+                            && let Some(b) = held.pop()
+                        {
+                            r.pool_put(s, 0, b, keep);
+                        }
+                    }
+                    for b in held {
+                        r.pool_put(s, 0, b, keep);
+                    }
+                    owners.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            let (r, owners) = (&r, &owners);
+            sc.spawn(move || {
+                let mut stolen = 0u64;
+                while owners.load(Ordering::Relaxed) > 0 {
+                    stolen += r.steal_pools(0, 2);
+                    let used = r.gpu_used(0).unwrap();
+                    assert!(used <= budget, "used {used} > budget");
+                }
+                assert!(stolen > 0, "never raced an owner");
+            });
+        });
+        r.steal_pools(0, 2);
+        let s = r.snapshot().unwrap();
+        let charged: u64 = s.slots.iter().map(|x| x.charged[0]).sum();
+        assert_eq!(
+            r.gpu_used(0).unwrap(),
+            charged,
+            "usage is the slots' charges"
+        );
+        assert_eq!((s.gpus[0].used, s.gpus[0].pooled, charged), (0, 0, 0));
     }
 }

@@ -52,6 +52,7 @@ fn region_table_matches_the_code() {
         ("GPU entry + ", region::gpu::BLOCKS, 8),
         ("GPU entry + ", region::gpu::LAUNCHES, 8),
         ("GPU entry + ", region::gpu::WAITED_NS, 8),
+        ("GPU entry + ", region::gpu::CONTEXT_BYTES, 8),
         ("slot + ", region::slot::TOKEN, 16),
         ("slot + ", region::slot::FLAGS, 4),
         ("slot + ", region::slot::STARTED_NS, 8),

@@ -275,9 +275,10 @@ fn main() {
         }
     }
     println!(
-        "/bin/true fork+exec+wait: {:.1} us direct, {:.1} us preloaded: {:+.1} us (target < +100 us)",
+        "/bin/true fork+exec+wait: {:.1} us direct, {:.1} us preloaded: {:+.1} us x{:.2} (target < +100 us)",
         base / 1e3,
         with / 1e3,
-        (with - base) / 1e3
+        (with - base) / 1e3,
+        with / base
     );
 }

@@ -97,8 +97,19 @@ pub fn loaded_state() -> Option<&'static State> {
     STATE.get()
 }
 
-fn log(msg: std::fmt::Arguments<'_>) {
-    eprintln!("tessera-cuda: {msg}");
+/// Writes `tessera-cuda: <msg>` to stderr with one write(2), ignoring every error:
+/// `eprintln!` panics when stderr is closed or a broken pipe, and a panic must never
+/// unwind out of a hook.
+pub fn log(msg: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut buf = [0u8; 512];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cur, "tessera-cuda: {msg}");
+    let mut n = (cur.position() as usize).min(buf.len() - 1);
+    buf[n] = b'\n';
+    n += 1;
+    // SAFETY: write(2) from a local buffer to fd 2; the result is ignored on purpose.
+    let _ = unsafe { libc::write(2, buf.as_ptr().cast(), n) };
 }
 
 fn random_token() -> u128 {
@@ -287,7 +298,11 @@ impl State {
             return Err(Refused::NoSlot);
         };
         self.clear_no_cuda();
-        for attempt in 0..2 {
+        // Before refusing: dead processes' slots are reclaimed, then what other live
+        // processes keep in their pools is returned to the claim, each followed by one
+        // more try; a refusal then means allocations really fill the budget.
+        let mut step = 0;
+        loop {
             for p in &gpu.parts {
                 let Some(c) = self.claims.get(p.claim) else {
                     continue;
@@ -305,19 +320,30 @@ impl State {
                     return Ok(charge);
                 }
             }
-            if attempt == 0 {
-                let mut reclaimed = false;
-                for p in &gpu.parts {
-                    if let Some(c) = self.claims.get(p.claim) {
-                        reclaimed |= c
-                            .region
+            step += 1;
+            let freed = match step {
+                1 => gpu.parts.iter().any(|p| {
+                    self.claims.get(p.claim).is_some_and(|c| {
+                        c.region
                             .reclaim_dead(&c.reclaim_file)
-                            .is_ok_and(|v| !v.is_empty());
+                            .is_ok_and(|v| !v.is_empty())
+                    })
+                }),
+                2 => {
+                    let mut any = false;
+                    for p in &gpu.parts {
+                        if let Some(c) = self.claims.get(p.claim)
+                            && let Some(s) = c.slot
+                        {
+                            any |= c.region.steal_pools(p.gpu, s) > 0;
+                        }
                     }
+                    any
                 }
-                if !reclaimed {
-                    break;
-                }
+                _ => break,
+            };
+            if !freed && step == 2 {
+                break;
             }
         }
         for p in &gpu.parts {
@@ -363,6 +389,23 @@ impl State {
         }
     }
 
+    /// What a CUDA context on merged GPU `g` is charged when the driver cannot measure
+    /// it: the largest figure its claims' regions carry ([`Region::context_bytes`];
+    /// 0 = contexts are not charged).
+    pub fn context_estimate(&self, g: usize) -> u64 {
+        self.gpus.get(g).map_or(0, |gpu| {
+            gpu.parts
+                .iter()
+                .filter_map(|p| {
+                    self.claims
+                        .get(p.claim)
+                        .map(|c| c.region.context_bytes(p.gpu))
+                })
+                .max()
+                .unwrap_or(0)
+        })
+    }
+
     /// Whether the claim behind `c` asks for memory to be zeroed on free.
     pub fn scrubs(&self, c: Charge) -> bool {
         self.claims
@@ -391,10 +434,9 @@ impl State {
         let mut used = 0u64;
         for p in &gpu.parts {
             let c = self.claims.get(p.claim)?;
-            // What this process's pool holds is free to it; other processes' pools
-            // are not.
-            let own = c.slot.map_or(0, |s| c.region.pool(s, p.gpu));
-            used = used.saturating_add(c.region.gpu_used(p.gpu).unwrap_or(0).saturating_sub(own));
+            // Every process's pool is free to this one: a reservation that needs it
+            // takes it back ([`Region::steal_pools`]).
+            used = used.saturating_add(c.region.allocated(p.gpu).unwrap_or(0));
         }
         Some((gpu.total(), used))
     }
@@ -460,7 +502,6 @@ pub struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Linear,
-    Vmm,
     Array,
     /// A memory pool's retained size, keyed by the pool handle.
     Pool,
@@ -470,6 +511,11 @@ pub enum Kind {
     Limit,
     /// A device's graph memory pool, keyed by device ordinal.
     GraphPool,
+    /// A context made by `cuCtxCreate*`, keyed by its handle.
+    Context,
+    /// A stream-ordered allocation of a scrubbing claim (charge 0: its pool is
+    /// charged), remembered for zeroing at its free.
+    Async,
 }
 
 /// A multiplicative hasher: keys are pointers and handles, no DoS concern, and

@@ -73,6 +73,8 @@ pub fn format_bytes(format: c_int) -> Option<u64> {
 
 /// `CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 
 /// `CUlimit` values that reserve device memory (facts B4.1, accounting table).
 pub const CU_LIMIT_STACK_SIZE: c_int = 0;

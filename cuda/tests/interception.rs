@@ -59,8 +59,9 @@ fn frees_release_what_was_charged() {
 
 /// A budget large enough for a pool (1 GiB: 4 MiB kept ahead per process): 2 MiB
 /// allocations go through the process's pool, yet the budget is usable to the byte and
-/// the next allocation is refused; a second process then finds room for exactly what
-/// the first freed beyond its pool. The region reports allocations, not pools.
+/// the next allocation is refused; a second process then finds room for everything
+/// the first freed, its pool included (taken back from the live first process when
+/// nothing else is left). The region reports allocations, not pools.
 #[test]
 fn pools_leave_the_whole_budget_usable() {
     if !require("pools") {
@@ -90,14 +91,23 @@ fn pools_leave_the_whole_budget_usable() {
     assert_eq!(r.gpus[0].used, budget - 16 * MIB, "allocations only");
     assert_eq!(r.gpus[0].pooled, keep, "the first process keeps its pool");
     assert_eq!(sb.ledger().used[0], budget - 16 * MIB);
-    // The other process can take what the first gave back, not its pool.
+    // The other process can take what the first gave back, and then the first's pool:
+    // budget that no allocation holds is never refused.
     let out = sb.client(
         &opts(),
-        &["ctx", "0", "alloc", "12582912", "alloc", "2097152"],
+        &[
+            "ctx", "0", "alloc", "12582912", "alloc", "2097152", "alloc", "2097152", "alloc",
+            "2097152",
+        ],
     );
+    let r = sb.region("claim-a");
     drop(a);
-    assert_eq!(out, ["ok", "ok 0", OOM]);
+    assert_eq!(out, ["ok", "ok 0", "ok 1", "ok 2", OOM]);
     assert!(sb.ledger().peak[0] <= budget);
+    assert_eq!(
+        r.gpus[0].pooled, 0,
+        "the live process's pool was taken back"
+    );
 }
 
 /// Pitched memory is charged at pitch × height with the pitch the driver returned
@@ -343,4 +353,296 @@ fn graph_memory_is_charged_when_materialized_and_trimmed() {
         assert_eq!(l.used[0], 12 * MIB, "{mode}");
         assert_eq!(sb.region("claim-a").gpus[0].used, 12 * MIB, "{mode}");
     }
+}
+
+/// What the fake driver's contexts hold in the context tests: 37 MiB, a figure no
+/// estimate in the library assumes.
+const CONTEXT: u64 = 37 * MIB;
+/// The region's per-context estimate in these tests (the plugin writes 300 MiB; a
+/// smaller one keeps the budgets below the size that gives processes pools).
+const ESTIMATE: u64 = 100 * MIB;
+
+fn with_contexts(budget: u64) -> (Sandbox, RunOpts) {
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, budget)]);
+    c.context_bytes = ESTIMATE;
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_CONTEXT_BYTES".into(), CONTEXT.to_string())],
+        ..opts()
+    };
+    (sb, o)
+}
+
+/// Contexts are charged: the first primary context at the region's estimate (no
+/// context is current, so the driver cannot be asked), every later one at what the
+/// driver's free memory shows it took (the fake's 37 MiB, through cuCtxCreate_v2, _v3
+/// and _v4 and a primary retain); a creation over the budget is refused with
+/// CUDA_ERROR_OUT_OF_MEMORY before the driver makes it; destroy, the last primary
+/// release and a reset give the charge back.
+#[test]
+fn contexts_are_charged_when_created_and_released_when_destroyed() {
+    if !require("contexts") {
+        return;
+    }
+    // Room for the estimate twice (the first context, and the reservation made
+    // before the second is measured), not for another context after three.
+    let budget = 2 * ESTIMATE + 4 * MIB;
+    let (sb, o) = with_contexts(budget);
+    let (a, got) = sb.spawn_client(
+        &o,
+        &[
+            "ctx",
+            "0",
+            "ctxcreate",
+            "0",
+            "2",
+            "ctxcreate",
+            "0",
+            "4",
+            "ctxcreate",
+            "0",
+            "3",
+            "ctxdestroy",
+            "0",
+            "ctxcreate",
+            "0",
+            "3",
+            "prelease",
+            "0",
+            "hold",
+        ],
+        8,
+    );
+    assert_eq!(
+        got,
+        ["ok", "ok 0", "ok 1", OOM, "ok", "ok 2", "ok", "holding"]
+    );
+    let l = sb.ledger();
+    assert!(l.peak[0] <= budget, "peak {}", l.peak[0]);
+    assert_eq!(l.live[0], 2 * CONTEXT, "two created contexts left");
+    assert_eq!(sb.region("claim-a").gpus[0].used, 2 * CONTEXT);
+    drop(a);
+
+    // A primary context retained while another context of the device is current is
+    // measured too; a reset releases it.
+    let (sb, o) = with_contexts(budget);
+    let (a, got) = sb.spawn_client(
+        &o,
+        &[
+            "ctx",
+            "0",
+            "ctxcreate",
+            "0",
+            "2",
+            "prelease",
+            "0",
+            "pretain",
+            "0",
+            "hold",
+        ],
+        5,
+    );
+    assert_eq!(got, ["ok", "ok 0", "ok", "ok", "holding"]);
+    assert_eq!(sb.region("claim-a").gpus[0].used, 2 * CONTEXT);
+    assert_eq!(sb.ledger().live[0], 2 * CONTEXT);
+    drop(a);
+    let out = sb.client(&o, &["ctx", "0", "ctxcreate", "0", "4", "preset", "0"]);
+    assert_eq!(out, ["ok", "ok 0", "ok"]);
+    let l = sb.ledger();
+    assert!(l.peak[0] <= budget, "peak {}", l.peak[0]);
+}
+
+/// A primary context the budget cannot hold is refused before the driver creates it.
+#[test]
+fn a_context_over_the_budget_is_refused() {
+    if !require("context-refused") {
+        return;
+    }
+    let (sb, o) = with_contexts(ESTIMATE - MIB);
+    let out = sb.client_output(&o, &["ctx", "0"]);
+    assert_eq!(lines(&out.stdout), [OOM]);
+    assert_eq!(sb.ledger().peak[0], 0, "the driver never made it");
+}
+
+/// VMM memory stays charged while it is mapped, even after its handle is released,
+/// as the driver keeps it: a create -> map -> release loop cannot hold more than the
+/// budget, the last unmap of a released handle returns its budget, and a handle
+/// mapped twice is freed only with its second mapping.
+#[test]
+fn vmm_memory_stays_charged_until_released_and_unmapped() {
+    if !require("vmm-lifetime") {
+        return;
+    }
+    let sb = one_gpu(8 * MIB);
+    // Five rounds of: create 2 MiB (id 2k), reserve an address (id 2k + 1), map,
+    // release the handle.
+    let mut owned: Vec<String> = vec!["ctx".into(), "0".into()];
+    for k in 0..5 {
+        let (h, va) = ((2 * k).to_string(), (2 * k + 1).to_string());
+        for w in [
+            "vmm", "2097152", "vreserve", "2097152", "vmap", &va, &h, "2097152", "release", &h,
+        ] {
+            owned.push(w.to_string());
+        }
+    }
+    let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let out = sb.client(&opts(), &args);
+    let round = |k: usize| out[1 + 4 * k..5 + 4 * k].to_vec();
+    for k in 0..4 {
+        assert_eq!(
+            round(k),
+            [
+                format!("ok {}", 2 * k),
+                format!("ok {}", 2 * k + 1),
+                "ok".into(),
+                "ok".into()
+            ],
+            "{out:?}"
+        );
+    }
+    assert_eq!(
+        out[17], OOM,
+        "released but mapped memory is still held: {out:?}"
+    );
+    assert!(
+        sb.ledger().peak[0] <= 8 * MIB,
+        "peak {}",
+        sb.ledger().peak[0]
+    );
+
+    let sb = one_gpu(8 * MIB);
+    let out = sb.client(
+        &opts(),
+        &[
+            "ctx", "0", "vmm", "4194304", "vreserve", "4194304", "vreserve", "4194304", "vmap",
+            "1", "0", "4194304", "vmap", "2", "0", "4194304", "release", "0", "vmm", "4194304",
+            "vmm", "2097152", "vunmap", "1", "4194304", "vmm", "2097152", "vunmap", "2", "4194304",
+            "vmm", "2097152",
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "ok", "ok 0", "ok 1", "ok 2", "ok", "ok", "ok", "ok 3", OOM, "ok", OOM, "ok", "ok 4"
+        ]
+    );
+    let l = sb.ledger();
+    assert!(l.peak[0] <= 8 * MIB, "peak {}", l.peak[0]);
+}
+
+/// A pool's growth beyond what the budget holds is undone: with 32 MiB in the
+/// device's pool and a 40 MiB budget, a 1 MiB allocation from a fresh pool (which the
+/// fake grows by 32 MiB) is refused and the pool trimmed back, so the driver is left
+/// within the budget. Destroying the pool returns its charge, and memory a pool
+/// released at a synchronisation is found again before an allocation is refused.
+#[test]
+fn pool_growth_past_the_budget_is_undone_and_destroyed_pools_release() {
+    if !require("pool-growth") {
+        return;
+    }
+    for mode in ["gpa", "gpa-ptds"] {
+        let sb = one_gpu(40 * MIB);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..opts()
+        };
+        let (a, got) = sb.spawn_client(
+            &o,
+            &["ctx", "0", "async", "1048576", "pool", "1048576", "hold"],
+            4,
+        );
+        assert_eq!(got, ["ok", "ok 0", OOM, "holding"], "{mode}");
+        let l = sb.ledger();
+        assert!(
+            l.live[0] <= 40 * MIB,
+            "{mode}: the driver holds {}",
+            l.live[0]
+        );
+        assert!(sb.region("claim-a").gpus[0].used <= 40 * MIB, "{mode}");
+        drop(a);
+
+        let sb = one_gpu(40 * MIB);
+        let out = sb.client(
+            &o,
+            &[
+                "ctx",
+                "0",
+                "pool",
+                "1048576",
+                "freeasync",
+                "0",
+                "pooldestroy",
+                "alloc",
+                "33554432",
+                "free",
+                "1",
+                "async",
+                "1048576",
+                "freeasync",
+                "2",
+                "sync",
+                "alloc",
+                "33554432",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "ok", "ok 0", "ok", "ok", "ok 1", "ok", "ok 2", "ok", "ok", "ok 3"
+            ],
+            "{mode}"
+        );
+        assert!(sb.ledger().peak[0] <= 40 * MIB, "{mode}");
+    }
+}
+
+/// Frees of memory the library never charged pass through and release nothing:
+/// memory allocated past the library (as before it loaded) and memory on a GPU no
+/// claim budgets.
+#[test]
+fn frees_of_uncharged_memory_pass_through_and_release_nothing() {
+    if !require("uncharged-frees") {
+        return;
+    }
+    let sb = Sandbox::new(
+        &[(GPU0, 80 << 30), (GPU1, 80 << 30)],
+        vec![ClaimSpec::new("claim-a", &[(GPU0, 8 * MIB)])],
+    );
+    let (a, got) = sb.spawn_client(
+        &opts(),
+        &[
+            "ctx",
+            "0",
+            "alloc",
+            "4194304",
+            "dalloc",
+            "2097152",
+            "free",
+            "1",
+            "alloc",
+            "4194304",
+            "ctx",
+            "1",
+            "alloc",
+            "1073741824",
+            "free",
+            "3",
+            "ctx",
+            "0",
+            "alloc",
+            "1",
+            "hold",
+        ],
+        11,
+    );
+    assert_eq!(
+        got,
+        [
+            "ok", "ok 0", "ok 1", "ok", "ok 2", "ok", "ok 3", "ok", "ok", OOM, "holding"
+        ]
+    );
+    assert_eq!(sb.region("claim-a").gpus[0].used, 8 * MIB);
+    let l = sb.ledger();
+    assert_eq!((l.live[0], l.live[1]), (8 * MIB, 0));
+    drop(a);
 }

@@ -47,8 +47,18 @@ fn recorded_lookups_get_the_right_variant_through_the_library() {
         "cuMemFreeAsync",
         "cuMemFreeAsync_ptsz",
         "cuMemPoolTrimTo",
+        "cuMemPoolDestroy",
         "cuMemCreate",
         "cuMemRelease",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuCtxCreate_v2",
+        "cuCtxCreate_v3",
+        "cuCtxCreate_v4",
+        "cuCtxDestroy_v2",
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease_v2",
+        "cuDevicePrimaryCtxReset_v2",
         "cuArrayCreate_v2",
         "cuArray3DCreate_v2",
         "cuArrayDestroy",
@@ -208,14 +218,32 @@ fn sixteen_processes_at_random_never_exceed_the_budget() {
     if !require("stress") {
         return;
     }
-    let budget = 64 * MIB;
+    stress(64 * MIB, 10, "8388608");
+}
+
+/// The same with a budget large enough for per-process pools (1 GiB: 4 MiB ahead
+/// each), with allocations of up to 64 MiB, half of them small enough for the pools:
+/// pools taken back from live processes and refilled never let the processes exceed
+/// the budget.
+#[test]
+fn sixteen_processes_with_pools_never_exceed_the_budget() {
+    if !require("stress-pools") {
+        return;
+    }
+    assert!(tessera_abi::region::pool_size(1 << 30) > 0);
+    stress(1 << 30, 6, "67108864");
+}
+
+/// 16 clients running `random <secs> <max>` on one claim's GPU: judged by the ledger.
+fn stress(budget: u64, secs: u32, max: &str) {
     let sb = one_gpu(budget);
+    let secs = secs.to_string();
     let kids: Vec<_> = (0..16)
         .map(|_| {
             sb.command(
                 &opts(),
                 &artifacts().client,
-                &["gpa", "ctx", "0", "random", "10", "8388608"],
+                &["gpa", "ctx", "0", "random", &secs, max],
             )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -256,6 +284,35 @@ fn sixteen_processes_at_random_never_exceed_the_budget() {
     );
     assert_eq!(l.used[0], 0);
     assert_eq!(sb.region("claim-a").gpus[0].used, 0);
+}
+
+/// A process SIGKILLed while it holds an allocation and a pool (a 1 GiB budget: 4 MiB
+/// ahead) gives all of it back within a second: the next process can allocate the
+/// whole budget.
+#[test]
+fn sigkill_with_a_pool_held_releases_within_a_second() {
+    if !require("sigkill-pool") {
+        return;
+    }
+    let budget: u64 = 1 << 30;
+    let sb = one_gpu(budget);
+    let (mut a, got) = sb.spawn_client(&opts(), &["ctx", "0", "alloc", "1048576", "hold"], 3);
+    assert_eq!(got, ["ok", "ok 0", "holding"]);
+    let r = sb.region("claim-a");
+    assert_eq!(
+        (r.gpus[0].used, r.gpus[0].pooled),
+        (2 * MIB, tessera_abi::region::pool_size(budget))
+    );
+    a.kill_now();
+    let killed = Instant::now();
+    let out = sb.client(&opts(), &["ctx", "0", "alloc", &budget.to_string()]);
+    let took = killed.elapsed();
+    assert_eq!(
+        out,
+        ["ok", "ok 0"],
+        "the dead process's charges were not returned"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
 }
 
 /// A process SIGKILLed in the middle of an allocation (the driver holds the memory,
@@ -360,15 +417,19 @@ fn two_claims_merge_by_uuid_and_an_unbudgeted_gpu_stays_free() {
     assert_eq!(out, ["ok", "ok 0", "ok", OOM]);
 }
 
-/// With scrubOnFree the freed memory is zero when the driver gets it back; without
-/// it, the tenant's bytes are still there (which shows the fake's check works).
+/// With scrubOnFree the freed memory is zero when the driver gets it back, on every
+/// path the library scrubs: linear memory; a VMM handle unmapped then released (zeroed
+/// through a temporary mapping), and one released while mapped and written again
+/// before its last unmap (zeroed through that mapping); a stream-ordered free (zeroed
+/// on its stream first). Without it the tenant's bytes are still there (which shows
+/// the fake's check works).
 #[test]
 fn scrub_on_free_zeroes_freed_memory() {
     if !require("scrub") {
         return;
     }
     for scrub in [true, false] {
-        let mut c = ClaimSpec::new("claim-a", &[(GPU0, 8 * MIB)]);
+        let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
         c.scrub = scrub;
         let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
         let o = RunOpts {
@@ -378,14 +439,71 @@ fn scrub_on_free_zeroes_freed_memory() {
         let out = sb.client(
             &o,
             &[
-                "ctx", "0", "alloc", "1048576", "fill", "0", "1048576", "free", "0",
+                "ctx",
+                "0", // linear
+                "alloc",
+                "1048576",
+                "fill",
+                "0",
+                "1048576",
+                "free",
+                "0", // VMM: unmap, release
+                "vmm",
+                "2097152",
+                "vreserve",
+                "2097152",
+                "vmap",
+                "2",
+                "1",
+                "2097152",
+                "fill",
+                "2",
+                "2097152",
+                "vunmap",
+                "2",
+                "2097152",
+                "release",
+                "1",
+                // VMM: release while mapped, write, unmap
+                "vmm",
+                "2097152",
+                "vmap",
+                "2",
+                "3",
+                "2097152",
+                "fill",
+                "2",
+                "2097152",
+                "release",
+                "3",
+                "fill",
+                "2",
+                "2097152",
+                "vunmap",
+                "2",
+                "2097152", // stream-ordered
+                "async",
+                "1048576",
+                "fill",
+                "4",
+                "1048576",
+                "freeasync",
+                "4",
             ],
         );
-        assert_eq!(out, ["ok", "ok 0", "ok", "ok"]);
+        assert_eq!(
+            out,
+            [
+                "ok", "ok 0", "ok", "ok", "ok 1", "ok 2", "ok", "ok", "ok", "ok", "ok 3", "ok",
+                "ok", "ok", "ok", "ok", "ok 4", "ok", "ok"
+            ],
+            "scrub {scrub}"
+        );
         let l = sb.ledger();
         assert_eq!(
             (l.scrub_clean[0], l.scrub_dirty[0]),
-            if scrub { (1, 0) } else { (0, 1) }
+            if scrub { (4, 0) } else { (0, 4) },
+            "scrub {scrub}"
         );
     }
 }

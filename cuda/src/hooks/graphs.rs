@@ -265,7 +265,25 @@ fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
         Plan::Forward => None,
     };
     if !settle_graph_pool(st, need.dev, pending) {
-        eprintln!("tessera-cuda: graph memory grew past the budget during a launch");
+        // The launch grew the graph pool past the budget: once the graph has run, its
+        // allocations are freed into the pool, and a trim returns what the budget
+        // cannot hold. The launch itself cannot be undone.
+        let _ = sync_stream(stream_of(
+            stream,
+            matches!(h, Hook::cuGraphLaunch_ptsz | Hook::cuGraphUpload_ptsz),
+        ));
+        let t = real(Hook::cuDeviceGraphMemTrim);
+        if t != 0 {
+            // SAFETY: cuDeviceGraphMemTrim(CUdevice).
+            let f: unsafe extern "C" fn(CUdevice) -> CUresult = unsafe { as_fn(t) };
+            // SAFETY: as above.
+            unsafe { f(need.dev) };
+        }
+        if !settle_graph_pool(st, need.dev, None) {
+            accounting::log(format_args!(
+                "graph memory grew past the budget during a launch and could not be trimmed"
+            ));
+        }
     }
     rc
 }

@@ -27,7 +27,9 @@ macro_rules! call_real {
 
 fn refused_code(st: &State, r: Refused, what: &str) -> CUresult {
     if r == Refused::NoSlot && !st.fail_closed {
-        eprintln!("tessera-cuda: {what}: the device's UUID is unavailable; refusing");
+        accounting::log(format_args!(
+            "{what}: the device's UUID is unavailable; refusing"
+        ));
     }
     CUDA_ERROR_OUT_OF_MEMORY
 }
@@ -113,9 +115,23 @@ fn plan(dev: Option<CUdevice>, bytes: u64, what: &str) -> Result<Plan, CUresult>
         Some(g) => g,
         None => return Ok(Plan::Forward),
     };
-    match st.reserve(g, bytes) {
+    match reserve_or_resettle(st, g, bytes) {
         Ok(c) => Ok(Plan::Charged(st, c)),
         Err(r) => Err(refused_code(st, r, what)),
+    }
+}
+
+/// Reserves `bytes` on merged GPU `g`; before refusing, re-reads what the process's
+/// memory pools retain (a pool may have released memory at a synchronisation the
+/// library does not see) and tries once more.
+#[inline]
+fn reserve_or_resettle(st: &'static State, g: usize, bytes: u64) -> Result<Charge, Refused> {
+    match st.reserve(g, bytes) {
+        Err(Refused::OverBudget) if accounting::any_pool() => {
+            pools::resettle_pools();
+            st.reserve(g, bytes)
+        }
+        r => r,
     }
 }
 
@@ -140,28 +156,42 @@ fn settle(plan: Plan, rc: CUresult, kind: Kind, id: impl FnOnce() -> u64, scrub_
     }
 }
 
-/// Zeroes `bytes` at `ptr` when the charge's claim scrubs on free.
+/// Zeroes `bytes` at `ptr` when the charge's claim scrubs on free; a failure is
+/// logged (the free goes ahead).
 fn scrub(st: &State, e: &Entry, ptr: CUdeviceptr) {
     if e.scrub_bytes == 0 || !st.scrubs(e.charge) {
         return;
     }
+    let rc = memset_sync(ptr, e.scrub_bytes);
+    if rc != CUDA_SUCCESS {
+        accounting::log(format_args!(
+            "scrubbing {} bytes failed with CUDA error {rc}; the memory is freed unscrubbed",
+            e.scrub_bytes
+        ));
+    }
+}
+
+/// Zeroes `bytes` at `ptr` (`cuMemsetD8_v2`) and waits for it (`cuCtxSynchronize`):
+/// the first error, or success.
+fn memset_sync(ptr: CUdeviceptr, bytes: u64) -> CUresult {
     let (m, s) = (
         driver(DriverFn::MemsetD8V2),
         driver(DriverFn::CtxSynchronize),
     );
-    if m == 0 {
-        return;
+    if m == 0 || s == 0 {
+        return CUDA_ERROR_NOT_FOUND;
     }
     // SAFETY: cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t).
     let memset: unsafe extern "C" fn(CUdeviceptr, u8, usize) -> CUresult = unsafe { as_fn(m) };
-    // SAFETY: the range is the allocation being freed.
-    unsafe { memset(ptr, 0, e.scrub_bytes as usize) };
-    if s != 0 {
-        // SAFETY: cuCtxSynchronize(void).
-        let sync: unsafe extern "C" fn() -> CUresult = unsafe { as_fn(s) };
-        // SAFETY: no arguments.
-        unsafe { sync() };
+    // SAFETY: the range is memory being freed, still valid.
+    let rc = unsafe { memset(ptr, 0, bytes as usize) };
+    if rc != CUDA_SUCCESS {
+        return rc;
     }
+    // SAFETY: cuCtxSynchronize(void).
+    let sync: unsafe extern "C" fn() -> CUresult = unsafe { as_fn(s) };
+    // SAFETY: no arguments.
+    unsafe { sync() }
 }
 
 /// Forgets and releases the charge of a freed allocation, after the driver freed it.
@@ -192,7 +222,33 @@ fn resize(st: &State, c: Charge, bytes: u64) -> Result<Charge, Charge> {
     }
 }
 
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream as an explicit handle.
+const STREAM_PER_THREAD: usize = 2;
+
+/// The stream a `_ptsz` entry point means by `stream` (NULL is the per-thread
+/// default stream there), as a handle any entry point understands.
+fn stream_of(stream: CUstream, per_thread: bool) -> CUstream {
+    if per_thread && stream.is_null() {
+        STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    }
+}
+
+/// Waits for the work queued on `stream` (`cuStreamSynchronize`).
+fn sync_stream(stream: CUstream) -> CUresult {
+    let p = driver(DriverFn::StreamSynchronize);
+    if p == 0 {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    // SAFETY: cuStreamSynchronize(CUstream).
+    let f: unsafe extern "C" fn(CUstream) -> CUresult = unsafe { as_fn(p) };
+    // SAFETY: a stream handle the caller passed to the driver.
+    unsafe { f(stream) }
+}
+
 mod arrays;
+mod contexts;
 mod graphs;
 mod launch;
 mod limits;
@@ -203,6 +259,7 @@ mod views;
 mod vmm;
 
 pub use arrays::*;
+pub use contexts::*;
 pub use graphs::*;
 pub use launch::*;
 pub use limits::*;

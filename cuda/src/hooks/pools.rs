@@ -28,6 +28,11 @@ fn current_pool(dev: CUdevice) -> Option<CUmemoryPool> {
 
 /// The memory a pool holds from the device (`RESERVED_MEM_CURRENT`).
 fn pool_reserved(pool: CUmemoryPool) -> Option<u64> {
+    pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+}
+
+/// A u64 attribute of a pool.
+fn pool_attribute(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
     let p = driver(DriverFn::MemPoolGetAttribute);
     if p == 0 {
         return None;
@@ -36,14 +41,42 @@ fn pool_reserved(pool: CUmemoryPool) -> Option<u64> {
     // SAFETY: cuMemPoolGetAttribute(CUmemoryPool, attr, void*) with a u64 attribute.
     let f: unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult = unsafe { as_fn(p) };
     // SAFETY: valid out pointer of the attribute's type.
-    let rc = unsafe {
-        f(
-            pool,
-            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-            (&mut v as *mut u64).cast(),
-        )
-    };
+    let rc = unsafe { f(pool, attr, (&mut v as *mut u64).cast()) };
     (rc == CUDA_SUCCESS).then_some(v)
+}
+
+/// What an allocation of `size` makes the pool grow by at least: its pages beyond
+/// what the pool holds unused (`RESERVED_MEM_CURRENT` - `USED_MEM_CURRENT`); the whole
+/// allocation when the pool cannot say.
+fn least_growth(pool: CUmemoryPool, size: usize) -> u64 {
+    let need = sizes::linear(size as u64);
+    match (
+        pool_reserved(pool),
+        pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+    ) {
+        (Some(r), Some(u)) => need.saturating_sub(r.saturating_sub(u)),
+        _ => need,
+    }
+}
+
+/// Gives back what a pool grew beyond its charge: waits for `stream` (where the
+/// refused allocation was just freed) and trims the pool to the bytes it is charged,
+/// then re-reads it.
+fn trim_to_charge(st: &State, pool: CUmemoryPool, stream: CUstream) {
+    let _ = sync_stream(stream);
+    let keep = accounting::peek(Kind::Pool, pool as u64).map_or(0, |e| e.charge.bytes);
+    let t = real(Hook::cuMemPoolTrimTo);
+    if t != 0 {
+        // SAFETY: cuMemPoolTrimTo(CUmemoryPool, size_t).
+        let f: unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult = unsafe { as_fn(t) };
+        // SAFETY: the caller's pool.
+        unsafe { f(pool, keep as usize) };
+    }
+    if !settle_pool(st, pool, None) {
+        accounting::log(format_args!(
+            "a memory pool grew past the budget and could not be trimmed back"
+        ));
+    }
 }
 
 /// Brings a pool's charge to what it retains now. The pool's charge lives on one
@@ -107,10 +140,15 @@ pub(super) fn settle_retained(
     ok
 }
 
-/// Common path of the four stream-ordered allocation hooks.
+/// Common path of the four stream-ordered allocation hooks. The growth the pool
+/// must make at least (the allocation's pages beyond the pool's unused memory) is
+/// reserved first; the charge then follows what the pool retains. When the pool grew
+/// by more than the budget holds, the allocation is freed, the pool trimmed back to
+/// its charge, and the call refused.
 fn alloc_from_pool(
     pool: Option<CUmemoryPool>,
     size: usize,
+    stream: CUstream,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(),
 ) -> CUresult {
@@ -125,28 +163,75 @@ fn alloc_from_pool(
     let Some(pool) = pool.or_else(|| current_pool(dev)) else {
         return CUDA_ERROR_NOT_FOUND;
     };
-    // The pool grows by at least the allocation; reserve that much first.
-    let plan = match plan(Some(dev), sizes::linear(size as u64), "cuMemAllocAsync") {
-        Ok(p) => p,
+    let g = match gpu_of(st, Some(dev), "cuMemAllocAsync") {
+        Ok(Some(g)) => g,
+        Ok(None) => return call(),
         Err(rc) => return rc,
     };
-    let rc = call();
-    match plan {
-        Plan::Forward => rc,
-        Plan::Charged(st, c) => {
-            if rc != CUDA_SUCCESS {
-                st.release(c);
-                let _ = settle_pool(st, pool, None);
-                return rc;
-            }
-            if settle_pool(st, pool, Some(c)) {
-                rc
-            } else {
-                free();
-                CUDA_ERROR_OUT_OF_MEMORY
-            }
+    let grow = least_growth(pool, size);
+    let pending = if grow > 0 {
+        match reserve_or_resettle(st, g, grow) {
+            Ok(c) => Some(c),
+            Err(r) => return refused_code(st, r, "cuMemAllocAsync"),
         }
+    } else {
+        None
+    };
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        if let Some(c) = pending {
+            st.release(c);
+        }
+        let _ = settle_pool(st, pool, None);
+        return rc;
     }
+    if settle_pool(st, pool, pending) {
+        remember_async(st, g, size);
+        rc
+    } else {
+        free();
+        trim_to_charge(st, pool, stream);
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+}
+
+/// Set once a scrubbing claim made a stream-ordered allocation: until then a
+/// stream-ordered free looks nothing up.
+static ASYNC_SCRUB: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    /// The pointer the stream-ordered allocation being settled returned (set by the
+    /// hook after the driver call, read by [`remember_async`]).
+    static LAST_ASYNC: std::cell::Cell<CUdeviceptr> = const { std::cell::Cell::new(0) };
+}
+
+/// Remembers a stream-ordered allocation's size for scrubbing its free, when the
+/// GPU's claim scrubs (the first claim of the merged GPU decides).
+fn remember_async(st: &State, g: usize, size: usize) {
+    let Some(part) = st.gpus.get(g).and_then(|x| x.parts.first()) else {
+        return;
+    };
+    let c = Charge {
+        claim: part.claim as u16,
+        gpu: part.gpu as u16,
+        bytes: 0,
+    };
+    if !st.scrubs(c) {
+        return;
+    }
+    let ptr = LAST_ASYNC.with(|p| p.get());
+    if ptr == 0 {
+        return;
+    }
+    ASYNC_SCRUB.store(true, std::sync::atomic::Ordering::Relaxed);
+    accounting::record(
+        Kind::Async,
+        ptr,
+        Entry {
+            charge: c,
+            scrub_bytes: size as u64,
+        },
+    );
 }
 
 /// # Safety
@@ -196,11 +281,17 @@ fn alloc_async(
     }
     // SAFETY: the driver's function of this variant.
     let f: AllocAsyncFn = unsafe { as_fn(p) };
+    let per_thread = h == Hook::cuMemAllocAsync_ptsz;
     alloc_from_pool(
         None,
         size,
-        // SAFETY: forwarding the caller's arguments.
-        || unsafe { f(dptr, size, stream) },
+        stream_of(stream, per_thread),
+        || {
+            // SAFETY: forwarding the caller's arguments.
+            let rc = unsafe { f(dptr, size, stream) };
+            note_async(rc, dptr);
+            rc
+        },
         || {
             if fp != 0 {
                 // SAFETY: freeing what was just allocated, on the same stream.
@@ -264,11 +355,17 @@ fn alloc_pool(
     }
     // SAFETY: the driver's function of this variant.
     let f: AllocPoolFn = unsafe { as_fn(p) };
+    let per_thread = h == Hook::cuMemAllocFromPoolAsync_ptsz;
     alloc_from_pool(
         Some(pool),
         size,
-        // SAFETY: forwarding the caller's arguments.
-        || unsafe { f(dptr, size, pool, stream) },
+        stream_of(stream, per_thread),
+        || {
+            // SAFETY: forwarding the caller's arguments.
+            let rc = unsafe { f(dptr, size, pool, stream) };
+            note_async(rc, dptr);
+            rc
+        },
         || {
             if fp != 0 {
                 // SAFETY: freeing what was just allocated, on the same stream.
@@ -280,12 +377,54 @@ fn alloc_pool(
     )
 }
 
+/// Records the pointer a stream-ordered allocation returned, for [`remember_async`].
+fn note_async(rc: CUresult, dptr: *mut CUdeviceptr) {
+    let p = if rc == CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: on success the driver wrote *dptr.
+        unsafe { *dptr }
+    } else {
+        0
+    };
+    LAST_ASYNC.with(|c| c.set(p));
+}
+
 /// Returns memory to its pool, then recharges every charged pool at what it
-/// retains (a free can let the pool release memory past its threshold).
+/// retains (a free can let the pool release memory past its threshold). Memory of a
+/// scrubbing claim is first zeroed on the same stream (`cuMemsetD8Async`, ordered
+/// before the free).
 fn free_async(h: Hook, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    if ASYNC_SCRUB.load(std::sync::atomic::Ordering::Relaxed)
+        && let Some(e) = accounting::forget(Kind::Async, ptr)
+    {
+        scrub_async(h == Hook::cuMemFreeAsync_ptsz, ptr, e.scrub_bytes, stream);
+    }
     let rc = call_real!(h, FreeAsyncFn, ptr, stream);
     resettle_pools();
     rc
+}
+
+/// Queues the zeroing of `bytes` at `ptr` on `stream`, before its free; a failure is
+/// logged.
+fn scrub_async(per_thread: bool, ptr: CUdeviceptr, bytes: u64, stream: CUstream) {
+    let m = driver(if per_thread {
+        DriverFn::MemsetD8AsyncPtsz
+    } else {
+        DriverFn::MemsetD8Async
+    });
+    let rc = if m == 0 {
+        CUDA_ERROR_NOT_FOUND
+    } else {
+        // SAFETY: cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream).
+        let f: unsafe extern "C" fn(CUdeviceptr, u8, usize, CUstream) -> CUresult =
+            unsafe { as_fn(m) };
+        // SAFETY: the allocation being freed, on the caller's stream.
+        unsafe { f(ptr, 0, bytes as usize, stream) }
+    };
+    if rc != CUDA_SUCCESS {
+        accounting::log(format_args!(
+            "cuMemFreeAsync: scrubbing {bytes} bytes failed with CUDA error {rc}; freed unscrubbed"
+        ));
+    }
 }
 
 pub(super) fn resettle_pools() {
@@ -325,6 +464,25 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
     let st = accounting::state();
     if st.active() {
         let _ = settle_pool(st, pool, None);
+    }
+    rc
+}
+
+/// A destroyed pool gives back everything it held: its charge is returned.
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    let rc = call_real!(
+        Hook::cuMemPoolDestroy,
+        unsafe extern "C" fn(CUmemoryPool) -> CUresult,
+        pool
+    );
+    if rc == CUDA_SUCCESS
+        && let Some(e) = accounting::forget(Kind::Pool, pool as u64)
+    {
+        accounting::state().release(e.charge);
     }
     rc
 }

@@ -1,7 +1,44 @@
-//! Virtual memory management: `cuMemCreate` on device locations and `cuMemRelease`.
+//! Virtual memory management: `cuMemCreate` on device locations, `cuMemMap`,
+//! `cuMemUnmap` and `cuMemRelease`.
+//!
+//! The driver frees a handle's physical memory only once the handle is released
+//! *and* every mapping of it is unmapped (facts B4.1), so the charge follows the same
+//! rule: a handle is charged from `cuMemCreate` until the later of its release and
+//! its last unmap. (A process that releases handles while keeping them mapped holds
+//! their memory, and their charge.) A handle can be mapped several times; `cuMemUnmap`
+//! takes a range, which ends every mapping that starts inside it.
 #![allow(non_snake_case)]
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
 use super::*;
+
+/// A charged handle.
+struct Handle {
+    entry: Entry,
+    dev: CUdevice,
+    size: u64,
+    /// Live mappings of the handle.
+    maps: u32,
+    /// `cuMemRelease` was called: the memory goes when the last mapping does.
+    released: bool,
+}
+
+#[derive(Default)]
+struct Book {
+    handles: HashMap<u64, Handle>,
+    /// Mapping start address -> (handle, mapped bytes); charged handles only.
+    maps: BTreeMap<u64, (u64, u64)>,
+}
+
+static BOOK: Mutex<Option<Book>> = Mutex::new(None);
+
+fn with_book<R>(f: impl FnOnce(&mut Book) -> R) -> Option<R> {
+    BOOK.lock()
+        .ok()
+        .map(|mut b| f(b.get_or_insert_with(Book::default)))
+}
 
 /// Physical memory on a device location, charged at its size (the driver refuses
 /// sizes that are not multiples of the granularity, so the size is what it uses).
@@ -40,24 +77,258 @@ pub unsafe extern "C" fn cuMemCreate(
         prop,
         flags
     );
-    // SAFETY: on success the driver wrote *handle.
-    settle(plan, rc, Kind::Vmm, || unsafe { *handle }, 0);
+    if let Plan::Charged(st, c) = plan {
+        if rc != CUDA_SUCCESS || handle.is_null() {
+            st.release(c);
+            return rc;
+        }
+        // SAFETY: on success the driver wrote *handle.
+        let h = unsafe { *handle };
+        let entry = Entry {
+            charge: c,
+            scrub_bytes: if st.scrubs(c) { size as u64 } else { 0 },
+        };
+        let kept = with_book(|b| {
+            b.handles.insert(
+                h,
+                Handle {
+                    entry,
+                    dev: dev.unwrap_or(0),
+                    size: size as u64,
+                    maps: 0,
+                    released: false,
+                },
+            );
+        });
+        if kept.is_none() {
+            st.release(c);
+        }
+    }
     rc
 }
 
-/// Released when the handle is released. (The driver frees the memory only once
-/// it is also unmapped; the library returns the budget at release.)
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuMemMap,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            usize,
+            usize,
+            CUmemGenericAllocationHandle,
+            u64,
+        ) -> CUresult,
+        ptr,
+        size,
+        offset,
+        handle,
+        flags
+    );
+    if rc == CUDA_SUCCESS {
+        with_book(|b| {
+            if let Some(h) = b.handles.get_mut(&handle) {
+                h.maps = h.maps.saturating_add(1);
+                b.maps.insert(ptr, (handle, size as u64));
+            }
+        });
+    }
+    rc
+}
+
+/// Ends every mapping that starts in `[ptr, ptr + size)`; a released handle whose
+/// last mapping this was is freed by the driver now, and its charge returned (zeroed
+/// first through the mapping when its claim scrubs).
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let end = ptr.saturating_add(size as u64);
+    let ending: Vec<(u64, u64, u64, bool)> = with_book(|b| {
+        let mut per_handle: HashMap<u64, u32> = HashMap::new();
+        let hits: Vec<(u64, u64, u64)> = b
+            .maps
+            .range(ptr..end)
+            .map(|(&va, &(h, n))| (va, h, n))
+            .collect();
+        for &(_, h, _) in &hits {
+            *per_handle.entry(h).or_default() += 1;
+        }
+        hits.into_iter()
+            .map(|(va, h, n)| {
+                let here = per_handle.get(&h).copied().unwrap_or(0);
+                // The handle's last mappings end here, after its release: zero them.
+                let scrub_it = b
+                    .handles
+                    .get(&h)
+                    .is_some_and(|x| x.released && x.maps <= here && x.entry.scrub_bytes > 0);
+                (va, h, n, scrub_it)
+            })
+            .collect()
+    })
+    .unwrap_or_default();
+    for &(va, _, n, scrub_it) in &ending {
+        if scrub_it {
+            scrub_range(va, n, "cuMemUnmap");
+        }
+    }
+    let rc = call_real!(
+        Hook::cuMemUnmap,
+        unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult,
+        ptr,
+        size
+    );
+    if rc == CUDA_SUCCESS && !ending.is_empty() {
+        let freed: Vec<Charge> = with_book(|b| {
+            let mut freed = Vec::new();
+            for (va, h, _, _) in ending {
+                b.maps.remove(&va);
+                if let Some(x) = b.handles.get_mut(&h) {
+                    x.maps = x.maps.saturating_sub(1);
+                    if x.released && x.maps == 0 {
+                        freed.extend(b.handles.remove(&h).map(|x| x.entry.charge));
+                    }
+                }
+            }
+            freed
+        })
+        .unwrap_or_default();
+        let st = accounting::state();
+        for c in freed {
+            st.release(c);
+        }
+    }
+    rc
+}
+
+/// Releases the handle; its charge goes now if it is not mapped, else at its last
+/// unmap. When the claim scrubs, the whole handle is zeroed first (mapped at a
+/// temporary address), while the handle is still valid.
 ///
 /// # Safety
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    let taken = accounting::forget(Kind::Vmm, handle);
+    let known = with_book(|b| {
+        b.handles
+            .get(&handle)
+            .filter(|h| !h.released)
+            .map(|h| (h.entry.scrub_bytes > 0, h.dev, h.size))
+    })
+    .flatten();
+    if let Some((true, dev, size)) = known {
+        scrub_handle(handle, dev, size);
+    }
     let rc = call_real!(
         Hook::cuMemRelease,
         unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult,
         handle
     );
-    release_after(Kind::Vmm, handle, rc, taken);
+    if rc == CUDA_SUCCESS && known.is_some() {
+        let freed = with_book(|b| {
+            let h = b.handles.get_mut(&handle)?;
+            h.released = true;
+            if h.maps == 0 {
+                b.handles.remove(&handle).map(|h| h.entry.charge)
+            } else {
+                None
+            }
+        })
+        .flatten();
+        if let Some(c) = freed {
+            accounting::state().release(c);
+        }
+    }
     rc
+}
+
+/// Zeroes `bytes` at `va` (`cuMemsetD8_v2`, then a context synchronise), logging a
+/// failure: the free goes ahead either way.
+fn scrub_range(va: CUdeviceptr, bytes: u64, what: &str) {
+    let rc = memset_sync(va, bytes);
+    if rc != CUDA_SUCCESS {
+        accounting::log(format_args!(
+            "{what}: scrubbing {bytes} bytes failed with CUDA error {rc}; the memory is freed unscrubbed"
+        ));
+    }
+}
+
+/// Zeroes a whole handle before its release: reserves a temporary address range,
+/// maps the handle there with read-write access for its device, zeroes it, and takes
+/// the mapping and the range down again.
+fn scrub_handle(handle: u64, dev: CUdevice, size: u64) {
+    let (reserve, free, access) = (
+        driver(DriverFn::MemAddressReserve),
+        driver(DriverFn::MemAddressFree),
+        driver(DriverFn::MemSetAccess),
+    );
+    let (map, unmap) = (real(Hook::cuMemMap), real(Hook::cuMemUnmap));
+    if [reserve, free, access, map, unmap].contains(&0) {
+        accounting::log(format_args!(
+            "cuMemRelease: the driver lacks the VMM calls to scrub a handle; freed unscrubbed"
+        ));
+        return;
+    }
+    let n = size as usize;
+    let mut va: CUdeviceptr = 0;
+    // SAFETY: the driver's VMM entry points with their cuda.h signatures.
+    let rc = unsafe {
+        let reserve: unsafe extern "C" fn(
+            *mut CUdeviceptr,
+            usize,
+            usize,
+            CUdeviceptr,
+            u64,
+        ) -> CUresult = as_fn(reserve);
+        reserve(&mut va, n, 0, 0, 0)
+    };
+    if rc != CUDA_SUCCESS {
+        scrub_failed(rc);
+        return;
+    }
+    // SAFETY: as above; `va` is the range just reserved, `handle` is live.
+    let mut rc = unsafe {
+        let map: unsafe extern "C" fn(CUdeviceptr, usize, usize, u64, u64) -> CUresult = as_fn(map);
+        map(va, n, 0, handle, 0)
+    };
+    if rc == CUDA_SUCCESS {
+        // CUmemAccessDesc: location {type DEVICE, id}, flags PROT_READWRITE (3).
+        let desc: [c_int; 3] = [CU_MEM_LOCATION_TYPE_DEVICE, dev, 3];
+        // SAFETY: cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t).
+        rc = unsafe {
+            let access: unsafe extern "C" fn(CUdeviceptr, usize, *const c_int, usize) -> CUresult =
+                as_fn(access);
+            access(va, n, desc.as_ptr(), 1)
+        };
+        if rc == CUDA_SUCCESS {
+            rc = memset_sync(va, size);
+        }
+        // SAFETY: unmapping what was mapped above.
+        unsafe {
+            let unmap: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult = as_fn(unmap);
+            unmap(va, n);
+        }
+    }
+    // SAFETY: freeing the range reserved above.
+    unsafe {
+        let free: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult = as_fn(free);
+        free(va, n);
+    }
+    if rc != CUDA_SUCCESS {
+        scrub_failed(rc);
+    }
+}
+
+fn scrub_failed(rc: CUresult) {
+    accounting::log(format_args!(
+        "cuMemRelease: scrubbing a handle failed with CUDA error {rc}; it is freed unscrubbed"
+    ));
 }

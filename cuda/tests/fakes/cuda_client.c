@@ -6,6 +6,15 @@
  *
  * Usage: cuda_client <mode> <command>...   one result line per command on stdout:
  *   ctx <dev>                  cuInit + primary context of <dev>, made current
+ *   ctxcreate <dev> <2|3|4>    cuCtxCreate_v2/_v3/_v4 (made current) -> "ok <id>"
+ *   ctxdestroy <id>            cuCtxDestroy_v2
+ *   pretain|prelease|preset <dev>   cuDevicePrimaryCtxRetain / Release_v2 / Reset_v2
+ *   vreserve <bytes>           cuMemAddressReserve -> "ok <id>" (the address)
+ *   vmap <va-id> <vmm-id> <bytes>   cuMemMap at offset 0 + cuMemSetAccess (read-write)
+ *   vunmap <va-id> <bytes> / vfree <va-id> <bytes>   cuMemUnmap / cuMemAddressFree
+ *   pooldestroy                cuMemPoolDestroy of the pool "pool" created
+ *   dalloc <bytes>             cuMemAlloc through the fake's own entry point, past any
+ *                              interposer (memory the library never saw allocated)
  *   alloc <bytes>              cuMemAlloc            -> "ok <id>" | "err <code>"
  *   pitch <w> <h>              cuMemAllocPitch (elem 4) -> "ok <id> <pitch>"
  *   managed <bytes>            cuMemAllocManaged (global)
@@ -86,6 +95,75 @@ int main(int argc, char **argv) {
             if (!rc) rc = setc(ctx);
             i += 1;
             printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "ctxcreate")) {
+            int dev = (int)ARG(1), v = (int)ARG(2);
+            void *ctx = NULL;
+            if (v == 2) {
+                FN(f, CUresult (*)(void **, unsigned, int), "cuCtxCreate", 3020, "cuCtxCreate_v2");
+                rc = f(&ctx, 0, dev);
+            } else if (v == 3) {
+                FN(f, CUresult (*)(void **, void *, int, unsigned, int), "cuCtxCreate", 11040, "cuCtxCreate_v3");
+                rc = f(&ctx, NULL, 0, 0, dev);
+            } else {
+                FN(f, CUresult (*)(void **, void *, unsigned, int), "cuCtxCreate", 12050, "cuCtxCreate_v4");
+                rc = f(&ctx, NULL, 0, dev);
+            }
+            i += 2;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save((u64)(uintptr_t)ctx));
+        } else if (!strcmp(c, "ctxdestroy")) {
+            FN(f, CUresult (*)(void *), "cuCtxDestroy", 4000, "cuCtxDestroy_v2");
+            rc = f((void *)(uintptr_t)ids[ARG(1)]);
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "pretain")) {
+            FN(f, CUresult (*)(void **, int), "cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain");
+            void *ctx = NULL;
+            rc = f(&ctx, (int)ARG(1));
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "prelease") || !strcmp(c, "preset")) {
+            int rel = !strcmp(c, "prelease");
+            FN(f, CUresult (*)(int), rel ? "cuDevicePrimaryCtxRelease" : "cuDevicePrimaryCtxReset", 11000,
+               rel ? "cuDevicePrimaryCtxRelease_v2" : "cuDevicePrimaryCtxReset_v2");
+            rc = f((int)ARG(1));
+            i += 1;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "vreserve")) {
+            FN(f, CUresult (*)(u64 *, size_t, size_t, u64, u64), "cuMemAddressReserve", 10020, "cuMemAddressReserve");
+            u64 va = 0;
+            rc = f(&va, ARG(1), 0, 0, 0);
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(va));
+        } else if (!strcmp(c, "vmap")) {
+            FN(f, CUresult (*)(u64, size_t, size_t, u64, u64), "cuMemMap", 10020, "cuMemMap");
+            FN(acc, CUresult (*)(u64, size_t, const int *, size_t), "cuMemSetAccess", 10020, "cuMemSetAccess");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            int dev = 0;
+            getdev(&dev);
+            int desc[3] = {1, dev, 3};
+            rc = f(ids[ARG(1)], ARG(3), 0, ids[ARG(2)], 0);
+            if (!rc) rc = acc(ids[ARG(1)], ARG(3), desc, 1);
+            i += 3;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "vunmap") || !strcmp(c, "vfree")) {
+            FN(un, CUresult (*)(u64, size_t), "cuMemUnmap", 10020, "cuMemUnmap");
+            FN(fr, CUresult (*)(u64, size_t), "cuMemAddressFree", 10020, "cuMemAddressFree");
+            rc = (!strcmp(c, "vunmap") ? un : fr)(ids[ARG(1)], ARG(2));
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "pooldestroy")) {
+            FN(f, CUresult (*)(void *), "cuMemPoolDestroy", 11020, "cuMemPoolDestroy");
+            rc = pool ? f(pool) : 1;
+            pool = NULL;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "dalloc")) {
+            void *(*own)(const char *, int, u64) = (void *(*)(const char *, int, u64))dlsym(lib, "fakecuda_lookup");
+            if (!own) return 4;
+            CUresult (*f)(u64 *, size_t) = (CUresult (*)(u64 *, size_t))own("cuMemAlloc", 3020, 0);
+            u64 p = 0;
+            rc = f(&p, ARG(1));
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(p));
         } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async") || !strcmp(c, "pool")) {
             u64 p = 0;
             if (!strcmp(c, "alloc")) {

@@ -21,6 +21,10 @@
  *     size cuArrayGetMemoryRequirements reports); pools grow in 32 MiB chunks and
  *     release down to their threshold at synchronisation; VMM sizes must be
  *     multiples of the 2 MiB granularity.
+ *   - VMM memory is freed only once its handle is released and every mapping of it
+ *     is unmapped. A handle is a memfd; cuMemAddressReserve reserves host address
+ *     space, cuMemMap maps the memfd there (so a handle mapped twice shows the same
+ *     bytes at both addresses).
  *
  * Configuration (environment; this is the fake's own wiring, not a tenant knob):
  *   FAKE_CUDA_DEVICES  "GPU-<uuid>:<bytes>,..." (default one 80 GiB GPU)
@@ -28,6 +32,10 @@
  *   FAKE_CUDA_DRIVER_VERSION  default 13050
  *   FAKE_CUDA_ALLOC_DELAY_MS  sleep inside cuMemAlloc_v2 after taking the memory
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
+ *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
+ *                             context from cuCtxCreate to cuCtxDestroy, a primary context
+ *                             from its first retain to its last release or a reset (a
+ *                             real driver's contexts hold hundreds of MiB)
  *   FAKE_CUDA_NO_BACKING      1: linear memory gets addresses but no host pages (for
  *                             benchmarks, so that mmap does not drown the library's cost)
  *   CUDA_VISIBLE_DEVICES      comma-separated indices into FAKE_CUDA_DEVICES
@@ -245,6 +253,10 @@ static void ledger_open(const struct dev *all, int nall) {
 struct ctx { int magic; int dev; };
 #define CTX_MAGIC 0x43545821
 static struct ctx primary[MAXDEV];
+/* The primary contexts' retain counts and whether each holds its memory now. */
+static unsigned primary_refs[MAXDEV];
+static int primary_active[MAXDEV];
+static u64 context_bytes;
 static __thread struct ctx *current;
 
 static int cur_dev(void) { return current && current->magic == CTX_MAGIC ? current->dev : -1; }
@@ -400,6 +412,8 @@ static CUresult i_cuInit(unsigned flags) {
     if (!inited) {
         const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
         if (v) driver_version = atoi(v);
+        const char *cb = getenv("FAKE_CUDA_CONTEXT_BYTES");
+        if (cb) context_bytes = strtoull(cb, NULL, 10);
         parse_devices();
         ledger_open(alldevs, nalldevs);
         sim_open();
@@ -438,13 +452,42 @@ static CUresult i_cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
 static CUresult i_cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d) {
     if (!inited) return NOT_INITIALIZED;
     if (d < 0 || d >= ndev) return INVALID_DEVICE;
-    *c = &primary[d]; return OK;
+    if (!c) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = OK;
+    if (!primary_active[d]) {
+        rc = take(d, context_bytes);
+        if (rc == OK) primary_active[d] = 1;
+    }
+    if (rc == OK) { primary_refs[d]++; *c = &primary[d]; }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
-static CUresult i_cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d < 0 || d >= ndev ? INVALID_DEVICE : OK; }
+static CUresult i_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (d < 0 || d >= ndev) return INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = OK;
+    if (primary_refs[d] == 0) rc = INVALID_CONTEXT;
+    else if (--primary_refs[d] == 0 && primary_active[d]) { give(d, context_bytes); primary_active[d] = 0; }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult i_cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    if (d < 0 || d >= ndev) return INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (primary_active[d]) { give(d, context_bytes); primary_active[d] = 0; }
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
 static CUresult i_cuCtxCreate_v2(struct ctx **c, unsigned flags, CUdevice d) {
     (void)flags;
     if (!inited) return NOT_INITIALIZED;
     if (d < 0 || d >= ndev) return INVALID_DEVICE;
+    if (!c) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = take(d, context_bytes);
+    pthread_mutex_unlock(&mu);
+    if (rc != OK) return rc;
     struct ctx *n = malloc(sizeof *n);
     *n = (struct ctx){CTX_MAGIC, d};
     *c = n; current = n; return OK;
@@ -457,8 +500,12 @@ static CUresult i_cuCtxCreate_v4(struct ctx **c, void *params, unsigned flags, C
 }
 static CUresult i_cuCtxDestroy_v2(struct ctx *c) {
     if (!c || c->magic != CTX_MAGIC) return INVALID_CONTEXT;
+    if (c >= primary && c < primary + MAXDEV) return INVALID_CONTEXT; /* primary: release it */
     if (current == c) current = NULL;
-    if (c < primary || c >= primary + MAXDEV) { c->magic = 0; free(c); }
+    pthread_mutex_lock(&mu);
+    give(c->dev, context_bytes);
+    pthread_mutex_unlock(&mu);
+    c->magic = 0; free(c);
     return OK;
 }
 static CUresult i_cuCtxSetCurrent(struct ctx *c) {
@@ -609,14 +656,17 @@ static CUresult i_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w,
     if (rc == OK) *pitch = p;
     return rc;
 }
-static void check_scrub(struct alloc *a) {
+/* FAKE_CUDA_CHECK_SCRUB=1: counts whether `size` bytes at `p`, about to be freed, are
+ * all zero. */
+static void check_scrub_at(const void *p, u64 size, int dev) {
     const char *c = getenv("FAKE_CUDA_CHECK_SCRUB");
     if (!c || strcmp(c, "1") != 0) return;
-    const unsigned char *p = (const unsigned char *)(uintptr_t)a->id;
+    const unsigned char *b = p;
     int clean = 1;
-    for (u64 i = 0; i < a->size; i++) if (p[i]) { clean = 0; break; }
-    ledger_scrub(devs[a->dev].phys, clean);
+    for (u64 i = 0; i < size; i++) if (b[i]) { clean = 0; break; }
+    ledger_scrub(devs[dev].phys, clean);
 }
+static void check_scrub(struct alloc *a) { check_scrub_at((const void *)(uintptr_t)a->id, a->size, a->dev); }
 static CUresult i_cuMemFree_v2(CUdeviceptr ptr) {
     struct alloc a;
     pthread_mutex_lock(&mu);
@@ -645,6 +695,15 @@ static CUresult i_cuMemGetInfo_v2(size_t *free_, size_t *total) {
 static CUresult i_cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
     if (cur_dev() < 0) return INVALID_CONTEXT;
     memset((void *)(uintptr_t)p, v, n); return OK;
+}
+/* Stream-ordered memsets run at once (the fake's streams are always idle). */
+static CUresult i_cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *stream) {
+    int dev = stream_dev(stream);
+    if (dev < 0) return dev_error(dev);
+    memset((void *)(uintptr_t)p, v, n); return OK;
+}
+static CUresult i_cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n, void *stream) {
+    return i_cuMemsetD8Async(p, v, n, stream);
 }
 static CUresult i_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     memcpy((void *)(uintptr_t)dst, src, n); return OK;
@@ -690,6 +749,7 @@ static CUresult i_cuMemFreeAsync(CUdeviceptr ptr, void *stream) {
     int found = untrack(ptr, K_ASYNC, &a);
     if (found) {
         ((struct pool *)a.pool)->used -= a.ledger;
+        check_scrub(&a);
         munmap((void *)(uintptr_t)a.id, a.size);
     }
     pthread_mutex_unlock(&mu);
@@ -750,28 +810,116 @@ struct prop { int type, handle_types, loc_type, loc_id; };
 static CUresult i_cuMemGetAllocationGranularity(size_t *g, const struct prop *p, int option) {
     (void)p; *g = option == 1 ? 2 * PAGE : PAGE; return OK;
 }
+/* A handle's memory: a memfd (the "physical" pages) with a view of its own, freed
+ * once the handle is released and no mapping of it is left. */
+struct vmm { u64 handle; u64 size; int dev; int fd; void *phys; int maps; int released; };
+#define MAXVMM 1024
+static struct vmm vmms[MAXVMM];
+static struct { u64 va, size; int idx; } vmaps[4 * MAXVMM];
+static int nvmaps;
+static struct vmm *vmm_find(u64 handle) {
+    for (int i = 0; i < MAXVMM; i++) if (vmms[i].handle == handle) return &vmms[i];
+    return NULL;
+}
+/* Under mu. */
+static void vmm_free_if_done(struct vmm *v) {
+    if (!v->released || v->maps > 0) return;
+    check_scrub_at(v->phys, v->size, v->dev);
+    give(v->dev, v->size);
+    munmap(v->phys, v->size);
+    close(v->fd);
+    memset(v, 0, sizeof *v);
+}
 static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, unsigned long long flags) {
     (void)flags;
     if (!inited) return NOT_INITIALIZED;
     if (!p || !handle || p->loc_type != 1 || p->loc_id < 0 || p->loc_id >= ndev) return INVALID_VALUE;
     if (size == 0 || size % PAGE) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
-    CUresult rc = take(p->loc_id, size);
+    struct vmm *v = vmm_find(0);
+    CUresult rc = v ? take(p->loc_id, size) : OUT_OF_MEMORY;
     if (rc == OK) {
         static u64 next = 0x1000;
-        *handle = next++;
-        track(*handle, size, size, p->loc_id, K_VMM, NULL);
+        int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
+        void *phys = fd < 0 || ftruncate(fd, (off_t)size) != 0 ? MAP_FAILED
+                   : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (phys == MAP_FAILED) {
+            if (fd >= 0) close(fd);
+            give(p->loc_id, size);
+            rc = OUT_OF_MEMORY;
+        } else {
+            *v = (struct vmm){next++, size, p->loc_id, fd, phys, 0, 0};
+            *handle = v->handle;
+        }
     }
     pthread_mutex_unlock(&mu);
     return rc;
 }
 static CUresult i_cuMemRelease(u64 handle) {
-    struct alloc a;
     pthread_mutex_lock(&mu);
-    int found = untrack(handle, K_VMM, &a);
-    if (found) give(a.dev, a.ledger);
+    struct vmm *v = handle ? vmm_find(handle) : NULL;
+    CUresult rc = v && !v->released ? OK : INVALID_VALUE;
+    if (rc == OK) { v->released = 1; vmm_free_if_done(v); }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult i_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    (void)align; (void)addr; (void)flags;
+    if (!ptr || size == 0 || size % PAGE) return INVALID_VALUE;
+    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return OUT_OF_MEMORY;
+    *ptr = (CUdeviceptr)(uintptr_t)m;
+    return OK;
+}
+static CUresult i_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    if (!ptr || size == 0) return INVALID_VALUE;
+    munmap((void *)(uintptr_t)ptr, size);
+    return OK;
+}
+static CUresult i_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, u64 handle, unsigned long long flags) {
+    (void)flags;
+    if (!ptr || size == 0 || size % PAGE || offset % PAGE) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct vmm *v = handle ? vmm_find(handle) : NULL;
+    CUresult rc = OK;
+    if (!v || v->released || offset + size > v->size || nvmaps == 4 * MAXVMM) rc = INVALID_VALUE;
+    else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
+                  (off_t)offset) == MAP_FAILED) rc = INVALID_VALUE;
+    if (rc == OK) {
+        v->maps++;
+        vmaps[nvmaps].va = ptr; vmaps[nvmaps].size = size; vmaps[nvmaps].idx = (int)(v - vmms);
+        nvmaps++;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+/* Ends every mapping that starts in [ptr, ptr + size). */
+static CUresult i_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (!ptr || size == 0) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int found = 0;
+    for (int i = 0; i < nvmaps;) {
+        if (vmaps[i].va >= ptr && vmaps[i].va < ptr + size) {
+            mmap((void *)(uintptr_t)vmaps[i].va, vmaps[i].size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            struct vmm *v = &vmms[vmaps[i].idx];
+            v->maps--;
+            vmm_free_if_done(v);
+            vmaps[i] = vmaps[--nvmaps];
+            found = 1;
+        } else {
+            i++;
+        }
+    }
     pthread_mutex_unlock(&mu);
     return found ? OK : INVALID_VALUE;
+}
+/* CUmemAccessDesc: {location {type, id}, flags}. */
+static CUresult i_cuMemSetAccess(CUdeviceptr ptr, size_t size, const int *desc, size_t count) {
+    if (!ptr || size == 0 || !desc || count == 0) return INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (desc[3 * i] != 1 || desc[3 * i + 1] < 0 || desc[3 * i + 1] >= ndev) return INVALID_DEVICE;
+    return OK;
 }
 
 /* arrays */
@@ -1178,6 +1326,7 @@ static const struct entry table[] = {
     E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     E("cuCtxCreate", 3020, cuCtxCreate_v2),
     E("cuCtxCreate", 11040, cuCtxCreate_v3),
     E("cuCtxCreate", 12050, cuCtxCreate_v4),
@@ -1202,6 +1351,8 @@ static const struct entry table[] = {
     E("cuMemFree", 3020, cuMemFree_v2),
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     E("cuMemsetD8", 3020, cuMemsetD8_v2),
+    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    P("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz, cuMemsetD8Async),
     E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
     E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     E("cuMemAllocAsync", 11020, cuMemAllocAsync),
@@ -1221,6 +1372,11 @@ static const struct entry table[] = {
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemCreate", 10020, cuMemCreate),
     E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap),
+    E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuArrayCreate", 3020, cuArrayCreate_v2),
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     E("cuArrayDestroy", 2000, cuArrayDestroy),
@@ -1306,6 +1462,7 @@ X(CUresult, cuDeviceGetUuid_v2, (unsigned char *u, CUdevice d), (u, d))
 X(CUresult, cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
 X(CUresult, cuDevicePrimaryCtxRetain, (struct ctx **c, CUdevice d), (c, d))
 X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
+X(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice d), (d))
 X(CUresult, cuCtxCreate_v2, (struct ctx **c, unsigned f, CUdevice d), (c, f, d))
 X(CUresult, cuCtxCreate_v3, (struct ctx **c, void *a, int n, unsigned f, CUdevice d), (c, a, n, f, d))
 X(CUresult, cuCtxCreate_v4, (struct ctx **c, void *p, unsigned f, CUdevice d), (c, p, f, d))
@@ -1330,6 +1487,8 @@ X(CUresult, cuMemAllocManaged, (CUdeviceptr *d, size_t s, unsigned f), (d, s, f)
 X(CUresult, cuMemFree_v2, (CUdeviceptr p), (p))
 X(CUresult, cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
 X(CUresult, cuMemsetD8_v2, (CUdeviceptr p, unsigned char v, size_t n), (p, v, n))
+X(CUresult, cuMemsetD8Async, (CUdeviceptr p, unsigned char v, size_t n, void *s), (p, v, n, s))
+X(CUresult, cuMemsetD8Async_ptsz, (CUdeviceptr p, unsigned char v, size_t n, void *s), (p, v, n, s))
 X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr d, const void *s, size_t n), (d, s, n))
 X(CUresult, cuMemcpyDtoH_v2, (void *d, CUdeviceptr s, size_t n), (d, s, n))
 X(CUresult, cuMemAllocAsync, (CUdeviceptr *d, size_t s, void *st), (d, s, st))
@@ -1349,6 +1508,11 @@ X(CUresult, cuMemPoolGetAttribute, (struct pool *p, int a, void *v), (p, a, v))
 X(CUresult, cuMemGetAllocationGranularity, (size_t *g, const struct prop *p, int o), (g, p, o))
 X(CUresult, cuMemCreate, (u64 *h, size_t s, const struct prop *p, unsigned long long f), (h, s, p, f))
 X(CUresult, cuMemRelease, (u64 h), (h))
+X(CUresult, cuMemAddressReserve, (CUdeviceptr *p, size_t s, size_t a, CUdeviceptr ad, unsigned long long f), (p, s, a, ad, f))
+X(CUresult, cuMemAddressFree, (CUdeviceptr p, size_t s), (p, s))
+X(CUresult, cuMemMap, (CUdeviceptr p, size_t s, size_t o, u64 h, unsigned long long f), (p, s, o, h, f))
+X(CUresult, cuMemUnmap, (CUdeviceptr p, size_t s), (p, s))
+X(CUresult, cuMemSetAccess, (CUdeviceptr p, size_t s, const int *d, size_t c), (p, s, d, c))
 X(CUresult, cuArrayCreate_v2, (struct array **a, const struct desc2 *d), (a, d))
 X(CUresult, cuArray3DCreate_v2, (struct array **a, const struct desc3 *d), (a, d))
 X(CUresult, cuArrayDestroy, (struct array *a), (a))

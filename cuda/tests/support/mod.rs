@@ -213,6 +213,11 @@ pub struct ClaimSpec {
     pub scrub: bool,
     pub gpus: Vec<(String, u64)>,
     pub slots: u32,
+    /// The region's per-context charge on every GPU (`gpu::CONTEXT_BYTES`). The
+    /// plugin writes [`tessera_abi::region::DEFAULT_CONTEXT_BYTES`]; the harness writes 0
+    /// (contexts not charged, and the fake's contexts hold nothing unless
+    /// `FAKE_CUDA_CONTEXT_BYTES` says so) except in the tests that judge contexts.
+    pub context_bytes: u64,
 }
 
 impl ClaimSpec {
@@ -222,6 +227,7 @@ impl ClaimSpec {
             scrub: false,
             gpus: gpus.iter().map(|(u, b)| (u.to_string(), *b)).collect(),
             slots: 32,
+            context_bytes: 0,
         }
     }
 }
@@ -276,11 +282,13 @@ impl Sandbox {
                 control::initial_bytes(&ctl).expect("control"),
             )
             .expect("control");
-            fs::write(
-                d.join("region"),
-                region::initial_bytes(&uuids, c.slots).expect("region"),
-            )
-            .expect("region");
+            let mut rb = region::initial_bytes(&uuids, c.slots).expect("region");
+            let l = region::Layout::parse(&rb).expect("layout");
+            for g in 0..uuids.len() {
+                let o = l.gpu_offset(g) + region::gpu::CONTEXT_BYTES;
+                rb[o..o + 8].copy_from_slice(&c.context_bytes.to_le_bytes());
+            }
+            fs::write(d.join("region"), rb).expect("region");
         }
         let mut ledger = vec![0u8; LEDGER_SIZE];
         ledger[..8].copy_from_slice(b"FAKECUDA");
