@@ -339,7 +339,7 @@ static void sim_wait(int dev) {
 }
 
 /* ---- streams, modules ---- */
-struct stream { int magic; int dev; };
+struct stream { int magic; int dev; struct ctx *ctx; };
 #define STREAM_MAGIC 0x5354524d
 /* The logical device a stream's work goes to: NULL, CU_STREAM_LEGACY (1) and
  * CU_STREAM_PER_THREAD (2) are the current context's. -1: no context; -2: bad handle. */
@@ -558,8 +558,29 @@ static CUresult i_cuStreamCreate(struct stream **out, unsigned flags) {
     if (!out) return INVALID_VALUE;
     struct stream *st = malloc(sizeof *st);
     if (!st) return OUT_OF_MEMORY;
-    *st = (struct stream){STREAM_MAGIC, dev};
+    *st = (struct stream){STREAM_MAGIC, dev, current};
     *out = st;
+    return OK;
+}
+/* As the driver (12.8+): a stream's device, and (9.2+) its context; NULL, legacy and
+ * per-thread streams are the current context's. */
+static CUresult i_cuStreamGetDevice(void *s, CUdevice *d) {
+    int dev = stream_dev(s);
+    if (dev < 0) return dev_error(dev);
+    if (!d) return INVALID_VALUE;
+    *d = dev;
+    return OK;
+}
+static CUresult i_cuStreamGetCtx(void *s, struct ctx **c) {
+    if (!c) return INVALID_VALUE;
+    if ((uintptr_t)s <= 2) {
+        if (cur_dev() < 0) return INVALID_CONTEXT;
+        *c = current;
+        return OK;
+    }
+    const struct stream *st = s;
+    if (st->magic != STREAM_MAGIC) return INVALID_HANDLE;
+    *c = st->ctx;
     return OK;
 }
 static CUresult i_cuStreamDestroy_v2(struct stream *st) {
@@ -1340,6 +1361,8 @@ static const struct entry table[] = {
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
     P("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz, cuStreamSynchronize),
     E("cuStreamCreate", 2000, cuStreamCreate),
+    E("cuStreamGetDevice", 12080, cuStreamGetDevice),
+    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     E("cuModuleLoadData", 2000, cuModuleLoadData),
     E("cuModuleUnload", 2000, cuModuleUnload),
@@ -1476,6 +1499,8 @@ X(CUresult, cuCtxSynchronize_v2, (struct ctx *c), (c))
 X(CUresult, cuStreamSynchronize, (void *s), (s))
 X(CUresult, cuStreamSynchronize_ptsz, (void *s), (s))
 X(CUresult, cuStreamCreate, (struct stream **s, unsigned f), (s, f))
+X(CUresult, cuStreamGetDevice, (void *s, CUdevice *d), (s, d))
+X(CUresult, cuStreamGetCtx, (void *s, struct ctx **c), (s, c))
 X(CUresult, cuStreamDestroy_v2, (struct stream *s), (s))
 X(CUresult, cuModuleLoadData, (struct module **m, const void *i), (m, i))
 X(CUresult, cuModuleUnload, (struct module *m), (m))
