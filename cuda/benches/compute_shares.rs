@@ -215,8 +215,8 @@ fn special(dir: &Path, nvml: &Nvml, seed: u64, misses: &mut Vec<String>) {
     let busy = 100.0 * mean(&o.busy[w0..]);
     println!(
         "\n{} (seed {seed}): GPU busy {busy:.1} % over windows {w0}..{} s (windows: {})",
-        o.busy.len(),
         cap.name,
+        o.busy.len(),
         fmt(&o.busy.iter().map(|b| b * 100.0).collect::<Vec<_>>())
     );
     if (busy - 30.0).abs() > GOAL {
