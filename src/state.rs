@@ -418,46 +418,7 @@ impl DeviceState {
         let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
-        for m in rec
-            .devices
-            .iter()
-            .filter_map(|d| d.mig.as_ref())
-            .filter(|m| m.created)
-        {
-            // Found by placement: the crash may have come before the GI ID was recorded.
-            let status = self.backend.mig_status(m.gpu_minor)?;
-            if let Some(inst) = status
-                .instances
-                .iter()
-                .find(|i| i.start == m.start && i.profile_id == m.profile_id)
-            {
-                match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
-                    Ok(()) => {
-                        crate::metrics::driver().mig_destroyed.inc();
-                        info!(
-                            claim = uid,
-                            gpu = m.gpu_minor,
-                            gi = inst.gi_id,
-                            "destroyed MIG device of an unfinished prepare"
-                        )
-                    }
-                    Err(BackendError::Mig {
-                        source: MigError::NotFound(_),
-                        ..
-                    }) => {}
-                    Err(
-                        e @ BackendError::Mig {
-                            source: MigError::InUse(_),
-                            ..
-                        },
-                    ) => {
-                        self.log_mig_holders(uid, m.gpu_minor, inst.gi_id);
-                        return Err(e.into());
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+        self.destroy_claim_mig(cp, uid, None)?;
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
@@ -467,6 +428,100 @@ impl DeviceState {
         cp.claims.remove(uid);
         self.release_mig_mode(cp)?;
         self.store.store(cp)?;
+        Ok(())
+    }
+
+    /// Destroys the MIG devices claim `uid` created, each found **by placement** (GPU,
+    /// start, profile), never by a recorded GI ID: NVML hands GI IDs out regardless of
+    /// placement, so an ID recorded before a crash, or of a device destroyed in an
+    /// earlier attempt, may name another claim's device by now. A placement another
+    /// claim of the checkpoint also records is left alone. After each destroy (or an
+    /// instance already gone) the record's `created` is cleared and the checkpoint
+    /// stored before the next device, so that a retry after an IN_USE answer on a later
+    /// device never comes back to it. The placement stays recorded (and held) until
+    /// the claim is forgotten. Owns side effects (NVML, checkpoint writes).
+    fn destroy_claim_mig(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+        fail_point: Option<&str>,
+    ) -> Result<(), PrepareError> {
+        let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
+        #[allow(clippy::needless_range_loop)] // `i` indexes the checkpoint record.
+        for i in 0..count {
+            let Some(m) = cp
+                .claims
+                .get(uid)
+                .and_then(|r| r.devices[i].mig.clone())
+                .filter(|m| m.created)
+            else {
+                continue;
+            };
+            let placement = (m.gpu_minor, m.start, m.profile_id);
+            let shared_with = cp.claims.iter().find(|(owner, r)| {
+                owner.as_str() != uid
+                    && r.devices
+                        .iter()
+                        .filter_map(|d| d.mig.as_ref())
+                        .any(|o| (o.gpu_minor, o.start, o.profile_id) == placement)
+            });
+            if let Some((owner, _)) = shared_with {
+                warn!(
+                    claim = uid,
+                    other = %owner,
+                    gpu = m.gpu_minor,
+                    start = m.start,
+                    profile = m.profile_id,
+                    "not destroying a MIG placement another claim also records"
+                );
+            } else {
+                let status = self.backend.mig_status(m.gpu_minor)?;
+                if let Some(inst) = status
+                    .instances
+                    .iter()
+                    .find(|i| i.start == m.start && i.profile_id == m.profile_id)
+                {
+                    match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
+                        Ok(()) => {
+                            crate::metrics::driver().mig_destroyed.inc();
+                            info!(
+                                claim = uid,
+                                gpu = m.gpu_minor,
+                                gi = inst.gi_id,
+                                start = m.start,
+                                profile = m.profile_id,
+                                "destroyed MIG device"
+                            )
+                        }
+                        Err(BackendError::Mig {
+                            source: MigError::NotFound(_),
+                            ..
+                        }) => {}
+                        Err(
+                            e @ BackendError::Mig {
+                                source: MigError::InUse(_),
+                                ..
+                            },
+                        ) => {
+                            self.log_mig_holders(uid, m.gpu_minor, inst.gi_id);
+                            return Err(e.into());
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            if let Some(point) = fail_point {
+                self.cfg.fail_points.hit(point);
+            }
+            if let Some(r) = cp
+                .claims
+                .get_mut(uid)
+                .and_then(|r| r.devices[i].mig.as_mut())
+            {
+                r.created = false;
+            }
+            self.store.store(cp)?;
+        }
         Ok(())
     }
 
@@ -909,40 +964,8 @@ impl DeviceState {
         self.store.store(&cp)?;
         // MIG devices first: an IN_USE answer fails the call (the claim stays
         // "unprepare started" and is not prepared again until undone), so the kubelet
-        // retries.
-        for m in rec
-            .devices
-            .iter()
-            .filter_map(|d| d.mig.as_ref())
-            .filter(|m| m.created)
-        {
-            match self.backend.destroy_mig(m.gpu_minor, m.gi_id) {
-                Ok(()) => {
-                    crate::metrics::driver().mig_destroyed.inc();
-                    info!(
-                        claim = uid,
-                        gpu = m.gpu_minor,
-                        gi = m.gi_id,
-                        "destroyed MIG device"
-                    )
-                }
-                Err(BackendError::Mig {
-                    source: MigError::NotFound(_),
-                    ..
-                }) => {}
-                Err(
-                    e @ BackendError::Mig {
-                        source: MigError::InUse(_),
-                        ..
-                    },
-                ) => {
-                    self.log_mig_holders(uid, m.gpu_minor, m.gi_id);
-                    return Err(e.into());
-                }
-                Err(e) => return Err(e.into()),
-            }
-            self.cfg.fail_points.hit("unprepare-after-mig-destroy");
-        }
+        // retries; devices destroyed before it are recorded as such.
+        self.destroy_claim_mig(&mut cp, uid, Some("unprepare-after-mig-destroy"))?;
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
