@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use crate::checkpoint::{ClaimRecord, ClaimState, PodRef};
 use crate::state::{DeviceState, Unprepared};
-pub use pods::{KubePods, LiveClaim, LivePod, LookupError, PodCache, PodLookup};
+pub use pods::{KubePods, LiveClaim, LivePod, LookupError, NodePods, PodCache, PodLookup};
 
 /// What the watchdog does about a claim over its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -490,10 +490,12 @@ pub struct Watchdog {
     cfg: WatchdogConfig,
     state: Arc<DeviceState>,
     events: Option<Box<dyn EventSink>>,
-    /// Finds pods the checkpoint does not map (pods that joined a claim after its
-    /// prepare); `None`: the checkpoint only.
-    pods: Option<Box<dyn PodLookup>>,
+    /// Lists this node's pods with their claims, merged with the checkpoint's records
+    /// (pods that joined a claim after its prepare); `None`: the checkpoint only.
+    pods: Option<Arc<dyn PodLookup>>,
     pod_cache: PodCache,
+    /// How long a tick waits for a pod list in flight.
+    lookup_wait: std::time::Duration,
     /// (pid, kind) already reported, so reports are made once per process.
     reported: BTreeSet<(u32, &'static str)>,
     /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
@@ -519,14 +521,23 @@ impl Watchdog {
             events,
             pods: None,
             pod_cache: PodCache::default(),
+            lookup_wait: pods::TICK_WAIT,
             reported: BTreeSet::new(),
             killed: BTreeMap::new(),
         }
     }
 
-    /// Also maps processes of pods the checkpoint does not know through `lookup`.
+    /// Also maps processes to claims through `lookup` (this node's pods and their
+    /// claims, merged with the checkpoint's records).
     pub fn with_pods(mut self, lookup: Box<dyn PodLookup>) -> Self {
-        self.pods = Some(lookup);
+        self.pods = Some(Arc::from(lookup));
+        self
+    }
+
+    /// How long a tick waits for a pod list in flight ([`pods::TICK_WAIT`] unless set;
+    /// tests that judge a single tick wait longer).
+    pub fn with_lookup_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lookup_wait = wait;
         self
     }
 
@@ -542,33 +553,45 @@ impl Watchdog {
         }
     }
 
-    /// Adds to `on_gpu` the pods of `views` that no claim there records but that the
-    /// API server says use one of them.
+    /// Refreshes this node's pod list if due (one list for all `wanted` pods, waiting
+    /// at most `lookup_wait`; see [`pods`]). A no-op without a lookup.
+    fn refresh_pods(&mut self, wanted: &BTreeSet<String>, claims: &BTreeMap<String, ClaimRecord>) {
+        let Some(lookup) = self.pods.as_ref() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if let Some(e) = self.pod_cache.refresh(
+            wanted,
+            pods::wanted_claims(claims),
+            lookup,
+            now,
+            self.lookup_wait,
+        ) {
+            warn!(error = %chain(&e), "watchdog: cannot list the node's pods");
+        }
+    }
+
+    /// Adds to `on_gpu` every pod of `views` the last pod list has, to each claim there
+    /// it uses (merged with the checkpoint's records: a pod recorded for one claim may
+    /// have joined another since).
     fn join_live_pods(
-        &mut self,
+        &self,
         views: &[ProcessView],
         on_gpu: &mut [ClaimView],
         claims: &BTreeMap<String, ClaimRecord>,
     ) {
-        let Some(lookup) = self.pods.as_deref() else {
-            return;
-        };
-        let unknown: BTreeSet<&str> = views
+        let pods: BTreeSet<&str> = views
             .iter()
             .filter(|v| v.exists)
             .filter_map(|v| v.pod.as_deref())
-            .filter(|pod| !on_gpu.iter().any(|c| c.pods.iter().any(|r| r.uid == *pod)))
             .collect();
-        let now = std::time::Instant::now();
-        for pod in unknown {
-            let (live, err) = self.pod_cache.resolve(pod, lookup, now);
-            if let Some(e) = err {
-                warn!(pod, error = %chain(&e), "watchdog: cannot look the pod up");
-            }
-            let Some(live) = live else { continue };
-            let uids = pods::claims_of(&live, claims);
+        for pod in pods {
+            let Some(live) = self.pod_cache.get(pod) else {
+                continue;
+            };
+            let uids = pods::claims_of(live, claims);
             if !uids.is_empty() {
-                add_live_pod(on_gpu, &live, &uids);
+                add_live_pod(on_gpu, live, &uids);
             }
         }
     }
@@ -584,6 +607,8 @@ impl Watchdog {
         let mut seen: BTreeSet<(u32, &'static str)> = BTreeSet::new();
         let mut zombies = Zombies::new();
         let state = self.state.clone();
+        // (GPU UUID, its processes, claims unprepared or being unprepared there).
+        let mut gpus: Vec<(String, Vec<ProcessView>, Vec<Unprepared>)> = Vec::new();
         for g in state.gpus() {
             let uuid = g.gpu.uuid.clone();
             let procs = match state.backend().processes(g.gpu.minor) {
@@ -603,6 +628,23 @@ impl Watchdog {
                 .cloned()
                 .collect();
             gone.extend(unpreparing_on_gpu(&claims, &uuid));
+            gpus.push((uuid, views, gone));
+        }
+        // Pods with GPU processes, except those of claims unprepared there (their
+        // pods are usually deleted: no list would find them).
+        let wanted: BTreeSet<String> = gpus
+            .iter()
+            .flat_map(|(_, views, gone)| {
+                views
+                    .iter()
+                    .filter(|v| v.exists)
+                    .filter_map(|v| v.pod.as_ref())
+                    .filter(|pod| !gone.iter().any(|u| u.pods.iter().any(|r| &r.uid == *pod)))
+            })
+            .cloned()
+            .collect();
+        self.refresh_pods(&wanted, &claims);
+        for (uuid, views, gone) in gpus {
             let mut on_gpu = claims_on_gpu(&claims, &uuid);
             self.join_live_pods(&views, &mut on_gpu, &claims);
             let pod_of: BTreeMap<u32, Option<String>> =

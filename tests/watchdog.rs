@@ -683,6 +683,54 @@ impl Cluster {
             Some(events),
         )
         .with_pods(self.pods())
+        // Each tick here is judged alone: wait for the pod list (the plugin waits 250 ms).
+        .with_lookup_wait(Duration::from_secs(2))
+    }
+
+    /// Creates claim `name` in the API server and prepares a 1 GiB share of gpu-1
+    /// (share `share_id`) for it on the node, reserved for `pod` (name, UID). Returns
+    /// the claim's UID.
+    fn prepare_second_claim(&self, name: &str, share_id: &str, pod: (&str, &str)) -> String {
+        let claims: kube::Api<ResourceClaim> =
+            kube::Api::namespaced(self.client.clone(), harness::NS);
+        let mut obj =
+            harness::allocated_claim_object("00000000-0000-4000-8000-000000000000", "gpu", "gpu-1");
+        obj.metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(harness::NS.into()),
+            ..Default::default()
+        };
+        let mut spec_only = obj.clone();
+        spec_only.status = None;
+        spec_only.spec = Some(ResourceClaimSpec::default());
+        let created = self
+            .rt
+            .block_on(claims.create(&Default::default(), &spec_only))
+            .unwrap();
+        let uid = created.metadata.uid.unwrap();
+        obj.metadata.uid = Some(uid.clone());
+        let status = obj.status.as_mut().unwrap();
+        status
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results = Some(vec![harness::shared_result(
+            "gpu", "gpu-1", share_id, "1Gi", "25",
+        )]);
+        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+            resource: "pods".into(),
+            name: pod.0.into(),
+            uid: pod.1.into(),
+            api_group: None,
+        }]);
+        self.node
+            .state
+            .prepare(&obj, &uid)
+            .unwrap_or_else(|e| panic!("{}", e.chain()));
+        uid
     }
 
     fn kube_events(&self) -> Box<dyn EventSink> {
@@ -746,6 +794,12 @@ fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
                 ],
                 "one lookup for three ticks"
             );
+            let list = &c.api.requests()[0];
+            assert!(
+                list.query.contains("resourceVersion=0"),
+                "served from the watch cache: {}",
+                list.query
+            );
             assert!(
                 late.try_wait().unwrap().is_none(),
                 "report mode kills nothing"
@@ -778,6 +832,69 @@ fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
             c.rt.block_on(task).unwrap();
             c.node.vanish(pid);
         },
+    );
+}
+
+/// Regression (a pod recorded for one claim that later joined a second shared claim
+/// on the same GPU was judged against the first claim's budget alone, and killed while
+/// within the sum the library allows it): pod A, recorded for the 1 GiB claim, also
+/// uses a second 1 GiB claim. Its processes holding 1.5 GiB are left alone; at 2.5 GiB
+/// they are over the summed 2 GiB budget of both claims.
+#[test]
+fn a_pod_in_two_shared_claims_is_held_to_their_summed_budget() {
+    with_fake_host(
+        "a_pod_in_two_shared_claims_is_held_to_their_summed_budget",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let c = cluster(host);
+            let second = c.prepare_second_claim("second-gpu", "0a1b2c3e", ("pod-b", POD_B));
+            api_pod(&c, "pod-a", POD_A, &["shared-gpu", "second-gpu"]);
+            let mut first = c.node.holder(GIB + GIB / 2, Some(POD_A));
+            let events = Events::default();
+            let mut wd = c.watchdog(Mode::Enforce, Box::new(events.clone()));
+            let found = wd.tick();
+            assert_eq!(found, vec![], "1.5 GiB of 1 + 1 GiB");
+            assert!(first.try_wait().unwrap().is_none(), "not killed");
+            let mut more = c.node.holder(GIB, Some(POD_A));
+            let found = c.watchdog(Mode::Report, Box::new(events.clone())).tick();
+            match &found[..] {
+                [(_, Finding::OverBudget { claim, budget, .. })] => {
+                    assert_eq!(*budget, 2 * GIB);
+                    assert!(
+                        claim.contains(&second) && claim.contains(&c.node.claim),
+                        "{claim}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+            for p in [&mut first, &mut more] {
+                let pid = p.id();
+                kill(p);
+                c.node.vanish(pid);
+            }
+        },
+    );
+}
+
+/// Adds pod `name` (UID `uid`) on this node to the fake API server, naming `claims` in
+/// its spec.
+fn api_pod(c: &Cluster, name: &str, uid: &str, claims: &[&str]) {
+    let refs: Vec<serde_json::Value> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, n)| serde_json::json!({"name": format!("c{i}"), "resourceClaimName": n}))
+        .collect();
+    c.api.add_pod(
+        harness::NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "uid": uid},
+            "spec": {
+                "nodeName": harness::NODE,
+                "containers": [{"name": "c", "image": "x"}],
+                "resourceClaims": refs
+            }
+        }),
     );
 }
 
