@@ -386,3 +386,67 @@ fn a_retried_unprepare_never_destroys_a_device_that_got_a_recycled_gi_id() {
     state.unprepare(b).unwrap();
     assert!(placements(&backend).is_empty());
 }
+
+/// Regression (one busy claim stopped the stale-claim clean-up: every pass aborted at
+/// it): of two stale MIG claims, the one whose device is in use stays for the next
+/// pass and the other is unprepared.
+#[test]
+fn a_busy_claim_does_not_stop_the_stale_claim_clean_up() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let mut model = harness::model(root.path());
+    let backend = std::sync::Arc::new(NvmlGiIds {
+        inner: model.backend.clone(),
+        ids: Mutex::new(BTreeMap::new()),
+        busy: Mutex::new(BTreeSet::new()),
+    });
+    model.backend = backend.clone();
+    let opts = harness::options(root.path());
+    let state =
+        std::sync::Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
+    // Neither claim exists in the API server any more; the busy one sorts first.
+    let busy = "00000000-0000-4000-8000-0000000000a2";
+    let idle = "00000000-0000-4000-8000-0000000000b2";
+    let devs = state
+        .prepare(&claim(busy, "gpu-0-mig-1g10gb-19-0"), busy)
+        .unwrap();
+    state
+        .prepare(&claim(idle, "gpu-0-mig-1g10gb-19-1"), idle)
+        .unwrap();
+    backend
+        .busy
+        .lock()
+        .unwrap()
+        .insert(devs[0].mig.as_ref().unwrap().gi_id);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt
+        .block_on(tessera::fakeapi::FakeApiServer::start(
+            tessera::fakeapi::FakeApiConfig::new(KubeVersion::NEWEST),
+        ))
+        .unwrap();
+    let client = {
+        let _guard = rt.enter();
+        api.client().unwrap()
+    };
+    let removed = rt
+        .block_on(plugin::cleanup_once(
+            &state,
+            &client,
+            std::time::Duration::ZERO,
+        ))
+        .unwrap();
+    assert_eq!(removed, vec![idle.to_string()]);
+    assert_eq!(
+        harness::checkpoint_claims(&opts.paths.state_dir),
+        vec![busy.to_string()]
+    );
+    backend.busy.lock().unwrap().clear();
+    let removed = rt
+        .block_on(plugin::cleanup_once(
+            &state,
+            &client,
+            std::time::Duration::ZERO,
+        ))
+        .unwrap();
+    assert_eq!(removed, vec![busy.to_string()], "retried next pass");
+}
