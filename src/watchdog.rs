@@ -695,10 +695,21 @@ impl Watchdog {
                 }
                 let mut killed = Vec::new();
                 let mut failed = Vec::new();
+                let mut withheld = Vec::new();
                 if enforce {
                     // PID 0 and 1 are never a pod's workload as the host sees it.
                     for &pid in kill.iter().filter(|p| **p > 1) {
                         let pod = pod_of.get(&pid).cloned().flatten();
+                        // A kill never rests on missing data: a pod some of whose
+                        // claims could not be read may hold a larger budget.
+                        let unread = pod
+                            .as_deref()
+                            .and_then(|p| self.pod_cache.get(p))
+                            .is_some_and(|p| !p.unread.is_empty());
+                        if unread {
+                            withheld.push(pid);
+                            continue;
+                        }
                         match kill_checked(&self.cfg.proc_root, pid, pod.as_deref()) {
                             Ok(()) => {
                                 killed.push(pid);
@@ -711,7 +722,11 @@ impl Watchdog {
                         }
                     }
                 }
-                let action = if enforce {
+                let action = if enforce && !withheld.is_empty() {
+                    format!(
+                        "killed {killed:?}; could not kill {failed:?}; not killed {withheld:?} (claims of its pod could not be read)"
+                    )
+                } else if enforce {
                     format!("killed {killed:?}; could not kill {failed:?}")
                 } else {
                     format!("would kill {kill:?} (report mode)")
@@ -720,7 +735,7 @@ impl Watchdog {
                     "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action}",
                     self.cfg.tolerance
                 );
-                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, "watchdog: memory over budget");
+                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, withheld = ?withheld, "watchdog: memory over budget");
                 if enforce {
                     for _ in &killed {
                         m.watchdog_action("kill", "over_budget");
@@ -949,6 +964,7 @@ mod tests {
             namespace: "ns".into(),
             name: "late".into(),
             claims: vec![],
+            unread: vec![],
         };
         add_live_pod(&mut views, &live, &["u1".into()]);
         add_live_pod(&mut views, &live, &["u1".into()]);

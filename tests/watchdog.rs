@@ -876,6 +876,58 @@ fn a_pod_in_two_shared_claims_is_held_to_their_summed_budget() {
     );
 }
 
+/// Regression (a claim whose GET failed was matched by name alone, and a kill could
+/// rest on that): with the API server failing every ResourceClaim get, pod B, which
+/// names the claim but is not in the checkpoint, is not matched (its process is "no
+/// claim", not killed); pod A, recorded for the claim and naming a second one that
+/// cannot be read either, is over the budget known but not killed in enforce mode.
+#[test]
+fn a_claim_that_cannot_be_read_is_never_matched_by_name_nor_a_kill() {
+    with_fake_host(
+        "a_claim_that_cannot_be_read_is_never_matched_by_name_nor_a_kill",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let c = cluster(host);
+            c.prepare_second_claim(
+                "second-gpu",
+                "0a1b2c3e",
+                ("pod-c", "9f3c1b7a-2e4d-4a6b-8c0d-1e2f3a4b5c6d"),
+            );
+            api_pod(&c, "pod-a", POD_A, &["shared-gpu", "second-gpu"]);
+            c.api.fail("get", "resourceclaims", 500);
+            let mut late = c.node.holder(2 * GIB, Some(POD_B));
+            let mut recorded = c.node.holder(GIB + GIB / 2, Some(POD_A));
+            let events = Events::default();
+            let found = c.watchdog(Mode::Enforce, Box::new(events.clone())).tick();
+            let mut kinds: Vec<(u32, &str)> = found
+                .iter()
+                .map(|(_, f)| match f {
+                    Finding::NoClaim { pid, .. } => (*pid, "noclaim"),
+                    Finding::OverBudget { kill, .. } => (kill[0], "over"),
+                    Finding::Zombie { pid, .. } => (*pid, "zombie"),
+                })
+                .collect();
+            kinds.sort();
+            let mut want = vec![(late.id(), "noclaim"), (recorded.id(), "over")];
+            want.sort();
+            assert_eq!(kinds, want, "{found:?}");
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(late.try_wait().unwrap().is_none(), "pod B not killed");
+            assert!(recorded.try_wait().unwrap().is_none(), "pod A not killed");
+            let ev = events.0.lock().unwrap().clone();
+            assert!(
+                ev.iter().any(|e| e.3.contains("could not be read")),
+                "{ev:?}"
+            );
+            for p in [&mut late, &mut recorded] {
+                let pid = p.id();
+                kill(p);
+                c.node.vanish(pid);
+            }
+        },
+    );
+}
+
 /// Adds pod `name` (UID `uid`) on this node to the fake API server, naming `claims` in
 /// its spec.
 fn api_pod(c: &Cluster, name: &str, uid: &str, claims: &[&str]) {

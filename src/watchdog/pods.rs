@@ -44,6 +44,10 @@ pub struct LivePod {
     pub namespace: String,
     pub name: String,
     pub claims: Vec<LiveClaim>,
+    /// Names of prepared claims the pod uses that could not be read: left out of
+    /// `claims`, so the pod's budget may be larger than known and the watchdog kills
+    /// none of its processes until they are read.
+    pub unread: Vec<String>,
 }
 
 impl LivePod {
@@ -278,10 +282,12 @@ impl KubePods {
         let mut complete = true;
         // (namespace, name) → UID, or None when it could not be read; one get each.
         let mut read: BTreeMap<(String, String), Option<String>> = BTreeMap::new();
+        let mut unreadable: BTreeSet<(String, String)> = BTreeSet::new();
         let mut out = Vec::new();
         for pod in list.items {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
             let mut claims = Vec::new();
+            let mut unread = Vec::new();
             for name in claim_names(&pod) {
                 let key = (namespace.clone(), name.clone());
                 if !wanted.contains(&key) {
@@ -292,8 +298,9 @@ impl KubePods {
                     let uid = match api.get_opt(&name).await {
                         Ok(c) => c.and_then(|c| c.metadata.uid),
                         Err(e) => {
-                            tracing::debug!(claim = %name, error = %e, "watchdog: cannot read a pod's claim; leaving it out");
+                            tracing::warn!(namespace = %namespace, claim = %name, error = %e, "watchdog: cannot read a pod's claim; not matching it by name");
                             complete = false;
+                            unreadable.insert(key.clone());
                             None
                         }
                     };
@@ -301,11 +308,13 @@ impl KubePods {
                 }
                 // Gone or unreadable: not matched (a prepared claim by that name may be
                 // another claim's stale record).
-                if let Some(Some(uid)) = read.get(&key) {
-                    claims.push(LiveClaim {
+                match read.get(&key) {
+                    Some(Some(uid)) => claims.push(LiveClaim {
                         name,
                         uid: uid.clone(),
-                    });
+                    }),
+                    Some(None) if unreadable.contains(&key) => unread.push(name),
+                    _ => {}
                 }
             }
             out.push(LivePod {
@@ -313,6 +322,7 @@ impl KubePods {
                 namespace,
                 name: pod.metadata.name.unwrap_or_default(),
                 claims,
+                unread,
             });
         }
         Ok(NodePods {
@@ -399,6 +409,7 @@ mod tests {
                     uid: u.to_string(),
                 })
                 .collect(),
+            unread: vec![],
         }
     }
 
