@@ -400,12 +400,14 @@ pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
 /// Why a kill was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum KillError {
-    #[error("PID {pid} now belongs to pod {now:?}, not {expected:?} (PID reused)")]
+    #[error("PID {pid} now belongs to pod {now:?}, not {expected} (PID reused)")]
     Reused {
         pid: u32,
-        expected: Option<String>,
+        expected: String,
         now: Option<String>,
     },
+    #[error("PID {pid} is the plugin itself")]
+    Own { pid: u32 },
     #[error("signalling PID {pid} failed")]
     Signal {
         pid: u32,
@@ -414,23 +416,29 @@ pub enum KillError {
     },
 }
 
-/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`),
-/// so that a PID reused since NVML listed it is never killed. Through a pidfd where the
-/// kernel has them (5.3+): the pidfd pins the process whose cgroup was checked, so the
-/// signal cannot reach a process that took the PID after the check.
-pub fn kill_checked(proc_root: &Path, pid: u32, expected: Option<&str>) -> Result<(), KillError> {
+/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`)
+/// and is not the plugin itself. Through a pidfd where the kernel has them (5.3+): the
+/// pidfd pins the process whose cgroup was checked, so the signal cannot reach a
+/// process that took the PID after the check. What is caught is reuse by a process
+/// outside that pod; without pidfds a small window remains between the check and
+/// kill(2). `proc_root` must show the plugin's own PID namespace
+/// ([`proc_root_matches_pid_namespace`]): the pidfd and kill(2) use the plugin's PIDs.
+pub fn kill_checked(proc_root: &Path, pid: u32, expected: &str) -> Result<(), KillError> {
     let signal_err = |source| KillError::Signal { pid, source };
+    if pid == std::process::id() {
+        return Err(KillError::Own { pid });
+    }
     let check = || {
         let now = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
             .ok()
             .as_deref()
             .and_then(pod_uid_from_cgroup);
-        if now.as_deref() == expected {
+        if now.as_deref() == Some(expected) {
             Ok(())
         } else {
             Err(KillError::Reused {
                 pid,
-                expected: expected.map(str::to_string),
+                expected: expected.to_string(),
                 now,
             })
         }
@@ -473,6 +481,15 @@ pub fn kill_checked(proc_root: &Path, pid: u32, expected: Option<&str>) -> Resul
     r
 }
 
+/// Whether `proc_root` is a procfs of the plugin's own PID namespace: its `self` link
+/// names the plugin's PID. (Comparing `self/ns/pid` links is not enough: the host's
+/// procfs resolves `self` to the caller too, whose namespace link is the caller's
+/// own.) Errors when the link cannot be read.
+pub fn proc_root_matches_pid_namespace(proc_root: &Path) -> std::io::Result<bool> {
+    let link = std::fs::read_link(proc_root.join("self"))?;
+    Ok(link.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(std::process::id()))
+}
+
 /// An error with its causes on one line, for logs.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -510,11 +527,27 @@ const KILL_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
 pub type Zombies = BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>;
 
 impl Watchdog {
+    /// A watchdog in `cfg.mode`, except that enforce falls back to report (with an
+    /// error log) when `cfg.proc_root` does not show the plugin's own PID namespace:
+    /// PIDs from it could not be signalled safely.
     pub fn new(
-        cfg: WatchdogConfig,
+        mut cfg: WatchdogConfig,
         state: Arc<DeviceState>,
         events: Option<Box<dyn EventSink>>,
     ) -> Self {
+        if cfg.mode == Mode::Enforce {
+            match proc_root_matches_pid_namespace(&cfg.proc_root) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), "watchdog: the proc root shows another PID namespace than the plugin's (run the plugin with hostPID); reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+                Err(e) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), error = %e, "watchdog: cannot tell the proc root's PID namespace; reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+            }
+        }
         Watchdog {
             cfg,
             state,
@@ -710,7 +743,12 @@ impl Watchdog {
                             withheld.push(pid);
                             continue;
                         }
-                        match kill_checked(&self.cfg.proc_root, pid, pod.as_deref()) {
+                        // A process in no pod is never a claim's; never signalled.
+                        let Some(pod) = pod else {
+                            failed.push(pid);
+                            continue;
+                        };
+                        match kill_checked(&self.cfg.proc_root, pid, &pod) {
                             Ok(()) => {
                                 killed.push(pid);
                                 self.killed.insert(pid, std::time::Instant::now());
@@ -1053,12 +1091,43 @@ mod tests {
         let dir = root.path().join(pid.to_string());
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cgroup"), "0::/system.slice/other.service\n").unwrap();
-        let r = kill_checked(root.path(), pid, Some(POD));
+        let r = kill_checked(root.path(), pid, POD);
         assert!(matches!(r, Err(KillError::Reused { .. })), "{r:?}");
         assert!(child.try_wait().unwrap().is_none(), "still running");
         std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
-        kill_checked(root.path(), pid, Some(POD)).unwrap();
+        kill_checked(root.path(), pid, POD).unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    /// Regression (a process outside any pod passed the pod check, and the plugin
+    /// could signal itself): the plugin's own PID is never signalled, even when its
+    /// cgroup names the expected pod.
+    #[test]
+    fn the_plugin_never_kills_itself() {
+        let root = tempfile::tempdir().unwrap();
+        let own = std::process::id();
+        let dir = root.path().join(own.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
+        let r = kill_checked(root.path(), own, POD);
+        assert!(matches!(r, Err(KillError::Own { .. })), "{r:?}");
+    }
+
+    /// The proc root must show the plugin's PID namespace: the real /proc does; one
+    /// whose `self` names another PID (the host's procfs seen from a pod without
+    /// hostPID), or has no `self`, does not.
+    #[test]
+    fn a_proc_root_of_another_pid_namespace_is_refused() {
+        assert!(proc_root_matches_pid_namespace(Path::new("/proc")).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).is_err());
+        let other = (std::process::id() + 1).to_string();
+        std::os::unix::fs::symlink(&other, root.path().join("self")).unwrap();
+        assert!(!proc_root_matches_pid_namespace(root.path()).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(std::process::id().to_string(), root.path().join("self"))
+            .unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).unwrap());
     }
 }

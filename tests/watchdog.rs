@@ -129,6 +129,7 @@ fn node_with(host: &FakeHost, claim_uid: &str, name: &str) -> Node {
     .expect("NVML backend over the fake library");
     let mut opts = harness::options(tmp.path());
     opts.paths.proc_root = host.proc_root();
+    own_pid_namespace(&host.proc_root());
     let state = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Keep).unwrap());
     let mut claim: ResourceClaim = harness::allocated_claim_object(claim_uid, "gpu", "gpu-1");
     claim.metadata.name = Some(name.into());
@@ -280,6 +281,16 @@ exec "$@"
     fn vanish(&self, pid: u32) {
         let _ = std::fs::remove_dir_all(self.proc_root.join(pid.to_string()));
     }
+}
+
+/// Makes the fake proc root show this process's PID namespace (its `self` names our
+/// PID), as the host's /proc does for a plugin with hostPID: else enforce falls back
+/// to report.
+fn own_pid_namespace(proc_root: &Path) {
+    std::fs::create_dir_all(proc_root).unwrap();
+    let link = proc_root.join("self");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(std::process::id().to_string(), &link).unwrap();
 }
 
 fn kill(child: &mut Child) {
@@ -835,6 +846,37 @@ fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
     );
 }
 
+/// Enforce mode refuses a proc root of another PID namespace (its `self` names another
+/// PID: the host's /proc in a pod without hostPID), whose PIDs the plugin could not
+/// signal safely: it reports instead, and the process keeps running.
+#[test]
+fn enforce_reports_only_on_a_proc_root_of_another_pid_namespace() {
+    with_fake_host(
+        "enforce_reports_only_on_a_proc_root_of_another_pid_namespace",
+        DEFAULT_NODE_YAML,
+        |host| {
+            let n = node(host);
+            let mut bypass = n.holder(2 * GIB, Some(POD_A));
+            let pid = bypass.id();
+            let link = n.proc_root.join("self");
+            std::fs::remove_file(&link).unwrap();
+            std::os::unix::fs::symlink((std::process::id() + 1).to_string(), &link).unwrap();
+            let events = Events::default();
+            let found = n.watchdog(Mode::Enforce, &events).tick();
+            assert!(
+                matches!(&found[..], [(_, Finding::OverBudget { kill, .. })] if kill == &vec![pid]),
+                "{found:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(bypass.try_wait().unwrap().is_none(), "not killed");
+            let ev = events.0.lock().unwrap().clone();
+            assert!(ev.iter().any(|e| e.3.contains("report mode")), "{ev:?}");
+            kill(&mut bypass);
+            n.vanish(pid);
+        },
+    );
+}
+
 /// Regression (a pod recorded for one claim that later joined a second shared claim
 /// on the same GPU was judged against the first claim's budget alone, and killed while
 /// within the sum the library allows it): pod A, recorded for the 1 GiB claim, also
@@ -1135,6 +1177,7 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
 
     // A process of pod A on the MIG device, holding 1 GiB there.
     let proc_root = root.path().join("proc");
+    own_pid_namespace(&proc_root);
     let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = sleeper.id();
     let dir = proc_root.join(pid.to_string());
