@@ -518,6 +518,17 @@ pub struct Watchdog {
     /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
     /// procfs) until its context is torn down; it is not killed or reported again.
     killed: BTreeMap<u32, std::time::Instant>,
+    /// PIDs whose kill failed: (attempts, next attempt), backing off.
+    failing: BTreeMap<u32, (u32, std::time::Instant)>,
+}
+
+/// When to try again to kill a PID whose kill failed `attempts` times: the tick
+/// interval, doubling, at most 30 s. Deterministic.
+pub fn kill_retry_after(attempts: u32) -> std::time::Duration {
+    let max = std::time::Duration::from_secs(30);
+    INTERVAL
+        .checked_mul(1u32 << attempts.saturating_sub(1).min(16))
+        .map_or(max, |d| d.min(max))
 }
 
 /// How long a killed PID is left alone.
@@ -557,6 +568,7 @@ impl Watchdog {
             lookup_wait: pods::TICK_WAIT,
             reported: BTreeSet::new(),
             killed: BTreeMap::new(),
+            failing: BTreeMap::new(),
         }
     }
 
@@ -693,6 +705,7 @@ impl Watchdog {
             }
         }
         self.reported.retain(|k| seen.contains(k));
+        self.failing.retain(|pid, _| seen.contains(&(*pid, "over")));
         crate::metrics::set_zombies(zombies);
         all
     }
@@ -716,22 +729,28 @@ impl Watchdog {
                 pids,
                 kill,
             } => {
-                let first = (kill.first().copied().unwrap_or(0), "over");
-                seen.insert(first);
+                let now = std::time::Instant::now();
+                for &p in kill {
+                    seen.insert((p, "over"));
+                }
                 self.killed.retain(|_, at| at.elapsed() < KILL_QUIET);
                 if kill.iter().all(|p| self.killed.contains_key(p)) {
                     return; // killed already; its memory is on its way out
                 }
+                // New: a PID to kill that no earlier tick reported.
+                let new = kill.iter().any(|p| !self.reported.contains(&(*p, "over")));
                 let enforce = self.cfg.mode == Mode::Enforce;
-                if !enforce && self.reported.contains(&first) {
-                    return;
-                }
                 let mut killed = Vec::new();
                 let mut failed = Vec::new();
                 let mut withheld = Vec::new();
                 if enforce {
                     // PID 0 and 1 are never a pod's workload as the host sees it.
                     for &pid in kill.iter().filter(|p| **p > 1) {
+                        if self.killed.contains_key(&pid)
+                            || self.failing.get(&pid).is_some_and(|(_, next)| *next > now)
+                        {
+                            continue; // killed, or a failed kill backing off
+                        }
                         let pod = pod_of.get(&pid).cloned().flatten();
                         // A kill never rests on missing data: a pod some of whose
                         // claims could not be read may hold a larger budget.
@@ -751,14 +770,24 @@ impl Watchdog {
                         match kill_checked(&self.cfg.proc_root, pid, &pod) {
                             Ok(()) => {
                                 killed.push(pid);
-                                self.killed.insert(pid, std::time::Instant::now());
+                                self.killed.insert(pid, now);
+                                self.failing.remove(&pid);
                             }
                             Err(e) => {
-                                warn!(pid, error = %chain(&e), "watchdog: kill failed");
+                                let (attempts, next) = self.failing.entry(pid).or_insert((0, now));
+                                *attempts += 1;
+                                *next = now + kill_retry_after(*attempts);
+                                warn!(pid, attempts = *attempts, retry_in = ?kill_retry_after(*attempts), error = %chain(&e), "watchdog: kill failed");
                                 failed.push(pid);
                             }
                         }
                     }
+                }
+                for &p in kill {
+                    self.reported.insert((p, "over"));
+                }
+                if !new && killed.is_empty() {
+                    return; // reported already, nothing done now: no log line, no Event
                 }
                 let action = if enforce && !withheld.is_empty() {
                     format!(
@@ -781,9 +810,13 @@ impl Watchdog {
                 } else {
                     m.watchdog_action("report", "over_budget");
                 }
-                self.reported.insert(first);
+                // Only the pods whose processes are to be killed get the Event.
+                let offending: BTreeSet<&str> = kill
+                    .iter()
+                    .filter_map(|p| pod_of.get(p).and_then(|o| o.as_deref()))
+                    .collect();
                 if let Some(ev) = &self.events {
-                    for pod in pods {
+                    for pod in pods.iter().filter(|r| offending.contains(r.uid.as_str())) {
                         ev.warn(namespace, pod, "GpuMemoryOverBudget", &msg);
                     }
                 }
@@ -1129,5 +1162,14 @@ mod tests {
         std::os::unix::fs::symlink(std::process::id().to_string(), root.path().join("self"))
             .unwrap();
         assert!(proc_root_matches_pid_namespace(root.path()).unwrap());
+    }
+
+    /// A kill that keeps failing is retried with backoff: 0.5, 1, 2, 4 s ... at most
+    /// 30 s apart.
+    #[test]
+    fn failed_kills_back_off() {
+        let secs: Vec<f64> = (1..=8).map(|n| kill_retry_after(n).as_secs_f64()).collect();
+        assert_eq!(secs, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]);
+        assert_eq!(kill_retry_after(u32::MAX).as_secs(), 30);
     }
 }

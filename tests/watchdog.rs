@@ -940,7 +940,8 @@ fn a_claim_that_cannot_be_read_is_never_matched_by_name_nor_a_kill() {
             let mut late = c.node.holder(2 * GIB, Some(POD_B));
             let mut recorded = c.node.holder(GIB + GIB / 2, Some(POD_A));
             let events = Events::default();
-            let found = c.watchdog(Mode::Enforce, Box::new(events.clone())).tick();
+            let mut wd = c.watchdog(Mode::Enforce, Box::new(events.clone()));
+            let found = wd.tick();
             let mut kinds: Vec<(u32, &str)> = found
                 .iter()
                 .map(|(_, f)| match f {
@@ -956,11 +957,15 @@ fn a_claim_that_cannot_be_read_is_never_matched_by_name_nor_a_kill() {
             std::thread::sleep(Duration::from_millis(200));
             assert!(late.try_wait().unwrap().is_none(), "pod B not killed");
             assert!(recorded.try_wait().unwrap().is_none(), "pod A not killed");
+            // The same finding on later ticks posts nothing more (regression: a kill
+            // that could not be made posted an Event every 500 ms).
+            for _ in 0..4 {
+                wd.tick();
+            }
             let ev = events.0.lock().unwrap().clone();
-            assert!(
-                ev.iter().any(|e| e.3.contains("could not be read")),
-                "{ev:?}"
-            );
+            assert_eq!(ev.len(), 1, "{ev:?}");
+            assert_eq!(ev[0].1, "pod-a", "only the offending pod");
+            assert!(ev[0].3.contains("could not be read"), "{ev:?}");
             for p in [&mut late, &mut recorded] {
                 let pid = p.id();
                 kill(p);
@@ -994,8 +999,8 @@ fn api_pod(c: &Cluster, name: &str, uid: &str, claims: &[&str]) {
 
 /// The watchdog's Events reach the API server (the fake one, over HTTP, which
 /// validates core/v1 Events as the real one does): a Warning GpuMemoryOverBudget on
-/// each pod of the claim, the pod named with its UID, the message naming the PID and
-/// the bytes held.
+/// the offending pod only (pod B; pod A shares the claim but holds nothing), named
+/// with its UID, the message naming the PID and the bytes held.
 #[test]
 fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
     with_fake_host(
@@ -1015,8 +1020,10 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
             let t = Instant::now();
             let events = loop {
                 let list = c.rt.block_on(api.list(&Default::default())).unwrap();
-                if list.items.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
-                    break list.items;
+                if !list.items.is_empty() || t.elapsed() > Duration::from_secs(5) {
+                    // Time for any further (wrong) Event to arrive too.
+                    std::thread::sleep(Duration::from_millis(300));
+                    break c.rt.block_on(api.list(&Default::default())).unwrap().items;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             };
@@ -1030,13 +1037,7 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
                 })
                 .collect();
             on.sort();
-            assert_eq!(
-                on,
-                vec![
-                    ("pod-a".to_string(), POD_A.to_string()),
-                    ("pod-b".to_string(), POD_B.to_string())
-                ]
-            );
+            assert_eq!(on, vec![("pod-b".to_string(), POD_B.to_string())]);
             for e in &events {
                 let o = &e.involved_object;
                 assert_eq!(o.kind.as_deref(), Some("Pod"));
@@ -1057,11 +1058,7 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
                 .filter(|r| r.resource == "events" && r.verb == "create")
                 .map(|r| r.status)
                 .collect();
-            assert_eq!(
-                creates,
-                vec![201, 201],
-                "accepted by the server's validation"
-            );
+            assert_eq!(creates, vec![201], "accepted by the server's validation");
             // The same server refuses an Event whose namespace does not match its pod's.
             let mut bad = events[0].clone();
             bad.metadata = ObjectMeta {
