@@ -820,6 +820,13 @@ fn admit(
         ("events", None) if t.group.is_empty() => {
             let ev: k8s_openapi::api::core::v1::Event =
                 serde_json::from_value(obj.clone()).map_err(decode_err)?;
+            let msgs = events::path_segment_name_errors(name);
+            if !msgs.is_empty() {
+                return Err(bad_request(format!(
+                    "Name parameter invalid: {name:?}: {}",
+                    msgs.join(";")
+                )));
+            }
             let errs = events::validate_event(&ev);
             if !errs.is_empty() {
                 return Err(invalid(t, name, &errs));
