@@ -194,6 +194,10 @@ pub struct DeviceState {
     /// Claims unprepared lately, newest last (bounded): the watchdog attributes memory
     /// still held after an unprepare (zombie memory) to them.
     unprepared: Mutex<std::collections::VecDeque<Unprepared>>,
+    /// MIG devices whose destroy answered IN_USE under the node lock: (claim, GPU
+    /// minor, GI ID), whose processes are listed and logged once the lock is released
+    /// (no NVML call under the lock).
+    busy_mig: Mutex<Vec<(String, u32, u32)>>,
 }
 
 /// A claim unprepared by this process, remembered for [`RECENT_UNPREPARED`] entries.
@@ -242,8 +246,11 @@ impl DeviceState {
             mutex: Mutex::new(()),
             library: Mutex::new(None),
             unprepared: Mutex::new(std::collections::VecDeque::new()),
+            busy_mig: Mutex::new(Vec::new()),
         };
-        let recovery = state.recover()?;
+        let recovery = state.recover();
+        state.log_mig_holders();
+        let recovery = recovery?;
         Ok((state, recovery))
     }
 
@@ -406,8 +413,9 @@ impl DeviceState {
             || !rec.removed_specs.is_empty()
             || !rec.destroyed_mig.is_empty()
             || !rec.removed_claim_dirs.is_empty()
+            || !rec.kept_in_use.is_empty()
         {
-            info!(rolled_back = ?rec.rolled_back, removed_specs = ?rec.removed_specs, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
+            info!(rolled_back = ?rec.rolled_back, kept_in_use = ?rec.kept_in_use, removed_specs = ?rec.removed_specs, destroyed_mig = ?rec.destroyed_mig, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
         }
         Ok(rec)
     }
@@ -503,7 +511,10 @@ impl DeviceState {
                                 ..
                             },
                         ) => {
-                            self.log_mig_holders(uid, m.gpu_minor, inst.gi_id);
+                            self.busy_mig
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push((uid.to_string(), m.gpu_minor, inst.gi_id));
                             return Err(e.into());
                         }
                         Err(e) => return Err(e.into()),
@@ -794,6 +805,7 @@ impl DeviceState {
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let t = std::time::Instant::now();
         let r = self.prepare_inner(claim, uid);
+        self.log_mig_holders();
         let kind = r.as_ref().map_or_else(
             |_| crate::metrics::allocation_kind(claim, &self.cfg.driver),
             |d| crate::metrics::claim_kind(d),
@@ -941,6 +953,7 @@ impl DeviceState {
         let t = std::time::Instant::now();
         let mut kind = "unknown";
         let r = self.unprepare_inner(uid, &mut kind);
+        self.log_mig_holders();
         crate::metrics::driver().observe(
             "unprepare",
             kind,
@@ -1000,19 +1013,23 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Logs the processes that keep a claim's MIG device in use (its destroy answered
+    /// Logs the processes that keep claims' MIG devices in use (their destroy answered
     /// IN_USE): the claim stays "unprepare started", and the watchdog reports their
-    /// memory as zombie memory of the claim until they exit.
-    fn log_mig_holders(&self, uid: &str, minor: u32, gi: u32) {
-        match self.backend.processes(minor) {
-            Ok(procs) => {
-                let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
-                let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
-                let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
-                warn!(claim = uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
-            }
-            Err(e) => {
-                warn!(claim = uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+    /// memory as zombie memory of the claim until they exit. Called after the node
+    /// lock is released: listing the processes is an NVML call.
+    fn log_mig_holders(&self) {
+        let busy = std::mem::take(&mut *self.busy_mig.lock().unwrap_or_else(|p| p.into_inner()));
+        for (uid, minor, gi) in busy {
+            match self.backend.processes(minor) {
+                Ok(procs) => {
+                    let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
+                    let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
+                    let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
+                    warn!(claim = %uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
+                }
+                Err(e) => {
+                    warn!(claim = %uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+                }
             }
         }
     }

@@ -7,10 +7,13 @@
 mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tessera::backend::mock::StateAccess;
-use tessera::backend::{BackendError, GpuBackend, MigInstance, MigStatus, NodeInventory};
+use tessera::backend::{
+    BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
+};
 use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::mig::MigError;
 use tessera::mig::{all_models, geometry};
@@ -237,6 +240,9 @@ struct NvmlGiIds {
     ids: Mutex<BTreeMap<(u32, u32), u32>>,
     /// NVML GI IDs with processes on them.
     busy: Mutex<BTreeSet<u32>>,
+    /// The node lock; per process listing, whether it was held then.
+    lock: PathBuf,
+    listed_under_lock: Mutex<Vec<bool>>,
 }
 
 impl NvmlGiIds {
@@ -273,6 +279,22 @@ impl GpuBackend for NvmlGiIds {
         inst.gi_id = id;
         Ok(inst)
     }
+    /// One process (PID 4242, 1 GiB) on each busy GPU instance.
+    fn processes(&self, _minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let held = std::fs::File::open(&self.lock).is_ok_and(|f| f.try_lock().is_err());
+        self.listed_under_lock.lock().unwrap().push(held);
+        Ok(self
+            .busy
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|gi| GpuProcess {
+                pid: 4242,
+                used_bytes: Some(1 << 30),
+                gi_id: Some(*gi),
+            })
+            .collect())
+    }
     fn destroy_mig(&self, minor: u32, gi: u32) -> Result<(), BackendError> {
         let err = |source| BackendError::Mig {
             op: "destroy",
@@ -300,18 +322,22 @@ impl GpuBackend for NvmlGiIds {
 /// "unprepare started". NVML hands the first device's GI ID to claim B's new device at
 /// another placement. A's retries (and a plugin restart) destroy nothing of B's: A's
 /// devices are found by placement, and the destroyed one is recorded as destroyed.
+/// The processes keeping the busy device are listed (for the log) outside the node
+/// lock.
 #[test]
 fn a_retried_unprepare_never_destroys_a_device_that_got_a_recycled_gi_id() {
     let root = tempfile::tempdir().unwrap();
     harness::make_driver_root(root.path());
     let mut model = harness::model(root.path());
+    let opts = harness::options(root.path());
     let backend = std::sync::Arc::new(NvmlGiIds {
         inner: model.backend.clone(),
         ids: Mutex::new(BTreeMap::new()),
         busy: Mutex::new(BTreeSet::new()),
+        lock: opts.paths.plugin_dir.join("tessera.lock"),
+        listed_under_lock: Mutex::new(Vec::new()),
     });
     model.backend = backend.clone();
-    let opts = harness::options(root.path());
     let open = || plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap();
     let state = open();
     let a = "00000000-0000-4000-8000-0000000000a1";
@@ -346,6 +372,11 @@ fn a_retried_unprepare_never_destroys_a_device_that_got_a_recycled_gi_id() {
     let err = state.unprepare(a).unwrap_err().chain();
     assert!(err.contains("in use"), "{err}");
     assert_eq!(placements(&backend), [(1, 2)], "the idle device is gone");
+    assert_eq!(
+        *backend.listed_under_lock.lock().unwrap(),
+        [false],
+        "the busy device's processes are listed once the node lock is released"
+    );
     assert_eq!(
         harness::checkpoint_state(&opts.paths.state_dir, a).as_deref(),
         Some("UnprepareStarted")
@@ -395,13 +426,15 @@ fn a_busy_claim_does_not_stop_the_stale_claim_clean_up() {
     let root = tempfile::tempdir().unwrap();
     harness::make_driver_root(root.path());
     let mut model = harness::model(root.path());
+    let opts = harness::options(root.path());
     let backend = std::sync::Arc::new(NvmlGiIds {
         inner: model.backend.clone(),
         ids: Mutex::new(BTreeMap::new()),
         busy: Mutex::new(BTreeSet::new()),
+        lock: opts.paths.plugin_dir.join("tessera.lock"),
+        listed_under_lock: Mutex::new(Vec::new()),
     });
     model.backend = backend.clone();
-    let opts = harness::options(root.path());
     let state =
         std::sync::Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
     // Neither claim exists in the API server any more; the busy one sorts first.
