@@ -6,14 +6,16 @@
 //! of those processes to a claim **by host PID and cgroup**, never through the
 //! library's registry (a process that bypassed the library is not in it): the pod UID
 //! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod in
-//! the checkpoint, or else the claims the API server says the pod uses ([`pods`]: a
-//! pod that joined a claim after its prepare).
+//! the checkpoint merged with the claims the API server says the pod uses ([`pods`]:
+//! a pod may join a claim after its prepare, or join a second one).
 //!
 //! Per tick and GPU it finds:
 //! * **over budget**: a shared claim whose processes hold more than its budget plus
 //!   the tolerance. `--watchdog=enforce` (default) kills the largest offenders until
-//!   the claim is back within budget; `report` only reports. Either way a Warning
-//!   Event goes to the pod and a log line names the PIDs.
+//!   the claim is back within budget ([`kill_checked`]; enforce needs the plugin's
+//!   PID namespace in the proc root, else it reports); `report` only reports. Either
+//!   way a new finding is a Warning Event on the offending pods and a log line naming
+//!   the PIDs; a failed kill is retried with backoff.
 //! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
 //!   GPU. Reported (log, metric) once per process.
 //! * **zombie memory**: memory held by a process that no longer exists, or by a process
