@@ -11,9 +11,10 @@
 //! (served from the API server's watch cache), plus one `get` per prepared claim some
 //! listed pod names (for its UID). A refresh is due every [`REFRESH`], sooner
 //! ([`NEW_POD_GAP`]) when a pod with GPU processes is not in the last list, and after
-//! [`RETRY`] for pods still missing or after a failure. Refreshes run off the tick, on
-//! a thread of their own: a tick waits at most [`TICK_WAIT`] for one, so an API server
-//! that does not answer never stalls the watchdog beyond that.
+//! [`RETRY`] for pods still missing or after a failure; never while no pod has GPU
+//! processes. Refreshes run off the tick, on a thread of their own: a tick waits at
+//! most [`TICK_WAIT`] for one, so an API server that does not answer never stalls the
+//! watchdog beyond that.
 //!
 //! A pod's claims, from the Pod object: `spec.resourceClaims[].resourceClaimName`
 //! (claims named in the spec), `status.resourceClaimStatuses[].resourceClaimName`
@@ -175,12 +176,13 @@ impl PodCache {
     /// Whether a refresh is due for pods `wanted` (UIDs with GPU processes) at `now`.
     /// Deterministic; see the module doc.
     pub fn due(&self, wanted: &BTreeSet<String>, now: Instant) -> bool {
+        // No pod has GPU processes (or one is in flight): nothing to list for.
+        if wanted.is_empty() || self.in_flight.is_some() {
+            return false;
+        }
         let Some(started) = self.started else {
             return true;
         };
-        if self.in_flight.is_some() {
-            return false;
-        }
         let age = now.saturating_duration_since(started);
         let missing = || wanted.iter().filter(|u| !self.pods.contains_key(*u));
         age >= REFRESH
@@ -575,7 +577,8 @@ mod tests {
         let t0 = Instant::now();
         let err = c.refresh(&uids(&["pod"]), BTreeSet::new(), &lookup, t0, WAIT);
         assert!(matches!(err, Some(LookupError::Timeout(_))), "{err:?}");
-        assert!(!c.due(&uids(&[]), t0 + RETRY / 2));
-        assert!(c.due(&uids(&[]), t0 + RETRY));
+        assert!(!c.due(&uids(&["pod"]), t0 + RETRY / 2));
+        assert!(c.due(&uids(&["pod"]), t0 + RETRY));
+        assert!(!c.due(&uids(&[]), t0 + REFRESH), "no GPU process, no list");
     }
 }
