@@ -431,7 +431,8 @@ pub async fn stale_claim_cleanup(
     }
 }
 
-/// One clean-up pass; returns the UIDs it unprepared.
+/// One clean-up pass; returns the UIDs it unprepared. A claim whose unprepare fails is
+/// logged and left for the next pass; only a failure to list the candidates is an error.
 pub async fn cleanup_once(
     state: &Arc<DeviceState>,
     client: &kube::Client,
@@ -458,12 +459,20 @@ pub async fn cleanup_once(
         if gone {
             let s = state.clone();
             let u = uid.clone();
-            tokio::task::spawn_blocking(move || s.unprepare(&u))
+            let done = tokio::task::spawn_blocking(move || s.unprepare(&u))
                 .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.chain())?;
-            info!(claim = %uid, namespace = %ns, name = %name, "unprepared a claim that no longer exists");
-            removed.push(uid);
+                .map_err(|e| e.to_string())?;
+            // One claim that cannot be undone yet (a MIG device still in use) must not
+            // stop the clean-up of the others: the next pass retries it.
+            match done {
+                Ok(()) => {
+                    info!(claim = %uid, namespace = %ns, name = %name, "unprepared a claim that no longer exists");
+                    removed.push(uid);
+                }
+                Err(e) => {
+                    warn!(claim = %uid, namespace = %ns, name = %name, error = %e.chain(), "cannot unprepare a claim that no longer exists yet; retrying next pass")
+                }
+            }
         }
     }
     Ok(removed)

@@ -194,6 +194,10 @@ pub struct DeviceState {
     /// Claims unprepared lately, newest last (bounded): the watchdog attributes memory
     /// still held after an unprepare (zombie memory) to them.
     unprepared: Mutex<std::collections::VecDeque<Unprepared>>,
+    /// MIG devices whose destroy answered IN_USE under the node lock: (claim, GPU
+    /// minor, GI ID), whose processes are listed and logged once the lock is released
+    /// (no NVML call under the lock).
+    busy_mig: Mutex<Vec<(String, u32, u32)>>,
 }
 
 /// A claim unprepared by this process, remembered for [`RECENT_UNPREPARED`] entries.
@@ -242,8 +246,11 @@ impl DeviceState {
             mutex: Mutex::new(()),
             library: Mutex::new(None),
             unprepared: Mutex::new(std::collections::VecDeque::new()),
+            busy_mig: Mutex::new(Vec::new()),
         };
-        let recovery = state.recover()?;
+        let recovery = state.recover();
+        state.log_mig_holders();
+        let recovery = recovery?;
         Ok((state, recovery))
     }
 
@@ -406,8 +413,9 @@ impl DeviceState {
             || !rec.removed_specs.is_empty()
             || !rec.destroyed_mig.is_empty()
             || !rec.removed_claim_dirs.is_empty()
+            || !rec.kept_in_use.is_empty()
         {
-            info!(rolled_back = ?rec.rolled_back, removed_specs = ?rec.removed_specs, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
+            info!(rolled_back = ?rec.rolled_back, kept_in_use = ?rec.kept_in_use, removed_specs = ?rec.removed_specs, destroyed_mig = ?rec.destroyed_mig, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
         }
         Ok(rec)
     }
@@ -418,46 +426,7 @@ impl DeviceState {
         let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
-        for m in rec
-            .devices
-            .iter()
-            .filter_map(|d| d.mig.as_ref())
-            .filter(|m| m.created)
-        {
-            // Found by placement: the crash may have come before the GI ID was recorded.
-            let status = self.backend.mig_status(m.gpu_minor)?;
-            if let Some(inst) = status
-                .instances
-                .iter()
-                .find(|i| i.start == m.start && i.profile_id == m.profile_id)
-            {
-                match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
-                    Ok(()) => {
-                        crate::metrics::driver().mig_destroyed.inc();
-                        info!(
-                            claim = uid,
-                            gpu = m.gpu_minor,
-                            gi = inst.gi_id,
-                            "destroyed MIG device of an unfinished prepare"
-                        )
-                    }
-                    Err(BackendError::Mig {
-                        source: MigError::NotFound(_),
-                        ..
-                    }) => {}
-                    Err(
-                        e @ BackendError::Mig {
-                            source: MigError::InUse(_),
-                            ..
-                        },
-                    ) => {
-                        self.log_mig_holders(uid, m.gpu_minor, inst.gi_id);
-                        return Err(e.into());
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+        self.destroy_claim_mig(cp, uid, None)?;
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
@@ -467,6 +436,103 @@ impl DeviceState {
         cp.claims.remove(uid);
         self.release_mig_mode(cp)?;
         self.store.store(cp)?;
+        Ok(())
+    }
+
+    /// Destroys the MIG devices claim `uid` created, each found **by placement** (GPU,
+    /// start, profile), never by a recorded GI ID: NVML hands GI IDs out regardless of
+    /// placement, so an ID recorded before a crash, or of a device destroyed in an
+    /// earlier attempt, may name another claim's device by now. A placement another
+    /// claim of the checkpoint also records is left alone. After each destroy (or an
+    /// instance already gone) the record's `created` is cleared and the checkpoint
+    /// stored before the next device, so that a retry after an IN_USE answer on a later
+    /// device never comes back to it. The placement stays recorded (and held) until
+    /// the claim is forgotten. Owns side effects (NVML, checkpoint writes).
+    fn destroy_claim_mig(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+        fail_point: Option<&str>,
+    ) -> Result<(), PrepareError> {
+        let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
+        #[allow(clippy::needless_range_loop)] // `i` indexes the checkpoint record.
+        for i in 0..count {
+            let Some(m) = cp
+                .claims
+                .get(uid)
+                .and_then(|r| r.devices[i].mig.clone())
+                .filter(|m| m.created)
+            else {
+                continue;
+            };
+            let placement = (m.gpu_minor, m.start, m.profile_id);
+            let shared_with = cp.claims.iter().find(|(owner, r)| {
+                owner.as_str() != uid
+                    && r.devices
+                        .iter()
+                        .filter_map(|d| d.mig.as_ref())
+                        .any(|o| (o.gpu_minor, o.start, o.profile_id) == placement)
+            });
+            if let Some((owner, _)) = shared_with {
+                warn!(
+                    claim = uid,
+                    other = %owner,
+                    gpu = m.gpu_minor,
+                    start = m.start,
+                    profile = m.profile_id,
+                    "not destroying a MIG placement another claim also records"
+                );
+            } else {
+                let status = self.backend.mig_status(m.gpu_minor)?;
+                if let Some(inst) = status
+                    .instances
+                    .iter()
+                    .find(|i| i.start == m.start && i.profile_id == m.profile_id)
+                {
+                    match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
+                        Ok(()) => {
+                            crate::metrics::driver().mig_destroyed.inc();
+                            info!(
+                                claim = uid,
+                                gpu = m.gpu_minor,
+                                gi = inst.gi_id,
+                                start = m.start,
+                                profile = m.profile_id,
+                                "destroyed MIG device"
+                            )
+                        }
+                        Err(BackendError::Mig {
+                            source: MigError::NotFound(_),
+                            ..
+                        }) => {}
+                        Err(
+                            e @ BackendError::Mig {
+                                source: MigError::InUse(_),
+                                ..
+                            },
+                        ) => {
+                            self.busy_mig
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push((uid.to_string(), m.gpu_minor, inst.gi_id));
+                            return Err(e.into());
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            if let Some(point) = fail_point {
+                self.cfg.fail_points.hit(point);
+            }
+            if let Some(r) = cp
+                .claims
+                .get_mut(uid)
+                .and_then(|r| r.devices[i].mig.as_mut())
+            {
+                r.created = false;
+            }
+            self.store.store(cp)?;
+        }
         Ok(())
     }
 
@@ -739,6 +805,7 @@ impl DeviceState {
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let t = std::time::Instant::now();
         let r = self.prepare_inner(claim, uid);
+        self.log_mig_holders();
         let kind = r.as_ref().map_or_else(
             |_| crate::metrics::allocation_kind(claim, &self.cfg.driver),
             |d| crate::metrics::claim_kind(d),
@@ -886,6 +953,7 @@ impl DeviceState {
         let t = std::time::Instant::now();
         let mut kind = "unknown";
         let r = self.unprepare_inner(uid, &mut kind);
+        self.log_mig_holders();
         crate::metrics::driver().observe(
             "unprepare",
             kind,
@@ -909,40 +977,8 @@ impl DeviceState {
         self.store.store(&cp)?;
         // MIG devices first: an IN_USE answer fails the call (the claim stays
         // "unprepare started" and is not prepared again until undone), so the kubelet
-        // retries.
-        for m in rec
-            .devices
-            .iter()
-            .filter_map(|d| d.mig.as_ref())
-            .filter(|m| m.created)
-        {
-            match self.backend.destroy_mig(m.gpu_minor, m.gi_id) {
-                Ok(()) => {
-                    crate::metrics::driver().mig_destroyed.inc();
-                    info!(
-                        claim = uid,
-                        gpu = m.gpu_minor,
-                        gi = m.gi_id,
-                        "destroyed MIG device"
-                    )
-                }
-                Err(BackendError::Mig {
-                    source: MigError::NotFound(_),
-                    ..
-                }) => {}
-                Err(
-                    e @ BackendError::Mig {
-                        source: MigError::InUse(_),
-                        ..
-                    },
-                ) => {
-                    self.log_mig_holders(uid, m.gpu_minor, m.gi_id);
-                    return Err(e.into());
-                }
-                Err(e) => return Err(e.into()),
-            }
-            self.cfg.fail_points.hit("unprepare-after-mig-destroy");
-        }
+        // retries; devices destroyed before it are recorded as such.
+        self.destroy_claim_mig(&mut cp, uid, Some("unprepare-after-mig-destroy"))?;
         if let Some(spec) = &rec.cdi_spec {
             remove_spec_file(&self.cfg.cdi_dir, spec)?;
         }
@@ -977,19 +1013,23 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Logs the processes that keep a claim's MIG device in use (its destroy answered
+    /// Logs the processes that keep claims' MIG devices in use (their destroy answered
     /// IN_USE): the claim stays "unprepare started", and the watchdog reports their
-    /// memory as zombie memory of the claim until they exit.
-    fn log_mig_holders(&self, uid: &str, minor: u32, gi: u32) {
-        match self.backend.processes(minor) {
-            Ok(procs) => {
-                let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
-                let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
-                let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
-                warn!(claim = uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
-            }
-            Err(e) => {
-                warn!(claim = uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+    /// memory as zombie memory of the claim until they exit. Called after the node
+    /// lock is released: listing the processes is an NVML call.
+    fn log_mig_holders(&self) {
+        let busy = std::mem::take(&mut *self.busy_mig.lock().unwrap_or_else(|p| p.into_inner()));
+        for (uid, minor, gi) in busy {
+            match self.backend.processes(minor) {
+                Ok(procs) => {
+                    let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
+                    let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
+                    let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
+                    warn!(claim = %uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
+                }
+                Err(e) => {
+                    warn!(claim = %uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+                }
             }
         }
     }

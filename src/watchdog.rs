@@ -6,14 +6,16 @@
 //! of those processes to a claim **by host PID and cgroup**, never through the
 //! library's registry (a process that bypassed the library is not in it): the pod UID
 //! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod in
-//! the checkpoint, or else the claims the API server says the pod uses ([`pods`]: a
-//! pod that joined a claim after its prepare).
+//! the checkpoint merged with the claims the API server says the pod uses ([`pods`]:
+//! a pod may join a claim after its prepare, or join a second one).
 //!
 //! Per tick and GPU it finds:
 //! * **over budget**: a shared claim whose processes hold more than its budget plus
 //!   the tolerance. `--watchdog=enforce` (default) kills the largest offenders until
-//!   the claim is back within budget; `report` only reports. Either way a Warning
-//!   Event goes to the pod and a log line names the PIDs.
+//!   the claim is back within budget ([`kill_checked`]; enforce needs the plugin's
+//!   PID namespace in the proc root, else it reports); `report` only reports. Either
+//!   way a new finding is a Warning Event on the offending pods and a log line naming
+//!   the PIDs; a failed kill is retried with backoff.
 //! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
 //!   GPU. Reported (log, metric) once per process.
 //! * **zombie memory**: memory held by a process that no longer exists, or by a process
@@ -33,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::checkpoint::{ClaimRecord, ClaimState, PodRef};
 use crate::state::{DeviceState, Unprepared};
-pub use pods::{KubePods, LiveClaim, LivePod, LookupError, PodCache, PodLookup};
+pub use pods::{KubePods, LiveClaim, LivePod, LookupError, NodePods, PodCache, PodLookup};
 
 /// What the watchdog does about a claim over its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,12 +402,14 @@ pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
 /// Why a kill was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum KillError {
-    #[error("PID {pid} now belongs to pod {now:?}, not {expected:?} (PID reused)")]
+    #[error("PID {pid} now belongs to pod {now:?}, not {expected} (PID reused)")]
     Reused {
         pid: u32,
-        expected: Option<String>,
+        expected: String,
         now: Option<String>,
     },
+    #[error("PID {pid} is the plugin itself")]
+    Own { pid: u32 },
     #[error("signalling PID {pid} failed")]
     Signal {
         pid: u32,
@@ -414,23 +418,29 @@ pub enum KillError {
     },
 }
 
-/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`),
-/// so that a PID reused since NVML listed it is never killed. Through a pidfd where the
-/// kernel has them (5.3+): the pidfd pins the process whose cgroup was checked, so the
-/// signal cannot reach a process that took the PID after the check.
-pub fn kill_checked(proc_root: &Path, pid: u32, expected: Option<&str>) -> Result<(), KillError> {
+/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`)
+/// and is not the plugin itself. Through a pidfd where the kernel has them (5.3+): the
+/// pidfd pins the process whose cgroup was checked, so the signal cannot reach a
+/// process that took the PID after the check. What is caught is reuse by a process
+/// outside that pod; without pidfds a small window remains between the check and
+/// kill(2). `proc_root` must show the plugin's own PID namespace
+/// ([`proc_root_matches_pid_namespace`]): the pidfd and kill(2) use the plugin's PIDs.
+pub fn kill_checked(proc_root: &Path, pid: u32, expected: &str) -> Result<(), KillError> {
     let signal_err = |source| KillError::Signal { pid, source };
+    if pid == std::process::id() {
+        return Err(KillError::Own { pid });
+    }
     let check = || {
         let now = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
             .ok()
             .as_deref()
             .and_then(pod_uid_from_cgroup);
-        if now.as_deref() == expected {
+        if now.as_deref() == Some(expected) {
             Ok(())
         } else {
             Err(KillError::Reused {
                 pid,
-                expected: expected.map(str::to_string),
+                expected: expected.to_string(),
                 now,
             })
         }
@@ -473,6 +483,15 @@ pub fn kill_checked(proc_root: &Path, pid: u32, expected: Option<&str>) -> Resul
     r
 }
 
+/// Whether `proc_root` is a procfs of the plugin's own PID namespace: its `self` link
+/// names the plugin's PID. (Comparing `self/ns/pid` links is not enough: the host's
+/// procfs resolves `self` to the caller too, whose namespace link is the caller's
+/// own.) Errors when the link cannot be read.
+pub fn proc_root_matches_pid_namespace(proc_root: &Path) -> std::io::Result<bool> {
+    let link = std::fs::read_link(proc_root.join("self"))?;
+    Ok(link.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(std::process::id()))
+}
+
 /// An error with its causes on one line, for logs.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -490,15 +509,28 @@ pub struct Watchdog {
     cfg: WatchdogConfig,
     state: Arc<DeviceState>,
     events: Option<Box<dyn EventSink>>,
-    /// Finds pods the checkpoint does not map (pods that joined a claim after its
-    /// prepare); `None`: the checkpoint only.
-    pods: Option<Box<dyn PodLookup>>,
+    /// Lists this node's pods with their claims, merged with the checkpoint's records
+    /// (pods that joined a claim after its prepare); `None`: the checkpoint only.
+    pods: Option<Arc<dyn PodLookup>>,
     pod_cache: PodCache,
+    /// How long a tick waits for a pod list in flight.
+    lookup_wait: std::time::Duration,
     /// (pid, kind) already reported, so reports are made once per process.
     reported: BTreeSet<(u32, &'static str)>,
     /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
     /// procfs) until its context is torn down; it is not killed or reported again.
     killed: BTreeMap<u32, std::time::Instant>,
+    /// PIDs whose kill failed: (attempts, next attempt), backing off.
+    failing: BTreeMap<u32, (u32, std::time::Instant)>,
+}
+
+/// When to try again to kill a PID whose kill failed `attempts` times: the tick
+/// interval, doubling, at most 30 s. Deterministic.
+pub fn kill_retry_after(attempts: u32) -> std::time::Duration {
+    let max = std::time::Duration::from_secs(30);
+    INTERVAL
+        .checked_mul(1u32 << attempts.saturating_sub(1).min(16))
+        .map_or(max, |d| d.min(max))
 }
 
 /// How long a killed PID is left alone.
@@ -508,25 +540,51 @@ const KILL_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
 pub type Zombies = BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>;
 
 impl Watchdog {
+    /// A watchdog in `cfg.mode`, except that enforce falls back to report (with an
+    /// error log) when `cfg.proc_root` does not show the plugin's own PID namespace:
+    /// PIDs from it could not be signalled safely.
     pub fn new(
-        cfg: WatchdogConfig,
+        mut cfg: WatchdogConfig,
         state: Arc<DeviceState>,
         events: Option<Box<dyn EventSink>>,
     ) -> Self {
+        if cfg.mode == Mode::Enforce {
+            match proc_root_matches_pid_namespace(&cfg.proc_root) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), "watchdog: the proc root shows another PID namespace than the plugin's (run the plugin with hostPID); reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+                Err(e) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), error = %e, "watchdog: cannot tell the proc root's PID namespace; reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+            }
+        }
         Watchdog {
             cfg,
             state,
             events,
             pods: None,
             pod_cache: PodCache::default(),
+            lookup_wait: pods::TICK_WAIT,
             reported: BTreeSet::new(),
             killed: BTreeMap::new(),
+            failing: BTreeMap::new(),
         }
     }
 
-    /// Also maps processes of pods the checkpoint does not know through `lookup`.
+    /// Also maps processes to claims through `lookup` (this node's pods and their
+    /// claims, merged with the checkpoint's records).
     pub fn with_pods(mut self, lookup: Box<dyn PodLookup>) -> Self {
-        self.pods = Some(lookup);
+        self.pods = Some(Arc::from(lookup));
+        self
+    }
+
+    /// How long a tick waits for a pod list in flight ([`pods::TICK_WAIT`] unless set;
+    /// tests that judge a single tick wait longer).
+    pub fn with_lookup_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lookup_wait = wait;
         self
     }
 
@@ -542,33 +600,45 @@ impl Watchdog {
         }
     }
 
-    /// Adds to `on_gpu` the pods of `views` that no claim there records but that the
-    /// API server says use one of them.
+    /// Refreshes this node's pod list if due (one list for all `wanted` pods, waiting
+    /// at most `lookup_wait`; see [`pods`]). A no-op without a lookup.
+    fn refresh_pods(&mut self, wanted: &BTreeSet<String>, claims: &BTreeMap<String, ClaimRecord>) {
+        let Some(lookup) = self.pods.as_ref() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if let Some(e) = self.pod_cache.refresh(
+            wanted,
+            pods::wanted_claims(claims),
+            lookup,
+            now,
+            self.lookup_wait,
+        ) {
+            warn!(error = %chain(&e), "watchdog: cannot list the node's pods");
+        }
+    }
+
+    /// Adds to `on_gpu` every pod of `views` the last pod list has, to each claim there
+    /// it uses (merged with the checkpoint's records: a pod recorded for one claim may
+    /// have joined another since).
     fn join_live_pods(
-        &mut self,
+        &self,
         views: &[ProcessView],
         on_gpu: &mut [ClaimView],
         claims: &BTreeMap<String, ClaimRecord>,
     ) {
-        let Some(lookup) = self.pods.as_deref() else {
-            return;
-        };
-        let unknown: BTreeSet<&str> = views
+        let pods: BTreeSet<&str> = views
             .iter()
             .filter(|v| v.exists)
             .filter_map(|v| v.pod.as_deref())
-            .filter(|pod| !on_gpu.iter().any(|c| c.pods.iter().any(|r| r.uid == *pod)))
             .collect();
-        let now = std::time::Instant::now();
-        for pod in unknown {
-            let (live, err) = self.pod_cache.resolve(pod, lookup, now);
-            if let Some(e) = err {
-                warn!(pod, error = %chain(&e), "watchdog: cannot look the pod up");
-            }
-            let Some(live) = live else { continue };
-            let uids = pods::claims_of(&live, claims);
+        for pod in pods {
+            let Some(live) = self.pod_cache.get(pod) else {
+                continue;
+            };
+            let uids = pods::claims_of(live, claims);
             if !uids.is_empty() {
-                add_live_pod(on_gpu, &live, &uids);
+                add_live_pod(on_gpu, live, &uids);
             }
         }
     }
@@ -584,6 +654,8 @@ impl Watchdog {
         let mut seen: BTreeSet<(u32, &'static str)> = BTreeSet::new();
         let mut zombies = Zombies::new();
         let state = self.state.clone();
+        // (GPU UUID, its processes, claims unprepared or being unprepared there).
+        let mut gpus: Vec<(String, Vec<ProcessView>, Vec<Unprepared>)> = Vec::new();
         for g in state.gpus() {
             let uuid = g.gpu.uuid.clone();
             let procs = match state.backend().processes(g.gpu.minor) {
@@ -603,6 +675,23 @@ impl Watchdog {
                 .cloned()
                 .collect();
             gone.extend(unpreparing_on_gpu(&claims, &uuid));
+            gpus.push((uuid, views, gone));
+        }
+        // Pods with GPU processes, except those of claims unprepared there (their
+        // pods are usually deleted: no list would find them).
+        let wanted: BTreeSet<String> = gpus
+            .iter()
+            .flat_map(|(_, views, gone)| {
+                views
+                    .iter()
+                    .filter(|v| v.exists)
+                    .filter_map(|v| v.pod.as_ref())
+                    .filter(|pod| !gone.iter().any(|u| u.pods.iter().any(|r| &r.uid == *pod)))
+            })
+            .cloned()
+            .collect();
+        self.refresh_pods(&wanted, &claims);
+        for (uuid, views, gone) in gpus {
             let mut on_gpu = claims_on_gpu(&claims, &uuid);
             self.join_live_pods(&views, &mut on_gpu, &claims);
             let pod_of: BTreeMap<u32, Option<String>> =
@@ -618,6 +707,7 @@ impl Watchdog {
             }
         }
         self.reported.retain(|k| seen.contains(k));
+        self.failing.retain(|pid, _| seen.contains(&(*pid, "over")));
         crate::metrics::set_zombies(zombies);
         all
     }
@@ -641,35 +731,71 @@ impl Watchdog {
                 pids,
                 kill,
             } => {
-                let first = (kill.first().copied().unwrap_or(0), "over");
-                seen.insert(first);
+                let now = std::time::Instant::now();
+                for &p in kill {
+                    seen.insert((p, "over"));
+                }
                 self.killed.retain(|_, at| at.elapsed() < KILL_QUIET);
                 if kill.iter().all(|p| self.killed.contains_key(p)) {
                     return; // killed already; its memory is on its way out
                 }
+                // New: a PID to kill that no earlier tick reported.
+                let new = kill.iter().any(|p| !self.reported.contains(&(*p, "over")));
                 let enforce = self.cfg.mode == Mode::Enforce;
-                if !enforce && self.reported.contains(&first) {
-                    return;
-                }
                 let mut killed = Vec::new();
                 let mut failed = Vec::new();
+                let mut withheld = Vec::new();
                 if enforce {
                     // PID 0 and 1 are never a pod's workload as the host sees it.
                     for &pid in kill.iter().filter(|p| **p > 1) {
+                        if self.killed.contains_key(&pid)
+                            || self.failing.get(&pid).is_some_and(|(_, next)| *next > now)
+                        {
+                            continue; // killed, or a failed kill backing off
+                        }
                         let pod = pod_of.get(&pid).cloned().flatten();
-                        match kill_checked(&self.cfg.proc_root, pid, pod.as_deref()) {
+                        // A kill never rests on missing data: a pod some of whose
+                        // claims could not be read may hold a larger budget.
+                        let unread = pod
+                            .as_deref()
+                            .and_then(|p| self.pod_cache.get(p))
+                            .is_some_and(|p| !p.unread.is_empty());
+                        if unread {
+                            withheld.push(pid);
+                            continue;
+                        }
+                        // A process in no pod is never a claim's; never signalled.
+                        let Some(pod) = pod else {
+                            failed.push(pid);
+                            continue;
+                        };
+                        match kill_checked(&self.cfg.proc_root, pid, &pod) {
                             Ok(()) => {
                                 killed.push(pid);
-                                self.killed.insert(pid, std::time::Instant::now());
+                                self.killed.insert(pid, now);
+                                self.failing.remove(&pid);
                             }
                             Err(e) => {
-                                warn!(pid, error = %chain(&e), "watchdog: kill failed");
+                                let (attempts, next) = self.failing.entry(pid).or_insert((0, now));
+                                *attempts += 1;
+                                *next = now + kill_retry_after(*attempts);
+                                warn!(pid, attempts = *attempts, retry_in = ?kill_retry_after(*attempts), error = %chain(&e), "watchdog: kill failed");
                                 failed.push(pid);
                             }
                         }
                     }
                 }
-                let action = if enforce {
+                for &p in kill {
+                    self.reported.insert((p, "over"));
+                }
+                if !new && killed.is_empty() {
+                    return; // reported already, nothing done now: no log line, no Event
+                }
+                let action = if enforce && !withheld.is_empty() {
+                    format!(
+                        "killed {killed:?}; could not kill {failed:?}; not killed {withheld:?} (claims of its pod could not be read)"
+                    )
+                } else if enforce {
                     format!("killed {killed:?}; could not kill {failed:?}")
                 } else {
                     format!("would kill {kill:?} (report mode)")
@@ -678,7 +804,7 @@ impl Watchdog {
                     "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action}",
                     self.cfg.tolerance
                 );
-                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, "watchdog: memory over budget");
+                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, withheld = ?withheld, "watchdog: memory over budget");
                 if enforce {
                     for _ in &killed {
                         m.watchdog_action("kill", "over_budget");
@@ -686,9 +812,13 @@ impl Watchdog {
                 } else {
                     m.watchdog_action("report", "over_budget");
                 }
-                self.reported.insert(first);
+                // Only the pods whose processes are to be killed get the Event.
+                let offending: BTreeSet<&str> = kill
+                    .iter()
+                    .filter_map(|p| pod_of.get(p).and_then(|o| o.as_deref()))
+                    .collect();
                 if let Some(ev) = &self.events {
-                    for pod in pods {
+                    for pod in pods.iter().filter(|r| offending.contains(r.uid.as_str())) {
                         ev.warn(namespace, pod, "GpuMemoryOverBudget", &msg);
                     }
                 }
@@ -907,6 +1037,7 @@ mod tests {
             namespace: "ns".into(),
             name: "late".into(),
             claims: vec![],
+            unread: vec![],
         };
         add_live_pod(&mut views, &live, &["u1".into()]);
         add_live_pod(&mut views, &live, &["u1".into()]);
@@ -995,12 +1126,52 @@ mod tests {
         let dir = root.path().join(pid.to_string());
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cgroup"), "0::/system.slice/other.service\n").unwrap();
-        let r = kill_checked(root.path(), pid, Some(POD));
+        let r = kill_checked(root.path(), pid, POD);
         assert!(matches!(r, Err(KillError::Reused { .. })), "{r:?}");
         assert!(child.try_wait().unwrap().is_none(), "still running");
         std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
-        kill_checked(root.path(), pid, Some(POD)).unwrap();
+        kill_checked(root.path(), pid, POD).unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    /// Regression (a process outside any pod passed the pod check, and the plugin
+    /// could signal itself): the plugin's own PID is never signalled, even when its
+    /// cgroup names the expected pod.
+    #[test]
+    fn the_plugin_never_kills_itself() {
+        let root = tempfile::tempdir().unwrap();
+        let own = std::process::id();
+        let dir = root.path().join(own.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
+        let r = kill_checked(root.path(), own, POD);
+        assert!(matches!(r, Err(KillError::Own { .. })), "{r:?}");
+    }
+
+    /// The proc root must show the plugin's PID namespace: the real /proc does; one
+    /// whose `self` names another PID (the host's procfs seen from a pod without
+    /// hostPID), or has no `self`, does not.
+    #[test]
+    fn a_proc_root_of_another_pid_namespace_is_refused() {
+        assert!(proc_root_matches_pid_namespace(Path::new("/proc")).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).is_err());
+        let other = (std::process::id() + 1).to_string();
+        std::os::unix::fs::symlink(&other, root.path().join("self")).unwrap();
+        assert!(!proc_root_matches_pid_namespace(root.path()).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(std::process::id().to_string(), root.path().join("self"))
+            .unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).unwrap());
+    }
+
+    /// A kill that keeps failing is retried with backoff: 0.5, 1, 2, 4 s ... at most
+    /// 30 s apart.
+    #[test]
+    fn failed_kills_back_off() {
+        let secs: Vec<f64> = (1..=8).map(|n| kill_retry_after(n).as_secs_f64()).collect();
+        assert_eq!(secs, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]);
+        assert_eq!(kill_retry_after(u32::MAX).as_secs(), 30);
     }
 }

@@ -6,8 +6,16 @@
 #[path = "support/harness.rs"]
 mod harness;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
 use tessera::backend::mock::StateAccess;
+use tessera::backend::{
+    BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
+};
 use tessera::kubever::{FeatureGates, KubeVersion};
+use tessera::mig::MigError;
 use tessera::mig::{all_models, geometry};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
@@ -221,4 +229,257 @@ fn in_use_mig_device_fails_unprepare_until_idle() {
             .is_empty()
     );
     assert!(harness::checkpoint_claims(&opts.paths.state_dir).is_empty());
+}
+
+/// The mock node's backend with NVML's GI ID allocation: a new GPU instance gets the
+/// lowest free ID, whatever its placement (the mock derives IDs from placements), and
+/// destroying an instance listed as busy answers IN_USE and changes nothing.
+struct NvmlGiIds {
+    inner: std::sync::Arc<dyn GpuBackend>,
+    /// (GPU minor, NVML's GI ID) → the mock's GI ID.
+    ids: Mutex<BTreeMap<(u32, u32), u32>>,
+    /// NVML GI IDs with processes on them.
+    busy: Mutex<BTreeSet<u32>>,
+    /// The node lock; per process listing, whether it was held then.
+    lock: PathBuf,
+    listed_under_lock: Mutex<Vec<bool>>,
+}
+
+impl NvmlGiIds {
+    fn nvml_id(&self, minor: u32, mock: u32) -> u32 {
+        let ids = self.ids.lock().unwrap();
+        ids.iter()
+            .find(|((m, _), v)| *m == minor && **v == mock)
+            .map_or(mock, |((_, id), _)| *id)
+    }
+}
+
+impl GpuBackend for NvmlGiIds {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        self.inner.discover()
+    }
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        let mut st = self.inner.mig_status(minor)?;
+        for i in &mut st.instances {
+            i.gi_id = self.nvml_id(minor, i.gi_id);
+        }
+        Ok(st)
+    }
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        self.inner.set_mig_mode(minor, enabled)
+    }
+    fn create_mig(&self, minor: u32, p: u32, s: u32) -> Result<MigInstance, BackendError> {
+        let mut inst = self.inner.create_mig(minor, p, s)?;
+        let mut ids = self.ids.lock().unwrap();
+        let id = (1..).find(|id| !ids.contains_key(&(minor, *id))).unwrap();
+        ids.insert((minor, id), inst.gi_id);
+        inst.gi_id = id;
+        Ok(inst)
+    }
+    /// One process (PID 4242, 1 GiB) on each busy GPU instance.
+    fn processes(&self, _minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let held = std::fs::File::open(&self.lock).is_ok_and(|f| f.try_lock().is_err());
+        self.listed_under_lock.lock().unwrap().push(held);
+        Ok(self
+            .busy
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|gi| GpuProcess {
+                pid: 4242,
+                used_bytes: Some(1 << 30),
+                gi_id: Some(*gi),
+            })
+            .collect())
+    }
+    fn destroy_mig(&self, minor: u32, gi: u32) -> Result<(), BackendError> {
+        let err = |source| BackendError::Mig {
+            op: "destroy",
+            minor,
+            source,
+        };
+        let Some(mock) = self.ids.lock().unwrap().get(&(minor, gi)).copied() else {
+            return Err(err(MigError::NotFound(format!(
+                "no GPU instance with ID {gi}"
+            ))));
+        };
+        if self.busy.lock().unwrap().contains(&gi) {
+            return Err(err(MigError::InUse(format!(
+                "processes are running on GPU instance {gi}"
+            ))));
+        }
+        self.inner.destroy_mig(minor, mock)?;
+        self.ids.lock().unwrap().remove(&(minor, gi));
+        Ok(())
+    }
+}
+
+/// Regression (a retried unprepare destroyed another claim's MIG device): claim A has
+/// two MIG devices; the first is destroyed, the second answers IN_USE, so A stays
+/// "unprepare started". NVML hands the first device's GI ID to claim B's new device at
+/// another placement. A's retries (and a plugin restart) destroy nothing of B's: A's
+/// devices are found by placement, and the destroyed one is recorded as destroyed.
+/// The processes keeping the busy device are listed (for the log) outside the node
+/// lock.
+#[test]
+fn a_retried_unprepare_never_destroys_a_device_that_got_a_recycled_gi_id() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let mut model = harness::model(root.path());
+    let opts = harness::options(root.path());
+    let backend = std::sync::Arc::new(NvmlGiIds {
+        inner: model.backend.clone(),
+        ids: Mutex::new(BTreeMap::new()),
+        busy: Mutex::new(BTreeSet::new()),
+        lock: opts.paths.plugin_dir.join("tessera.lock"),
+        listed_under_lock: Mutex::new(Vec::new()),
+    });
+    model.backend = backend.clone();
+    let open = || plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap();
+    let state = open();
+    let a = "00000000-0000-4000-8000-0000000000a1";
+    let mut two = claim(a, "gpu-0-mig-1g10gb-19-0");
+    let results = two
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .unwrap();
+    let mut second = results[0].clone();
+    second.request = "mig2".into();
+    second.device = "gpu-0-mig-1g10gb-19-1".into();
+    results.push(second);
+    let devs = state.prepare(&two, a).unwrap();
+    let gi = |i: usize| devs[i].mig.as_ref().unwrap().gi_id;
+    assert_eq!((gi(0), gi(1)), (1, 2), "NVML's lowest free IDs");
+    let placements = |b: &NvmlGiIds| -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = b
+            .mig_status(0)
+            .unwrap()
+            .instances
+            .iter()
+            .map(|i| (i.start, i.gi_id))
+            .collect();
+        v.sort();
+        v
+    };
+
+    backend.busy.lock().unwrap().insert(2);
+    let err = state.unprepare(a).unwrap_err().chain();
+    assert!(err.contains("in use"), "{err}");
+    assert_eq!(placements(&backend), [(1, 2)], "the idle device is gone");
+    assert_eq!(
+        *backend.listed_under_lock.lock().unwrap(),
+        [false],
+        "the busy device's processes are listed once the node lock is released"
+    );
+    assert_eq!(
+        harness::checkpoint_state(&opts.paths.state_dir, a).as_deref(),
+        Some("UnprepareStarted")
+    );
+
+    // Claim B gets a device at placement 2, with the GI ID A's first device had.
+    let b = "00000000-0000-4000-8000-0000000000b1";
+    let devs_b = state
+        .prepare(&claim(b, "gpu-0-mig-1g10gb-19-2"), b)
+        .unwrap();
+    assert_eq!(devs_b[0].mig.as_ref().unwrap().gi_id, 1, "recycled");
+    assert_eq!(placements(&backend), [(1, 2), (2, 1)]);
+
+    // The kubelet retries while A's device is still busy, across a restart too.
+    let err = state.unprepare(a).unwrap_err().chain();
+    assert!(err.contains("in use"), "{err}");
+    assert_eq!(
+        placements(&backend),
+        [(1, 2), (2, 1)],
+        "B's device survives"
+    );
+    drop(state);
+    let state = open();
+    assert_eq!(
+        placements(&backend),
+        [(1, 2), (2, 1)],
+        "and across a restart"
+    );
+
+    // Idle now: A's retry finishes, B's device is untouched.
+    backend.busy.lock().unwrap().clear();
+    state.unprepare(a).unwrap();
+    assert_eq!(placements(&backend), [(2, 1)]);
+    assert_eq!(
+        harness::checkpoint_claims(&opts.paths.state_dir),
+        vec![b.to_string()]
+    );
+    state.unprepare(b).unwrap();
+    assert!(placements(&backend).is_empty());
+}
+
+/// Regression (one busy claim stopped the stale-claim clean-up: every pass aborted at
+/// it): of two stale MIG claims, the one whose device is in use stays for the next
+/// pass and the other is unprepared.
+#[test]
+fn a_busy_claim_does_not_stop_the_stale_claim_clean_up() {
+    let root = tempfile::tempdir().unwrap();
+    harness::make_driver_root(root.path());
+    let mut model = harness::model(root.path());
+    let opts = harness::options(root.path());
+    let backend = std::sync::Arc::new(NvmlGiIds {
+        inner: model.backend.clone(),
+        ids: Mutex::new(BTreeMap::new()),
+        busy: Mutex::new(BTreeSet::new()),
+        lock: opts.paths.plugin_dir.join("tessera.lock"),
+        listed_under_lock: Mutex::new(Vec::new()),
+    });
+    model.backend = backend.clone();
+    let state =
+        std::sync::Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
+    // Neither claim exists in the API server any more; the busy one sorts first.
+    let busy = "00000000-0000-4000-8000-0000000000a2";
+    let idle = "00000000-0000-4000-8000-0000000000b2";
+    let devs = state
+        .prepare(&claim(busy, "gpu-0-mig-1g10gb-19-0"), busy)
+        .unwrap();
+    state
+        .prepare(&claim(idle, "gpu-0-mig-1g10gb-19-1"), idle)
+        .unwrap();
+    backend
+        .busy
+        .lock()
+        .unwrap()
+        .insert(devs[0].mig.as_ref().unwrap().gi_id);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt
+        .block_on(tessera::fakeapi::FakeApiServer::start(
+            tessera::fakeapi::FakeApiConfig::new(KubeVersion::NEWEST),
+        ))
+        .unwrap();
+    let client = {
+        let _guard = rt.enter();
+        api.client().unwrap()
+    };
+    let removed = rt
+        .block_on(plugin::cleanup_once(
+            &state,
+            &client,
+            std::time::Duration::ZERO,
+        ))
+        .unwrap();
+    assert_eq!(removed, vec![idle.to_string()]);
+    assert_eq!(
+        harness::checkpoint_claims(&opts.paths.state_dir),
+        vec![busy.to_string()]
+    );
+    backend.busy.lock().unwrap().clear();
+    let removed = rt
+        .block_on(plugin::cleanup_once(
+            &state,
+            &client,
+            std::time::Duration::ZERO,
+        ))
+        .unwrap();
+    assert_eq!(removed, vec![busy.to_string()], "retried next pass");
 }

@@ -1149,11 +1149,28 @@ impl GpuBackend for NvmlBackend {
             ))?;
         // Graphics contexts hold device memory too. A process with both kinds is in
         // both lists with the same figure; a driver or library without the graphics
-        // call (the fake NVML) leaves the compute list as it is.
-        let graphics = self
-            .device(gpu)
-            .running_graphics_processes()
-            .unwrap_or_default();
+        // call (the fake NVML), or a GPU without it, leaves the compute list as it is.
+        // Any other failure is logged (at most once a minute: the watchdog asks every
+        // 500 ms) and the compute list stands alone.
+        let graphics = match self.device(gpu).running_graphics_processes() {
+            Ok(v) => v,
+            Err(
+                NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_),
+            ) => Vec::new(),
+            Err(e) => {
+                static LAST_WARNED: std::sync::atomic::AtomicU64 =
+                    std::sync::atomic::AtomicU64::new(0);
+                let now = crate::checkpoint::unix_now();
+                let last = LAST_WARNED.load(std::sync::atomic::Ordering::Relaxed);
+                if now.saturating_sub(last) >= 60 || last == 0 {
+                    LAST_WARNED.store(now, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(gpu = minor, error = %e, "nvmlDeviceGetGraphicsRunningProcesses_v3 failed; graphics contexts' memory is not seen");
+                }
+                Vec::new()
+            }
+        };
         let mut out: Vec<GpuProcess> = Vec::with_capacity(list.len() + graphics.len());
         for p in list.into_iter().chain(graphics) {
             if out

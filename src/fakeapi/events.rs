@@ -1,10 +1,12 @@
 //! Validation of core/v1 Events on create, as the API server's
 //! `ValidateEventCreate` does for a `v1` request: the legacy rules only (stricter
-//! rules apply to events.k8s.io/v1 and are not modelled).
+//! rules apply to events.k8s.io/v1 and are not modelled). The name is not checked as
+//! a DNS subdomain there: only the registry's path-segment rule applies
+//! ([`path_segment_name_errors`], a 400 before validation).
 
 use k8s_openapi::api::core::v1::Event;
 
-use crate::validation::format::validate_dns_subdomain;
+use crate::validation::format::{validate_dns_subdomain, validate_label_name};
 use crate::validation::{BadValue, FieldError, FieldPath};
 
 /// `k8s.io/kubernetes/pkg/apis/core/validation.ReasonLengthLimit` and friends.
@@ -42,6 +44,11 @@ pub fn validate_event(ev: &Event) -> Vec<FieldError> {
         if reporting.is_empty() {
             errs.push(FieldError::required("reportingComponent", ""));
         }
+        // `ValidateQualifiedName`, as for label keys (the empty name fails it too).
+        errs.extend(validate_label_name(
+            reporting,
+            &FieldPath::new("reportingComponent"),
+        ));
         let instance = ev.reporting_instance.as_deref().unwrap_or("");
         if instance.is_empty() {
             errs.push(FieldError::required("reportingInstance", ""));
@@ -74,13 +81,22 @@ pub fn validate_event(ev: &Event) -> Vec<FieldError> {
         ns,
         &FieldPath::new("metadata.namespace"),
     ));
-    if let Some(name) = ev.metadata.name.as_deref() {
-        errs.extend(validate_dns_subdomain(
-            name,
-            &FieldPath::new("metadata.name"),
-        ));
-    }
     errs
+}
+
+/// `path.IsValidPathSegmentName`: what the registry requires of an Event's name (its
+/// key), answered as a 400 `Name parameter invalid` before validation. Pure.
+pub fn path_segment_name_errors(name: &str) -> Vec<String> {
+    for bad in [".", ".."] {
+        if name == bad {
+            return vec![format!("may not be '{bad}'")];
+        }
+    }
+    ["/", "%"]
+        .iter()
+        .filter(|c| name.contains(**c))
+        .map(|c| format!("may not contain '{c}'"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -107,21 +123,50 @@ mod tests {
             "involvedObject": {"kind": "Pod", "name": "p", "namespace": "other"}
         }));
         assert_eq!(validate_event(&other_ns).len(), 1);
-        let bad_name = event(json!({
-            "metadata": {"name": "Pod_A", "namespace": "ns"},
-            "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"}
+        // Not a DNS subdomain, yet a valid Event name: only the path-segment rule
+        // applies to Events.
+        let underscore = event(json!({
+            "metadata": {"name": "Pod_A.x7k2q", "namespace": "ns"},
+            "involvedObject": {"kind": "Pod", "name": "Pod_A", "namespace": "ns"}
         }));
-        assert!(!validate_event(&bad_name).is_empty());
+        assert!(validate_event(&underscore).is_empty());
+        for (name, want) in [
+            ("Pod_A.x7k2q", 0),
+            (".", 1),
+            ("..", 1),
+            ("a/b", 1),
+            ("a%2Fb/c", 2),
+        ] {
+            assert_eq!(path_segment_name_errors(name).len(), want, "{name}");
+        }
         let new_style = event(json!({
             "metadata": {"name": "e", "namespace": "ns"},
             "eventTime": "2026-01-01T00:00:00.000000Z",
             "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"}
         }));
+        // reportingComponent required and not a qualified name (empty name part,
+        // regex), reportingInstance, action and reason required.
         assert_eq!(
             validate_event(&new_style).len(),
-            4,
+            6,
             "{:?}",
             validate_event(&new_style)
+        );
+        let mut reported = new_style.clone();
+        reported.reporting_component = Some("tessera.dev/watchdog".into());
+        reported.reporting_instance = Some("node-a".into());
+        reported.action = Some("Kill".into());
+        reported.reason = Some("GpuMemoryOverBudget".into());
+        assert!(
+            validate_event(&reported).is_empty(),
+            "{:?}",
+            validate_event(&reported)
+        );
+        reported.reporting_component = Some("tessera watchdog!".into());
+        let errs = validate_event(&reported);
+        assert!(
+            errs.len() == 1 && errs[0].to_string().contains("reportingComponent"),
+            "{errs:?}"
         );
     }
 }

@@ -96,6 +96,8 @@ struct Shared {
     store: Mutex<Store>,
     log: Mutex<Vec<RequestRecord>>,
     gates: FeatureGates,
+    /// Injected failures: (verb, resource) answered with a status code.
+    faults: Mutex<Vec<(String, String, u16)>>,
 }
 
 impl Shared {
@@ -128,6 +130,7 @@ impl FakeApiServer {
             store: Mutex::new(Store::new()),
             log: Mutex::new(Vec::new()),
             gates: config.gates,
+            faults: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         let task = tokio::spawn(async move {
@@ -203,6 +206,17 @@ impl FakeApiServer {
             meta.insert("namespace".into(), json!(namespace));
         }
         st.put(key("pods", Some(namespace), &name), pod, "ADDED")
+    }
+
+    /// From now on answers every `verb` on `resource` (e.g. `get`, `resourceclaims`)
+    /// with `code` (an API Status with reason InternalError, Forbidden or
+    /// ServiceUnavailable), to test a client's handling of a failing server.
+    pub fn fail(&self, verb: &str, resource: &str, code: u16) {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((verb.into(), resource.into(), code));
     }
 
     /// Every request received so far.
@@ -451,6 +465,24 @@ fn bad_request(msg: String) -> Response<Body> {
     status(StatusCode::BAD_REQUEST, "BadRequest", msg, None)
 }
 
+/// The response of a failure injected with [`FakeApiServer::fail`], if one matches.
+fn injected_fault(shared: &Shared, verb: &str, resource: &str) -> Option<Response<Body>> {
+    let faults = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
+    let &(_, _, code) = faults.iter().find(|(v, r, _)| v == verb && r == resource)?;
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let reason = match code {
+        StatusCode::FORBIDDEN => "Forbidden",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    Some(status(
+        code,
+        reason,
+        format!("injected failure of {verb} {resource}"),
+        None,
+    ))
+}
+
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -490,7 +522,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             "the server could not find the requested resource".into(),
             None,
         ),
-        Some(t) => route(&shared, t, verb, &q, &body, dry_run).await,
+        Some(t) => match injected_fault(&shared, verb, t.resource) {
+            Some(r) => r,
+            None => route(&shared, t, verb, &q, &body, dry_run).await,
+        },
     };
     let record = RequestRecord {
         method: method.to_string(),
@@ -785,6 +820,13 @@ fn admit(
         ("events", None) if t.group.is_empty() => {
             let ev: k8s_openapi::api::core::v1::Event =
                 serde_json::from_value(obj.clone()).map_err(decode_err)?;
+            let msgs = events::path_segment_name_errors(name);
+            if !msgs.is_empty() {
+                return Err(bad_request(format!(
+                    "Name parameter invalid: {name:?}: {}",
+                    msgs.join(";")
+                )));
+            }
             let errs = events::validate_event(&ev);
             if !errs.is_empty() {
                 return Err(invalid(t, name, &errs));
