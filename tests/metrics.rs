@@ -416,6 +416,8 @@ fn dashboard_queries_name_scraped_metrics(scrape: &str) {
 const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
 const GPU1_MEMORY: u64 = 85_520_809_984;
 const MIB: u64 = 1 << 20;
+/// What the library charges a context it cannot measure (the region's default).
+const CONTEXT: u64 = tessera_abi::region::DEFAULT_CONTEXT_BYTES;
 const GIB: u64 = 1 << 30;
 
 /// The fake driver, its ledger and the interception library, for processes of
@@ -474,6 +476,9 @@ impl Workload {
             .env("LD_PRELOAD", &self.library)
             .env("FAKE_CUDA_LEDGER", &self.ledger)
             .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
+            // Each context holds what the library charges a context it cannot measure
+            // (a process's first), so its charge and NVML's used memory agree.
+            .env("FAKE_CUDA_CONTEXT_BYTES", CONTEXT.to_string())
             .env("TMPDIR", &self.scratch)
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -498,12 +503,13 @@ impl Workload {
 ///
 /// * `light` (budget 4 GiB): one process holding 1 GiB, one holding 512 MiB that is
 ///   refused 8 GiB more;
-/// * `heavy` (budget 8 GiB): one process holding 3 GiB.
+/// * `heavy` (budget 8 GiB): one process holding 3 GiB;
 ///
-/// The scrape shows each claim's budget, used (what its processes hold), peak (used
-/// plus at most one small-allocation pool per process), processes and refusals; gpu-1
-/// allocated 12 GiB (the budgets), charged 4.5 GiB, two claims, and 4.5 GiB used as
-/// NVML reports it (the fake driver's ledger); prepare latency histograms for the
+/// and each process's context, 300 MiB (the library's estimate, which the fake driver
+/// is told to hold). The scrape shows each claim's budget, used (what its processes
+/// hold), peak (used plus at most one small-allocation pool per process), processes
+/// and refusals; gpu-1 allocated 12 GiB (the budgets), charged 4.5 GiB plus three
+/// contexts, two claims, and the same used as NVML reports it (the fake driver's ledger); prepare latency histograms for the
 /// shared, whole and MIG claims prepared. After the processes end and `heavy` is
 /// unprepared, its series are gone and gpu-1 counts one claim.
 #[test]
@@ -647,10 +653,11 @@ fn metrics_match_the_processes_of_shared_claims() {
                     Some(if budget == 4 * GIB { 0.25 } else { 0.5 })
                 );
             };
-            check(&light, 4 * GIB, GIB + 512 * MIB, 2.0, 1.0);
-            check(&heavy, 8 * GIB, 3 * GIB, 1.0, 0.0);
+            // Used: the allocations plus one context per process.
+            check(&light, 4 * GIB, GIB + 512 * MIB + 2 * CONTEXT, 2.0, 1.0);
+            check(&heavy, 8 * GIB, 3 * GIB + CONTEXT, 1.0, 0.0);
             let gpu1 = [("uuid", GPU1_UUID)];
-            let held = (4 * GIB + 512 * MIB) as f64;
+            let held = (4 * GIB + 512 * MIB + 3 * CONTEXT) as f64;
             assert_eq!(v("tessera_gpu_memory_allocated_bytes", &gpu1), Some((12 * GIB) as f64));
             assert_eq!(v("tessera_gpu_memory_charged_bytes", &gpu1), Some(held));
             assert_eq!(
