@@ -210,8 +210,10 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 }
 
 /// Releases the handle; its charge goes now if it is not mapped, else at its last
-/// unmap. When the claim scrubs, the whole handle is zeroed first (mapped at a
-/// temporary address), while the handle is still valid.
+/// unmap. When the claim scrubs and the handle is not mapped, the whole handle is
+/// zeroed first (mapped at a temporary address), while the handle is still valid. A
+/// handle released while mapped stays valid memory for the tenant until its last
+/// unmap, so it is left alone here and zeroed by that [`cuMemUnmap`].
 ///
 /// # Safety
 /// The driver's contract.
@@ -221,7 +223,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         b.handles
             .get(&handle)
             .filter(|h| !h.released)
-            .map(|h| (h.entry.scrub_bytes > 0, h.dev, h.size))
+            .map(|h| (h.entry.scrub_bytes > 0 && h.maps == 0, h.dev, h.size))
     })
     .flatten();
     if let Some((true, dev, size)) = known {

@@ -295,6 +295,17 @@ int main(int argc, char **argv) {
             rc = f(ids[ARG(1)], 0xAB, ARG(2));
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "peek")) {
+            /* reads <n> bytes at id <k>: "ok filled" (all 0xAB), "ok zero" or "ok mixed" */
+            FN(f, CUresult (*)(void *, u64, size_t), "cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2");
+            size_t n = ARG(2);
+            unsigned char *b = malloc(n ? n : 1);
+            rc = b ? f(b, ids[ARG(1)], n) : 2;
+            int ab = 1, zero = 1;
+            for (size_t k = 0; !rc && k < n; k++) { ab &= b[k] == 0xAB; zero &= b[k] == 0; }
+            free(b);
+            i += 2;
+            if (rc) printf("err %d\n", rc); else printf("ok %s\n", ab ? "filled" : zero ? "zero" : "mixed");
         } else if (!strcmp(c, "sync")) {
             FN(f, CUresult (*)(void), "cuCtxSynchronize", 2000, "cuCtxSynchronize");
             rc = f();
