@@ -41,6 +41,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,15 @@ static void *get(const char *base, int ver, const char *exact) {
     return p;
 }
 #define FN(var, type, base, ver, exact) __typeof__(type) var = (__typeof__(type))get(base, ver, exact)
+
+/* A free made from another thread (the "bgfree" command). */
+struct bgfree { CUresult (*free)(u64); u64 ptr; unsigned ms; };
+static void *bgfree_run(void *arg) {
+    struct bgfree *b = arg;
+    usleep(b->ms * 1000);
+    b->free(b->ptr);
+    return NULL;
+}
 
 static u64 ids[4096];
 static size_t nids;
@@ -293,6 +303,15 @@ int main(int argc, char **argv) {
         } else if (!strcmp(c, "fill")) {
             FN(f, CUresult (*)(u64, unsigned char, size_t), "cuMemsetD8", 3020, "cuMemsetD8_v2");
             rc = f(ids[ARG(1)], 0xAB, ARG(2));
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "bgfree")) {
+            /* frees id <k> from another thread after <ms> (while the next command runs) */
+            FN(f, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+            static struct bgfree bg;
+            static pthread_t t;
+            bg = (struct bgfree){f, ids[ARG(1)], (unsigned)ARG(2)};
+            rc = pthread_create(&t, NULL, bgfree_run, &bg) ? 1 : pthread_detach(t);
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
         } else if (!strcmp(c, "peek")) {

@@ -31,6 +31,7 @@
  *   FAKE_CUDA_LEDGER   path of the ledger file (created by the harness, >= 64 KiB)
  *   FAKE_CUDA_DRIVER_VERSION  default 13050
  *   FAKE_CUDA_ALLOC_DELAY_MS  sleep inside cuMemAlloc_v2 after taking the memory
+ *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate after taking the context's memory
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
@@ -488,6 +489,8 @@ static CUresult i_cuCtxCreate_v2(struct ctx **c, unsigned flags, CUdevice d) {
     CUresult rc = take(d, context_bytes);
     pthread_mutex_unlock(&mu);
     if (rc != OK) return rc;
+    const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
     struct ctx *n = malloc(sizeof *n);
     *n = (struct ctx){CTX_MAGIC, d};
     *c = n; current = n; return OK;

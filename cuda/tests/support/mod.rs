@@ -143,6 +143,7 @@ pub fn artifacts() -> &'static Artifacts {
             client.to_str().expect("utf-8 path"),
             CLIENT_SRC,
             "-ldl",
+            "-pthread",
         ]);
         let sim_client = root.join("sim_client");
         cc(&[
