@@ -495,6 +495,9 @@ pub struct Entry {
     pub charge: Charge,
     /// Bytes to zero on free when the claim scrubs (0 = cannot scrub this kind).
     pub scrub_bytes: u64,
+    /// The handle the allocation lives in: its memory pool for [`Kind::Async`]; 0
+    /// otherwise.
+    pub owner: u64,
 }
 
 /// The kind of handle an allocation is known by (pointers, VMM handles and arrays
@@ -513,8 +516,9 @@ pub enum Kind {
     GraphPool,
     /// A context made by `cuCtxCreate*`, keyed by its handle.
     Context,
-    /// A stream-ordered allocation of a scrubbing claim (charge 0: its pool is
-    /// charged), remembered for zeroing at its free.
+    /// A charged stream-ordered allocation, keyed by pointer (charge 0: its pool is
+    /// charged): its pool (`owner`), so that a destroyed pool's charge is returned
+    /// with its last pointer, and its size when the claim scrubs.
     Async,
 }
 
@@ -600,6 +604,18 @@ pub fn peek(kind: Kind, id: u64) -> Option<Entry> {
         .lock()
         .ok()
         .and_then(|t| t.as_ref().and_then(|t| t.get(&(kind, id)).copied()))
+}
+
+/// How many remembered allocations of `kind` satisfy `f` (not [`Kind::Linear`]).
+pub fn count(kind: Kind, f: impl Fn(&Entry) -> bool) -> usize {
+    ALLOCATIONS
+        .lock()
+        .ok()
+        .and_then(|t| {
+            t.as_ref()
+                .map(|t| t.iter().filter(|(k, e)| k.0 == kind && f(e)).count())
+        })
+        .unwrap_or(0)
 }
 
 /// The ids of every remembered allocation of `kind`.
@@ -718,6 +734,7 @@ impl LinearTable {
                 bytes: s.bytes.load(Ordering::Relaxed),
             },
             scrub_bytes: s.scrub.load(Ordering::Relaxed),
+            owner: 0,
         }
     }
 
@@ -835,6 +852,7 @@ mod tests {
                 bytes: id.wrapping_mul(31),
             },
             scrub_bytes: id ^ 0xff,
+            owner: 0,
         }
     }
 

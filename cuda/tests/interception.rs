@@ -660,6 +660,60 @@ fn pool_growth_past_the_budget_is_undone_and_destroyed_pools_release() {
     }
 }
 
+/// A pool destroyed while a pointer from it is live keeps its memory (the driver
+/// returns at once and frees it with the last pointer), so it stays charged until
+/// then. Regression: the whole charge was returned at cuMemPoolDestroy, so a
+/// create -> allocate -> destroy loop held memory no budget counted. Budget 72 MiB:
+/// a 16 MiB allocation (the fresh pool grows by 32 MiB), destroyed: 16 MiB stay
+/// charged; a 32 MiB one, destroyed: 48 MiB; a third 32 MiB is refused (by the
+/// ledger, 80 MiB would be held). Freeing the first pool's pointer returns its 16
+/// MiB, so 32 MiB fit again; at the end everything is returned.
+#[test]
+fn a_destroyed_pool_stays_charged_until_its_last_pointer_is_freed() {
+    if !require("pool-destroy-live") {
+        return;
+    }
+    let budget = 72 * MIB;
+    let sb = one_gpu(budget);
+    let (a, got) = sb.spawn_client(
+        &opts(),
+        &[
+            "ctx",
+            "0",
+            "pool",
+            "16777216",
+            "pooldestroy",
+            "pool",
+            "33554432",
+            "pooldestroy",
+            "pool",
+            "33554432",
+            "freeasync",
+            "0",
+            "pool",
+            "33554432",
+            "freeasync",
+            "1",
+            "freeasync",
+            "2",
+            "pooldestroy",
+            "hold",
+        ],
+        12,
+    );
+    assert_eq!(
+        got,
+        [
+            "ok", "ok 0", "ok", "ok 1", "ok", OOM, "ok", "ok 2", "ok", "ok", "ok", "holding"
+        ]
+    );
+    let l = sb.ledger();
+    assert!(l.peak[0] <= budget, "peak {}", l.peak[0]);
+    assert_eq!(l.live[0], 0, "every pool's memory returned");
+    assert_eq!(sb.region("claim-a").gpus[0].used, 0);
+    drop(a);
+}
+
 /// Frees of memory the library never charged pass through and release nothing:
 /// memory allocated past the library (as before it loaded) and memory on a GPU no
 /// claim budgets.

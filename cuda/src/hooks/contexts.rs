@@ -148,6 +148,7 @@ fn create(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) 
                 Entry {
                     charge: c,
                     scrub_bytes: 0,
+                    owner: 0,
                 },
             );
             rc

@@ -87,6 +87,7 @@ pub unsafe extern "C" fn cuMemCreate(
         let entry = Entry {
             charge: c,
             scrub_bytes: if st.scrubs(c) { size as u64 } else { 0 },
+            owner: 0,
         };
         let kept = with_book(|b| {
             b.handles.insert(

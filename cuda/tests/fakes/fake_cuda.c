@@ -19,7 +19,8 @@
  *     and stream-ordered memory in 2 MiB pages; pitch aligned to 512 bytes; arrays
  *     with 256-byte row pitch, rows in multiples of 16 and 64 KiB of metadata (the
  *     size cuArrayGetMemoryRequirements reports); pools grow in 32 MiB chunks and
- *     release down to their threshold at synchronisation; VMM sizes must be
+ *     release down to their threshold at synchronisation; a pool destroyed with
+ *     allocations live keeps all it reserves until the last is freed; VMM sizes must be
  *     multiples of the 2 MiB granularity.
  *   - VMM memory is freed only once its handle is released and every mapping of it
  *     is unmapped. A handle is a memfd; cuMemAddressReserve reserves host address
@@ -395,7 +396,8 @@ static int take(int dev, u64 led) {
 static void give(int dev, u64 led) { ledger_add(devs[dev].phys, -(long long)led); }
 
 /* ---- pools ---- */
-struct pool { int magic; int dev; u64 reserved, used, threshold; };
+/* dead: destroyed with allocations live; its memory stays held until the last is freed */
+struct pool { int magic; int dev; int dead; u64 reserved, used, threshold; };
 #define POOL_MAGIC 0x504f4f4c
 static struct pool default_pool[MAXDEV];
 static struct pool *current_pool[MAXDEV];
@@ -420,7 +422,7 @@ static CUresult i_cuInit(unsigned flags) {
         sim_open();
         for (int i = 0; i < ndev; i++) {
             primary[i] = (struct ctx){CTX_MAGIC, i};
-            default_pool[i] = (struct pool){POOL_MAGIC, i, 0, 0, 0};
+            default_pool[i] = (struct pool){POOL_MAGIC, i, 0, 0, 0, 0};
             current_pool[i] = &default_pool[i];
         }
         inited = 1;
@@ -772,7 +774,9 @@ static CUresult i_cuMemFreeAsync(CUdeviceptr ptr, void *stream) {
     pthread_mutex_lock(&mu);
     int found = untrack(ptr, K_ASYNC, &a);
     if (found) {
-        ((struct pool *)a.pool)->used -= a.ledger;
+        struct pool *p = a.pool;
+        p->used -= a.ledger;
+        if (p->dead && p->used == 0) { give(p->dev, p->reserved); p->reserved = 0; p->dead = 0; }
         check_scrub(&a);
         munmap((void *)(uintptr_t)a.id, a.size);
     }
@@ -801,9 +805,11 @@ static CUresult i_cuMemPoolCreate(struct pool **out, const struct pool_props *pr
 }
 static CUresult i_cuMemPoolDestroy(struct pool *p) {
     if (!p || p->magic != POOL_MAGIC || p == &default_pool[p->dev]) return INVALID_VALUE;
+    /* Like the driver: returns at once; with allocations still live the pool's memory
+     * (all it reserves) is held until the last of them is freed. */
     pthread_mutex_lock(&mu);
-    pool_release(p, 0);
-    if (p->reserved) give(p->dev, p->reserved); /* live allocations die with it */
+    if (p->used == 0) { give(p->dev, p->reserved); p->reserved = 0; }
+    else p->dead = 1;
     p->magic = 0;
     pthread_mutex_unlock(&mu);
     return OK;
