@@ -322,12 +322,10 @@ impl State {
             }
             step += 1;
             let freed = match step {
-                1 => gpu.parts.iter().any(|p| {
-                    self.claims.get(p.claim).is_some_and(|c| {
-                        c.region
-                            .reclaim_dead(&c.reclaim_file)
-                            .is_ok_and(|v| !v.is_empty())
-                    })
+                // Every claim of the GPU is reclaimed (not only up to the first that
+                // had a dead slot): the retry tries them all.
+                1 => gpu.parts.iter().fold(false, |any, p| {
+                    any | self.claims.get(p.claim).is_some_and(|c| reclaim_dead_in(c))
                 }),
                 2 => {
                     let mut any = false;
@@ -354,26 +352,36 @@ impl State {
         Err(Refused::OverBudget)
     }
 
-    /// Reserves `bytes` more on the claim and GPU that `c` is charged to.
+    /// Reserves `bytes` more on the claim and GPU that `c` is charged to. Before
+    /// refusing, as [`State::reserve`] does: dead processes' slots of the claim are
+    /// reclaimed, then what other live processes keep in their pools is taken back,
+    /// each followed by one more try.
     pub fn reserve_on(&self, c: Charge, bytes: u64) -> Result<(), Refused> {
         let cl = self
             .claims
             .get(usize::from(c.claim))
             .ok_or(Refused::NoSlot)?;
         let s = cl.slot.ok_or(Refused::NoSlot)?;
+        let g = usize::from(c.gpu);
         let budget = self
             .gpus
             .iter()
-            .flat_map(|g| g.parts.iter())
-            .find(|p| p.claim == usize::from(c.claim) && p.gpu == usize::from(c.gpu))
+            .flat_map(|gpu| gpu.parts.iter())
+            .find(|p| p.claim == usize::from(c.claim) && p.gpu == g)
             .map(|p| p.budget)
             .ok_or(Refused::NoSlot)?;
-        if reserve_in(cl, s, usize::from(c.gpu), bytes, budget) {
-            Ok(())
-        } else {
-            cl.region.count_refusal(usize::from(c.gpu));
-            Err(Refused::OverBudget)
+        for step in 0..3 {
+            let retry = match step {
+                0 => true,
+                1 => reclaim_dead_in(cl),
+                _ => cl.region.steal_pools(g, s) > 0,
+            };
+            if retry && reserve_in(cl, s, g, bytes, budget) {
+                return Ok(());
+            }
         }
+        cl.region.count_refusal(g);
+        Err(Refused::OverBudget)
     }
 
     /// Returns a charge (a free, or a rollback after the driver failed): into the
@@ -452,6 +460,13 @@ impl State {
             }
         }
     }
+}
+
+/// Returns the charges of claim `c`'s dead processes; whether there were any.
+fn reclaim_dead_in(c: &Claim) -> bool {
+    c.region
+        .reclaim_dead(&c.reclaim_file)
+        .is_ok_and(|v| !v.is_empty())
 }
 
 /// Reserves `bytes` in claim `c`'s region, slot `s`, GPU `g`: from the process's pool

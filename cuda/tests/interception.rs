@@ -714,6 +714,73 @@ fn a_destroyed_pool_stays_charged_until_its_last_pointer_is_freed() {
     drop(a);
 }
 
+/// A pool's growth settled after the call finds the budget a dead process left, as
+/// an allocation does. Regression: the top-up of a charge (pool settling, pitch and
+/// context corrections, limits, graphs) never reclaimed dead slots nor took pools
+/// back, so it was refused where an allocation would have fit. A process holding 32
+/// MiB of a 40 MiB budget is SIGKILLed after the second one loaded; the second's 1
+/// MiB stream-ordered allocation makes a fresh pool grow by 32 MiB: it fits once the
+/// dead slot is reclaimed.
+#[test]
+fn a_pool_growth_reclaims_what_a_dead_process_held() {
+    if !require("settle-reclaims") {
+        return;
+    }
+    let budget = 40 * MIB;
+    let sb = one_gpu(budget);
+    let (mut a, got) = sb.spawn_client(&opts(), &["ctx", "0", "alloc", "33554432", "hold"], 3);
+    assert_eq!(got, ["ok", "ok 0", "holding"]);
+    let (mut b, got) = sb.spawn_client(
+        &opts(),
+        &["ctx", "0", "sleep", "500", "async", "1048576", "hold"],
+        1,
+    );
+    assert_eq!(got, ["ok"]);
+    a.kill_now();
+    assert_eq!(b.read_lines(3), ["ok", "ok 0", "holding"]);
+    assert!(sb.ledger().live[0] <= budget);
+    assert_eq!(
+        sb.region("claim-a").gpus[0].used,
+        32 * MIB,
+        "the pool's growth"
+    );
+}
+
+/// Before refusing, every claim of the GPU gives back what its dead processes held,
+/// not only the first claim that had any. Regression: the reclaim stopped at the
+/// first claim with a dead slot. A dead process held 4 MiB of claim A's 8 MiB and 8
+/// MiB of claim B's 16 MiB; a 10 MiB allocation fits only in B once B is reclaimed.
+#[test]
+fn a_refusal_reclaims_dead_processes_in_every_claim() {
+    if !require("reclaim-every-claim") {
+        return;
+    }
+    let sb = Sandbox::new(
+        &[(GPU0, 80 << 30)],
+        vec![
+            ClaimSpec::new("claim-a", &[(GPU0, 8 * MIB)]),
+            ClaimSpec::new("claim-b", &[(GPU0, 16 * MIB)]),
+        ],
+    );
+    let (mut x, got) = sb.spawn_client(
+        &opts(),
+        &["ctx", "0", "alloc", "4194304", "alloc", "8388608", "hold"],
+        4,
+    );
+    assert_eq!(got, ["ok", "ok 0", "ok 1", "holding"]);
+    assert_eq!(sb.region("claim-b").gpus[0].used, 8 * MIB);
+    let (mut y, got) = sb.spawn_client(
+        &opts(),
+        &["ctx", "0", "sleep", "500", "alloc", "10485760", "hold"],
+        1,
+    );
+    assert_eq!(got, ["ok"]);
+    x.kill_now();
+    assert_eq!(y.read_lines(3), ["ok", "ok 0", "holding"]);
+    assert_eq!(sb.region("claim-b").gpus[0].used, 10 * MIB);
+    assert_eq!(sb.ledger().live[0], 10 * MIB);
+}
+
 /// Frees of memory the library never charged pass through and release nothing:
 /// memory allocated past the library (as before it loaded) and memory on a GPU no
 /// claim budgets.
