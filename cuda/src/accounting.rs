@@ -570,7 +570,9 @@ static ALLOCATIONS: Mutex<Option<Table>> = Mutex::new(None);
 /// a linear free that misses [`LINEAR`] takes no lock.
 static LINEAR_SPILLED: AtomicUsize = AtomicUsize::new(0);
 
-/// Remembers a charged allocation.
+/// Remembers a charged allocation. An entry already recorded under the same id is
+/// never overwritten silently: the driver handed the id out again, so the library
+/// missed its free; that stale charge is returned (and logged).
 pub fn record(kind: Kind, id: u64, e: Entry) {
     if kind == Kind::Pool {
         POOLS_SEEN.store(true, Ordering::Relaxed);
@@ -578,10 +580,20 @@ pub fn record(kind: Kind, id: u64, e: Entry) {
     if kind == Kind::Linear && LINEAR.insert(id, e) {
         return;
     }
-    if let Ok(mut t) = ALLOCATIONS.lock() {
+    let old = ALLOCATIONS.lock().ok().and_then(|mut t| {
         let old = t.get_or_insert_with(Table::default).insert((kind, id), e);
         if kind == Kind::Linear && old.is_none() {
             LINEAR_SPILLED.fetch_add(1, Ordering::Release);
+        }
+        old
+    });
+    if let Some(old) = old {
+        log(format_args!(
+            "{kind:?} {id:#x} was recorded twice; its earlier charge of {} bytes is returned",
+            old.charge.bytes
+        ));
+        if let Some(st) = loaded_state() {
+            st.release(old.charge);
         }
     }
 }

@@ -781,6 +781,44 @@ fn a_refusal_reclaims_dead_processes_in_every_claim() {
     assert_eq!(sb.ledger().live[0], 10 * MIB);
 }
 
+/// Threads settling one pool at once leak no charge. Regression: two settles of one
+/// pool could both take its charge out and both put a whole one back, the second
+/// overwriting the first, whose charge then stayed forever. Eight threads make 2 MiB
+/// stream-ordered allocations and frees on the device's pool at once, trimming it
+/// after each (so that every allocation grows it again); once the pool
+/// has released its memory (a synchronisation, then a memory query re-reads it) the
+/// claim is charged nothing, as the ledger holds nothing.
+#[test]
+fn concurrent_pool_settles_leak_no_charge() {
+    if !require("settle-race") {
+        return;
+    }
+    let sb = one_gpu(1 << 30);
+    let (a, got) = sb.spawn_client(
+        &opts(),
+        &[
+            "ctx",
+            "0",
+            "asyncstorm",
+            "8",
+            "300",
+            "sync",
+            "meminfo",
+            "hold",
+        ],
+        5,
+    );
+    assert_eq!(got[..3], ["ok", "ok 0", "ok"], "{got:?}");
+    assert_eq!(got[4], "holding");
+    assert_eq!(sb.ledger().live[0], 0, "the pool gave everything back");
+    assert_eq!(
+        sb.region("claim-a").gpus[0].used,
+        0,
+        "and nothing stays charged"
+    );
+    drop(a);
+}
+
 /// Frees of memory the library never charged pass through and release nothing:
 /// memory allocated past the library (as before it loaded) and memory on a GPU no
 /// claim budgets.

@@ -2,6 +2,7 @@
 #![allow(non_snake_case)]
 
 use super::*;
+use crate::forklock::{ForkGuard, ForkLock};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 type AllocPoolFn =
@@ -87,10 +88,42 @@ fn settle_pool(st: &State, pool: CUmemoryPool, pending: Option<Charge>) -> bool 
     settle_retained(st, Kind::Pool, pool as u64, pending, || pool_reserved(pool))
 }
 
+/// Stripes of locks serializing the settling of each retaining allocator: two
+/// threads settling one pool would otherwise both take its charge out and put a
+/// full one back (one charge leaked), and a settle racing `cuMemPoolDestroy` could
+/// record the destroyed pool again.
+const SETTLE_STRIPES: usize = 16;
+static SETTLING: [ForkLock<()>; SETTLE_STRIPES] = [const { ForkLock::new(()) }; SETTLE_STRIPES];
+
+/// The lock serializing the settling of (`kind`, `key`) (shared with other keys of
+/// the same stripe); `None` in a forked child that inherited it held.
+fn settling(kind: Kind, key: u64) -> Option<ForkGuard<'static, ()>> {
+    let h = (key ^ ((kind as u64) << 56)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
+    SETTLING[h as usize % SETTLE_STRIPES].lock().ok()
+}
+
 /// Brings the charge of a retaining allocator (`kind`, `key`) to what `reserved`
 /// reports it holds now, folding in a `pending` reservation; false when it grew
 /// beyond what the budget allows (the charge then stays at what could be reserved).
+/// Serialized per allocator.
 pub(super) fn settle_retained(
+    st: &State,
+    kind: Kind,
+    key: u64,
+    pending: Option<Charge>,
+    reserved: impl FnOnce() -> Option<u64>,
+) -> bool {
+    let Some(_guard) = settling(kind, key) else {
+        if let Some(p) = pending {
+            st.release(p);
+        }
+        return true;
+    };
+    settle_locked(st, kind, key, pending, reserved)
+}
+
+/// [`settle_retained`] with the allocator's settling lock held.
+fn settle_locked(
     st: &State,
     kind: Kind,
     key: u64,
@@ -537,6 +570,11 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     if !charged {
         return call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
     }
+    // Held to the end: no settle of this pool runs meanwhile, so none can record it
+    // again after its charge is taken out.
+    let Some(_guard) = settling(Kind::Pool, pool as u64) else {
+        return call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
+    };
     let s = driver(DriverFn::CtxSynchronize);
     if s != 0 {
         // SAFETY: cuCtxSynchronize(void).
@@ -554,7 +592,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     let still = pool_reserved(pool);
     let rc = call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
     if rc != CUDA_SUCCESS {
-        let _ = settle_pool(st, pool, None);
+        let _ = settle_locked(st, Kind::Pool, pool as u64, None, || pool_reserved(pool));
         return rc;
     }
     let Some(e) = accounting::forget(Kind::Pool, pool as u64) else {

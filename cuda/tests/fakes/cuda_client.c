@@ -77,6 +77,30 @@ static void *bgfree_run(void *arg) {
     return NULL;
 }
 
+/* Threads allocating and freeing stream-ordered memory at once (the "asyncstorm"
+ * command): each makes <iters> rounds of cuMemAllocAsync + cuMemFreeAsync of 2 MiB
+ * and a trim of the device's pool to nothing (so that allocations grow it again). */
+struct storm {
+    CUresult (*alloc)(u64 *, size_t, void *);
+    CUresult (*free)(u64, void *);
+    void *ctx;
+    CUresult (*setc)(void *);
+    CUresult (*trim)(void *, size_t);
+    void *pool;
+    unsigned iters, failed;
+};
+static void *storm_run(void *arg) {
+    struct storm *s = arg;
+    s->setc(s->ctx);
+    for (unsigned k = 0; k < s->iters; k++) {
+        u64 p = 0;
+        if (s->alloc(&p, 2u << 20, NULL)) { s->failed++; continue; }
+        if (s->free(p, NULL)) s->failed++;
+        if (s->trim(s->pool, 0)) s->failed++;
+    }
+    return NULL;
+}
+
 static u64 ids[4096];
 static size_t nids;
 static u64 save(u64 v) { ids[nids] = v; return nids++; }
@@ -314,6 +338,30 @@ int main(int argc, char **argv) {
             rc = pthread_create(&t, NULL, bgfree_run, &bg) ? 1 : pthread_detach(t);
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "asyncstorm")) {
+            FN(al, CUresult (*)(u64 *, size_t, void *), "cuMemAllocAsync", 11020, "cuMemAllocAsync");
+            FN(fr, CUresult (*)(u64, void *), "cuMemFreeAsync", 11020, "cuMemFreeAsync");
+            FN(getc, CUresult (*)(void **), "cuCtxGetCurrent", 4000, "cuCtxGetCurrent");
+            FN(setc, CUresult (*)(void *), "cuCtxSetCurrent", 4000, "cuCtxSetCurrent");
+            FN(trim, CUresult (*)(void *, size_t), "cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo");
+            FN(getpool, CUresult (*)(void **, int), "cuDeviceGetMemPool", 11020, "cuDeviceGetMemPool");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            unsigned n = (unsigned)ARG(1), failed = 0;
+            struct storm st[16];
+            pthread_t t[16];
+            void *ctx = NULL, *dpool = NULL;
+            int dev = 0;
+            getc(&ctx);
+            getdev(&dev);
+            getpool(&dpool, dev);
+            if (n > 16) n = 16;
+            for (unsigned k = 0; k < n; k++) {
+                st[k] = (struct storm){al, fr, ctx, setc, trim, dpool, (unsigned)ARG(2), 0};
+                pthread_create(&t[k], NULL, storm_run, &st[k]);
+            }
+            for (unsigned k = 0; k < n; k++) { pthread_join(t[k], NULL); failed += st[k].failed; }
+            i += 2;
+            printf("ok %u\n", failed);
         } else if (!strcmp(c, "peek")) {
             /* reads <n> bytes at id <k>: "ok filled" (all 0xAB), "ok zero" or "ok mixed" */
             FN(f, CUresult (*)(void *, u64, size_t), "cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2");
