@@ -12,8 +12,10 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::forklock::ForkLock;
 
 use tessera_abi::control::Control;
 use tessera_abi::limits::Limits;
@@ -565,7 +567,7 @@ impl Hasher for PtrHasher {
 type Table = HashMap<(Kind, u64), Entry, BuildHasherDefault<PtrHasher>>;
 /// Every kind but [`Kind::Linear`], and linear allocations that found no room in
 /// [`LINEAR`].
-static ALLOCATIONS: Mutex<Option<Table>> = Mutex::new(None);
+static ALLOCATIONS: ForkLock<Option<Table>> = ForkLock::new(None);
 /// Linear allocations in the mutex table (those [`LINEAR`] had no room for): while 0,
 /// a linear free that misses [`LINEAR`] takes no lock.
 static LINEAR_SPILLED: AtomicUsize = AtomicUsize::new(0);
@@ -831,7 +833,7 @@ pub struct GraphNeed {
 
 type Needs = HashMap<u64, GraphNeed, BuildHasherDefault<PtrHasher>>;
 /// Graph memory needs, keyed by `CUgraph` and by `CUgraphExec` handle.
-static GRAPH_NEEDS: Mutex<Option<Needs>> = Mutex::new(None);
+static GRAPH_NEEDS: ForkLock<Option<Needs>> = ForkLock::new(None);
 
 /// Adds `bytes` on `dev` to what handle `h` materializes.
 pub fn add_graph_need(h: u64, dev: i32, bytes: u64) {

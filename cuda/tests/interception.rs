@@ -819,6 +819,23 @@ fn concurrent_pool_settles_leak_no_charge() {
     drop(a);
 }
 
+/// A fork() while another thread is inside a primary context's retain (the library
+/// holds its lock across the driver call) leaves the child able to call the hook: it
+/// returns instead of waiting forever for a lock no thread of the child will release.
+#[test]
+fn a_fork_during_a_primary_retain_does_not_hang_the_child() {
+    if !require("fork-retain") {
+        return;
+    }
+    let sb = one_gpu(64 * MIB);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_CTX_DELAY_MS".into(), "500".into())],
+        ..opts()
+    };
+    let out = sb.client(&o, &["ctx", "0", "forkretain", "0"]);
+    assert_eq!(out, ["ok", "ok"]);
+}
+
 /// Frees of memory the library never charged pass through and release nothing:
 /// memory allocated past the library (as before it loaded) and memory on a GPU no
 /// claim budgets.

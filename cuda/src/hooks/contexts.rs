@@ -19,11 +19,11 @@
 //! or when it is reset.
 #![allow(non_snake_case)]
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 use crate::accounting::MAX_DEVICES;
+use crate::forklock::ForkLock;
 
 /// Per merged GPU: the last context charge a measurement set in this process (0 =
 /// none yet); never below the region's figure, never above twice it.
@@ -35,7 +35,7 @@ struct Primary {
     charge: Option<Charge>,
 }
 
-static PRIMARY: Mutex<[Primary; MAX_DEVICES]> = Mutex::new(
+static PRIMARY: ForkLock<[Primary; MAX_DEVICES]> = ForkLock::new(
     [const {
         Primary {
             retains: 0,
@@ -238,7 +238,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         return call_real!(Hook::cuDevicePrimaryCtxRetain, Retain, pctx, dev);
     };
     // Held across the driver call: retains and releases of primary contexts are
-    // serialized in this process (the driver serializes them too).
+    // serialized in this process (the driver serializes them too). A child forked
+    // meanwhile finds the lock abandoned and forwards ([`ForkLock`]).
     let Ok(mut prim) = PRIMARY.lock() else {
         return call_real!(Hook::cuDevicePrimaryCtxRetain, Retain, pctx, dev);
     };

@@ -243,7 +243,7 @@ struct DeadPool {
 }
 
 /// Destroyed pools still holding memory (few: a pool destroyed with live pointers).
-static DEAD_POOLS: std::sync::Mutex<Vec<DeadPool>> = std::sync::Mutex::new(Vec::new());
+static DEAD_POOLS: ForkLock<Vec<DeadPool>> = ForkLock::new(Vec::new());
 /// Whether [`DEAD_POOLS`] may be non-empty: until then a free looks nothing up.
 static ANY_DEAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

@@ -9,8 +9,8 @@
 //! takes a range, which ends every mapping that starts inside it.
 #![allow(non_snake_case)]
 
+use crate::forklock::ForkLock;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use super::*;
 
@@ -32,7 +32,7 @@ struct Book {
     maps: BTreeMap<u64, (u64, u64)>,
 }
 
-static BOOK: Mutex<Option<Book>> = Mutex::new(None);
+static BOOK: ForkLock<Option<Book>> = ForkLock::new(None);
 
 fn with_book<R>(f: impl FnOnce(&mut Book) -> R) -> Option<R> {
     BOOK.lock()

@@ -101,6 +101,15 @@ static void *storm_run(void *arg) {
     return NULL;
 }
 
+/* A primary-context retain made from another thread (the "forkretain" command). */
+struct bgretain { CUresult (*retain)(void **, int); int dev; };
+static void *bgretain_run(void *arg) {
+    struct bgretain *b = arg;
+    void *ctx = NULL;
+    b->retain(&ctx, b->dev);
+    return NULL;
+}
+
 static u64 ids[4096];
 static size_t nids;
 static u64 save(u64 v) { ids[nids] = v; return nids++; }
@@ -362,6 +371,30 @@ int main(int argc, char **argv) {
             for (unsigned k = 0; k < n; k++) { pthread_join(t[k], NULL); failed += st[k].failed; }
             i += 2;
             printf("ok %u\n", failed);
+        } else if (!strcmp(c, "forkretain")) {
+            /* another thread retains device <d>'s primary context (slow with
+             * FAKE_CUDA_CTX_DELAY_MS); meanwhile this one forks, and the child retains it
+             * too: "ok" when the child finished, "err hung" when it was still blocked
+             * after 3 s */
+            FN(f, CUresult (*)(void **, int), "cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain");
+            static struct bgretain bg;
+            pthread_t t;
+            bg = (struct bgretain){f, (int)ARG(1)};
+            pthread_create(&t, NULL, bgretain_run, &bg);
+            usleep(100 * 1000);
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                void *ctx = NULL;
+                alarm(3);
+                f(&ctx, (int)ARG(1));
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            pthread_join(t, NULL);
+            i += 1;
+            printf(WIFEXITED(status) ? "ok\n" : "err hung\n");
         } else if (!strcmp(c, "peek")) {
             /* reads <n> bytes at id <k>: "ok filled" (all 0xAB), "ok zero" or "ok mixed" */
             FN(f, CUresult (*)(void *, u64, size_t), "cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2");

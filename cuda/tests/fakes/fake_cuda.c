@@ -32,7 +32,8 @@
  *   FAKE_CUDA_LEDGER   path of the ledger file (created by the harness, >= 64 KiB)
  *   FAKE_CUDA_DRIVER_VERSION  default 13050
  *   FAKE_CUDA_ALLOC_DELAY_MS  sleep inside cuMemAlloc_v2 after taking the memory
- *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate after taking the context's memory
+ *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate and cuDevicePrimaryCtxRetain after
+ *                             taking the context's memory (outside the fake's lock)
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
@@ -464,6 +465,8 @@ static CUresult i_cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d) {
     }
     if (rc == OK) { primary_refs[d]++; *c = &primary[d]; }
     pthread_mutex_unlock(&mu);
+    const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
+    if (rc == OK && delay) usleep((useconds_t)atoi(delay) * 1000);
     return rc;
 }
 static CUresult i_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
