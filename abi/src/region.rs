@@ -485,7 +485,8 @@ impl Region {
     }
 
     /// Bytes reserved on GPU `g` less what every slot's pool holds: what the claim's
-    /// processes have really allocated (a loop over the slots' pool counters).
+    /// processes have really allocated (a loop over the slots' pool counters: one
+    /// load, and one cache line, per slot; 128 in a region the plugin makes).
     pub fn allocated(&self, g: usize) -> Option<u64> {
         let pooled = (0..self.layout.slot_count)
             .map(|s| self.pool(s, g))
@@ -649,8 +650,9 @@ impl Region {
     }
 
     /// Bytes reserved on GPU `g`: allocations plus every process's pool (one atomic
-    /// load, no copy: the interception library answers memory queries with it, less its
-    /// own pool).
+    /// load, no copy). The interception library answers memory queries with
+    /// [`Region::allocated`] instead, which subtracts every slot's pool (a refusal
+    /// would take them back).
     pub fn gpu_used(&self, g: usize) -> Option<u64> {
         self.gpu_field(g, gpu::USED)
             .map(|a| a.load(Ordering::Acquire))

@@ -281,16 +281,19 @@ impl State {
     }
 
     /// Reserves `bytes` on merged GPU `g`: the first claim (in UID order) with room
-    /// for all of it. On refusal, dead processes' slots are reclaimed and the claims
-    /// tried once more. Atomic per claim (compare-and-swap in the region).
+    /// for all of it. Before refusing, dead processes' slots are reclaimed (in every
+    /// claim of the GPU) and the claims tried once more, then what other live
+    /// processes keep in their pools is taken back ([`Region::steal_pools`]) and the
+    /// claims tried again. Atomic per claim (compare-and-swap in the region).
     ///
     /// A small allocation is first taken from the process's pool in its own slot (one
     /// compare-and-swap that no other process touches); when the pool is short, the
     /// claim's usage is raised by the allocation plus a refill of the pool, or, when
     /// that no longer fits, by the allocation alone (with what the pool still holds).
-    /// Near the budget every process therefore charges exactly; what other processes
-    /// hold in their pools (at most [`tessera_abi::region::pool_size`] each) is the
-    /// only room a refusal can leave unused.
+    /// Near the budget every process therefore charges exactly, and a refusal leaves
+    /// no budget unused but what other processes put back into their pools after
+    /// they were taken back (a race, at most [`tessera_abi::region::pool_size`]
+    /// each).
     #[inline]
     pub fn reserve(&self, g: usize, bytes: u64) -> Result<Charge, Refused> {
         if self.fail_closed {
