@@ -592,6 +592,23 @@ fn vmm_memory_stays_charged_until_released_and_unmapped() {
     );
     let l = sb.ledger();
     assert!(l.peak[0] <= 8 * MIB, "peak {}", l.peak[0]);
+
+    // An unmap that cuts a mapping is refused by the driver and changes nothing: the
+    // released handle stays charged until the whole mapping is unmapped.
+    let sb = one_gpu(8 * MIB);
+    let out = sb.client(
+        &opts(),
+        &[
+            "ctx", "0", "vmm", "4194304", "vreserve", "4194304", "vmap", "1", "0", "4194304",
+            "release", "0", "vunmap", "1", "2097152", "vmm", "8388608", "vunmap", "1", "4194304",
+            "vmm", "8388608",
+        ],
+    );
+    assert_eq!(
+        out,
+        ["ok", "ok 0", "ok 1", "ok", "ok", "err 1", OOM, "ok", "ok 2"]
+    );
+    assert!(sb.ledger().peak[0] <= 8 * MIB);
 }
 
 /// A pool's growth beyond what the budget holds is undone: with 32 MiB in the

@@ -190,8 +190,12 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     if rc == CUDA_SUCCESS && !ending.is_empty() {
         let freed: Vec<Charge> = with_book(|b| {
             let mut freed = Vec::new();
-            for (va, h, _, _) in ending {
-                b.maps.remove(&va);
+            for (va, h, n, _) in ending {
+                // Only the mapping this call ended: a cuMemMap racing in another
+                // thread may already have mapped something else at `va`.
+                if b.maps.get(&va) == Some(&(h, n)) {
+                    b.maps.remove(&va);
+                }
                 if let Some(x) = b.handles.get_mut(&h) {
                     x.maps = x.maps.saturating_sub(1);
                     if x.released && x.maps == 0 {

@@ -21,7 +21,7 @@
  *     size cuArrayGetMemoryRequirements reports); pools grow in 32 MiB chunks and
  *     release down to their threshold at synchronisation; a pool destroyed with
  *     allocations live keeps all it reserves until the last is freed; VMM sizes must be
- *     multiples of the 2 MiB granularity.
+ *     multiples of the 2 MiB granularity; cuMemUnmap must cover whole mappings.
  *   - VMM memory is freed only once its handle is released and every mapping of it
  *     is unmapped. A handle is a memfd; cuMemAddressReserve reserves host address
  *     space, cuMemMap maps the memfd there (so a handle mapped twice shows the same
@@ -927,9 +927,18 @@ static CUresult i_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, u64 hand
     return rc;
 }
 /* Ends every mapping that starts in [ptr, ptr + size). */
+/* Like the driver, the range must cover whole mappings: one that it cuts is refused
+ * (CUDA_ERROR_INVALID_VALUE) and nothing is unmapped. */
 static CUresult i_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (!ptr || size == 0) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
+    for (int i = 0; i < nvmaps; i++) {
+        u64 va = vmaps[i].va, end = va + vmaps[i].size;
+        if (va < ptr + size && end > ptr && (va < ptr || end > ptr + size)) {
+            pthread_mutex_unlock(&mu);
+            return INVALID_VALUE;
+        }
+    }
     int found = 0;
     for (int i = 0; i < nvmaps;) {
         if (vmaps[i].va >= ptr && vmaps[i].va < ptr + size) {
