@@ -446,8 +446,17 @@ fn contexts_are_charged_when_created_and_released_when_destroyed() {
     assert_eq!(sb.region("claim-a").gpus[0].used, 2 * CONTEXT);
     assert_eq!(sb.ledger().live[0], 2 * CONTEXT);
     drop(a);
-    let out = sb.client(&o, &["ctx", "0", "ctxcreate", "0", "4", "preset", "0"]);
-    assert_eq!(out, ["ok", "ok 0", "ok"]);
+    let (b, got) = sb.spawn_client(
+        &o,
+        &["ctx", "0", "ctxcreate", "0", "4", "preset", "0", "hold"],
+        4,
+    );
+    assert_eq!(got, ["ok", "ok 0", "ok", "holding"]);
+    // While the process lives: the reset returned the primary context's charge, as
+    // the driver returned its memory; the created context stays.
+    assert_eq!(sb.region("claim-a").gpus[0].used, CONTEXT);
+    assert_eq!(sb.ledger().live[0], CONTEXT);
+    drop(b);
     let l = sb.ledger();
     // The ledger's peak includes what the killed process left (the fake cannot free a
     // dead process's memory).
