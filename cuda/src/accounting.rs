@@ -330,7 +330,7 @@ impl State {
                 // Every claim of the GPU is reclaimed (not only up to the first that
                 // had a dead slot): the retry tries them all.
                 1 => gpu.parts.iter().fold(false, |any, p| {
-                    any | self.claims.get(p.claim).is_some_and(|c| reclaim_dead_in(c))
+                    any | self.claims.get(p.claim).is_some_and(reclaim_dead_in)
                 }),
                 2 => {
                     let mut any = false;
