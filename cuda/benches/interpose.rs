@@ -90,10 +90,7 @@ fn main() {
     let lib_dir = release.parent().expect("dir").join("preload");
     std::fs::create_dir_all(&lib_dir).expect("mkdir");
     std::fs::copy(&release, lib_dir.join("libtessera_cuda.so")).expect("copy");
-    let sb = Sandbox::new(
-        &[(GPU0, 80 << 30)],
-        vec![ClaimSpec::new("claim-a", &[(GPU0, 64 << 30)])],
-    );
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![production_claim()]);
     let o = RunOpts {
         lib_dir: Some(lib_dir),
         env: vec![("FAKE_CUDA_NO_BACKING".into(), "1".into())],
@@ -180,10 +177,7 @@ fn main() {
     // Launches without a claim, and throttled with tokens always available (rate
     // 10^12 blocks/s): the same alternation, launches only.
     let none = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
-    let fast = Sandbox::new(
-        &[(GPU0, 80 << 30)],
-        vec![ClaimSpec::new("claim-a", &[(GPU0, 64 << 30)])],
-    );
+    let fast = Sandbox::new(&[(GPU0, 80 << 30)], vec![production_claim()]);
     {
         let p = fast.dir.path().join("claims/claim-a/control");
         let f = std::fs::File::options()
@@ -281,4 +275,13 @@ fn main() {
         (with - base) / 1e3,
         with / base
     );
+}
+
+/// The claim the benchmarks charge: a 64 GiB budget in a region with as many slots as
+/// the plugin makes ([`tessera_abi::region::DEFAULT_SLOTS`]), since memory queries
+/// read every slot.
+fn production_claim() -> ClaimSpec {
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 << 30)]);
+    c.slots = tessera_abi::region::DEFAULT_SLOTS;
+    c
 }

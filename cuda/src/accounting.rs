@@ -12,8 +12,10 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::forklock::ForkLock;
 
 use tessera_abi::control::Control;
 use tessera_abi::limits::Limits;
@@ -279,16 +281,19 @@ impl State {
     }
 
     /// Reserves `bytes` on merged GPU `g`: the first claim (in UID order) with room
-    /// for all of it. On refusal, dead processes' slots are reclaimed and the claims
-    /// tried once more. Atomic per claim (compare-and-swap in the region).
+    /// for all of it. Before refusing, dead processes' slots are reclaimed (in every
+    /// claim of the GPU) and the claims tried once more, then what other live
+    /// processes keep in their pools is taken back ([`Region::steal_pools`]) and the
+    /// claims tried again. Atomic per claim (compare-and-swap in the region).
     ///
     /// A small allocation is first taken from the process's pool in its own slot (one
     /// compare-and-swap that no other process touches); when the pool is short, the
     /// claim's usage is raised by the allocation plus a refill of the pool, or, when
     /// that no longer fits, by the allocation alone (with what the pool still holds).
-    /// Near the budget every process therefore charges exactly; what other processes
-    /// hold in their pools (at most [`tessera_abi::region::pool_size`] each) is the
-    /// only room a refusal can leave unused.
+    /// Near the budget every process therefore charges exactly, and a refusal leaves
+    /// no budget unused but what other processes put back into their pools after
+    /// they were taken back (a race, at most [`tessera_abi::region::pool_size`]
+    /// each).
     #[inline]
     pub fn reserve(&self, g: usize, bytes: u64) -> Result<Charge, Refused> {
         if self.fail_closed {
@@ -322,12 +327,10 @@ impl State {
             }
             step += 1;
             let freed = match step {
-                1 => gpu.parts.iter().any(|p| {
-                    self.claims.get(p.claim).is_some_and(|c| {
-                        c.region
-                            .reclaim_dead(&c.reclaim_file)
-                            .is_ok_and(|v| !v.is_empty())
-                    })
+                // Every claim of the GPU is reclaimed (not only up to the first that
+                // had a dead slot): the retry tries them all.
+                1 => gpu.parts.iter().fold(false, |any, p| {
+                    any | self.claims.get(p.claim).is_some_and(reclaim_dead_in)
                 }),
                 2 => {
                     let mut any = false;
@@ -354,26 +357,36 @@ impl State {
         Err(Refused::OverBudget)
     }
 
-    /// Reserves `bytes` more on the claim and GPU that `c` is charged to.
+    /// Reserves `bytes` more on the claim and GPU that `c` is charged to. Before
+    /// refusing, as [`State::reserve`] does: dead processes' slots of the claim are
+    /// reclaimed, then what other live processes keep in their pools is taken back,
+    /// each followed by one more try.
     pub fn reserve_on(&self, c: Charge, bytes: u64) -> Result<(), Refused> {
         let cl = self
             .claims
             .get(usize::from(c.claim))
             .ok_or(Refused::NoSlot)?;
         let s = cl.slot.ok_or(Refused::NoSlot)?;
+        let g = usize::from(c.gpu);
         let budget = self
             .gpus
             .iter()
-            .flat_map(|g| g.parts.iter())
-            .find(|p| p.claim == usize::from(c.claim) && p.gpu == usize::from(c.gpu))
+            .flat_map(|gpu| gpu.parts.iter())
+            .find(|p| p.claim == usize::from(c.claim) && p.gpu == g)
             .map(|p| p.budget)
             .ok_or(Refused::NoSlot)?;
-        if reserve_in(cl, s, usize::from(c.gpu), bytes, budget) {
-            Ok(())
-        } else {
-            cl.region.count_refusal(usize::from(c.gpu));
-            Err(Refused::OverBudget)
+        for step in 0..3 {
+            let retry = match step {
+                0 => true,
+                1 => reclaim_dead_in(cl),
+                _ => cl.region.steal_pools(g, s) > 0,
+            };
+            if retry && reserve_in(cl, s, g, bytes, budget) {
+                return Ok(());
+            }
         }
+        cl.region.count_refusal(g);
+        Err(Refused::OverBudget)
     }
 
     /// Returns a charge (a free, or a rollback after the driver failed): into the
@@ -454,6 +467,13 @@ impl State {
     }
 }
 
+/// Returns the charges of claim `c`'s dead processes; whether there were any.
+fn reclaim_dead_in(c: &Claim) -> bool {
+    c.region
+        .reclaim_dead(&c.reclaim_file)
+        .is_ok_and(|v| !v.is_empty())
+}
+
 /// Reserves `bytes` in claim `c`'s region, slot `s`, GPU `g`: from the process's pool
 /// when the allocation is small, else raising the claim's usage (with a refill of the
 /// pool for a small one, while it fits), else with what the pool holds plus the rest
@@ -495,6 +515,9 @@ pub struct Entry {
     pub charge: Charge,
     /// Bytes to zero on free when the claim scrubs (0 = cannot scrub this kind).
     pub scrub_bytes: u64,
+    /// The handle the allocation lives in: its memory pool for [`Kind::Async`]; 0
+    /// otherwise.
+    pub owner: u64,
 }
 
 /// The kind of handle an allocation is known by (pointers, VMM handles and arrays
@@ -513,8 +536,9 @@ pub enum Kind {
     GraphPool,
     /// A context made by `cuCtxCreate*`, keyed by its handle.
     Context,
-    /// A stream-ordered allocation of a scrubbing claim (charge 0: its pool is
-    /// charged), remembered for zeroing at its free.
+    /// A charged stream-ordered allocation, keyed by pointer (charge 0: its pool is
+    /// charged): its pool (`owner`), so that a destroyed pool's charge is returned
+    /// with its last pointer, and its size when the claim scrubs.
     Async,
 }
 
@@ -546,12 +570,14 @@ impl Hasher for PtrHasher {
 type Table = HashMap<(Kind, u64), Entry, BuildHasherDefault<PtrHasher>>;
 /// Every kind but [`Kind::Linear`], and linear allocations that found no room in
 /// [`LINEAR`].
-static ALLOCATIONS: Mutex<Option<Table>> = Mutex::new(None);
+static ALLOCATIONS: ForkLock<Option<Table>> = ForkLock::new(None);
 /// Linear allocations in the mutex table (those [`LINEAR`] had no room for): while 0,
 /// a linear free that misses [`LINEAR`] takes no lock.
 static LINEAR_SPILLED: AtomicUsize = AtomicUsize::new(0);
 
-/// Remembers a charged allocation.
+/// Remembers a charged allocation. An entry already recorded under the same id is
+/// never overwritten silently: the driver handed the id out again, so the library
+/// missed its free; that stale charge is returned (and logged).
 pub fn record(kind: Kind, id: u64, e: Entry) {
     if kind == Kind::Pool {
         POOLS_SEEN.store(true, Ordering::Relaxed);
@@ -559,10 +585,20 @@ pub fn record(kind: Kind, id: u64, e: Entry) {
     if kind == Kind::Linear && LINEAR.insert(id, e) {
         return;
     }
-    if let Ok(mut t) = ALLOCATIONS.lock() {
+    let old = ALLOCATIONS.lock().ok().and_then(|mut t| {
         let old = t.get_or_insert_with(Table::default).insert((kind, id), e);
         if kind == Kind::Linear && old.is_none() {
             LINEAR_SPILLED.fetch_add(1, Ordering::Release);
+        }
+        old
+    });
+    if let Some(old) = old {
+        log(format_args!(
+            "{kind:?} {id:#x} was recorded twice; its earlier charge of {} bytes is returned",
+            old.charge.bytes
+        ));
+        if let Some(st) = loaded_state() {
+            st.release(old.charge);
         }
     }
 }
@@ -600,6 +636,18 @@ pub fn peek(kind: Kind, id: u64) -> Option<Entry> {
         .lock()
         .ok()
         .and_then(|t| t.as_ref().and_then(|t| t.get(&(kind, id)).copied()))
+}
+
+/// How many remembered allocations of `kind` satisfy `f` (not [`Kind::Linear`]).
+pub fn count(kind: Kind, f: impl Fn(&Entry) -> bool) -> usize {
+    ALLOCATIONS
+        .lock()
+        .ok()
+        .and_then(|t| {
+            t.as_ref()
+                .map(|t| t.iter().filter(|(k, e)| k.0 == kind && f(e)).count())
+        })
+        .unwrap_or(0)
 }
 
 /// The ids of every remembered allocation of `kind`.
@@ -718,6 +766,7 @@ impl LinearTable {
                 bytes: s.bytes.load(Ordering::Relaxed),
             },
             scrub_bytes: s.scrub.load(Ordering::Relaxed),
+            owner: 0,
         }
     }
 
@@ -787,7 +836,7 @@ pub struct GraphNeed {
 
 type Needs = HashMap<u64, GraphNeed, BuildHasherDefault<PtrHasher>>;
 /// Graph memory needs, keyed by `CUgraph` and by `CUgraphExec` handle.
-static GRAPH_NEEDS: Mutex<Option<Needs>> = Mutex::new(None);
+static GRAPH_NEEDS: ForkLock<Option<Needs>> = ForkLock::new(None);
 
 /// Adds `bytes` on `dev` to what handle `h` materializes.
 pub fn add_graph_need(h: u64, dev: i32, bytes: u64) {
@@ -835,6 +884,7 @@ mod tests {
                 bytes: id.wrapping_mul(31),
             },
             scrub_bytes: id ^ 0xff,
+            owner: 0,
         }
     }
 

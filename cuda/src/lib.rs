@@ -7,6 +7,7 @@
 //! * [`gpa_table`]: which variant `cuGetProcAddress` hands out (generated table);
 //! * [`budget`]: which claims bind the process and the budgets merged by GPU UUID;
 //! * [`accounting`]: the slots, reservations and the allocation table;
+//! * [`forklock`]: the locks a forked child finds free or abandoned, never held;
 //! * [`sizes`]: what each allocation is charged and what the virtual views report;
 //! * [`throttle`]: compute rates: the claim's token bucket per GPU, launch counters;
 //! * `hooks`: the exported entry points, one module per family of calls.
@@ -16,6 +17,7 @@
 pub mod accounting;
 pub mod budget;
 pub mod ffi;
+pub mod forklock;
 pub mod gpa_table;
 #[cfg(not(test))]
 mod hooks;

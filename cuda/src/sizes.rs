@@ -73,6 +73,16 @@ pub fn virtual_memory(budget: u64, used: u64, device_free: u64) -> View {
     }
 }
 
+/// The charge a measurement of `measured` bytes sets for a context reserved at
+/// `reserved` bytes, with the region's figure `estimate`: the measurement when it is
+/// above the reservation (at most twice the figure), else the reservation. A
+/// measurement (before - after on the driver's free memory) only ever raises a
+/// charge: memory freed meanwhile, by anyone, would make a context look free.
+pub fn context_charge(reserved: u64, estimate: u64, measured: u64) -> u64 {
+    let cap = estimate.saturating_mul(2).max(reserved);
+    measured.clamp(reserved, cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +126,28 @@ mod tests {
             }
         );
         assert_eq!(virtual_memory(100, 30, 10).free, 10);
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// A measurement raises a context's charge up to twice the region's figure, and
+    /// never lowers it below what was reserved (memory freed during the creation makes
+    /// the difference small or zero).
+    #[test]
+    fn a_context_measurement_only_raises_the_charge() {
+        for (reserved, estimate, measured, want) in [
+            (100 * MIB, 100 * MIB, 130 * MIB, 130 * MIB),
+            (100 * MIB, 100 * MIB, 0, 100 * MIB),
+            (100 * MIB, 100 * MIB, 37 * MIB, 100 * MIB),
+            (100 * MIB, 100 * MIB, 900 * MIB, 200 * MIB),
+            (130 * MIB, 100 * MIB, 66 * MIB, 130 * MIB),
+            (130 * MIB, 100 * MIB, 150 * MIB, 150 * MIB),
+        ] {
+            assert_eq!(
+                context_charge(reserved, estimate, measured),
+                want,
+                "reserved {reserved} estimate {estimate} measured {measured}"
+            );
+        }
     }
 }

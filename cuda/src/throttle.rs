@@ -24,10 +24,10 @@
 //!   decided once; otherwise each launch asks the driver (`cuCtxGetDevice`).
 //!   `cuLaunchCooperativeKernelMultiDevice` charges each entry to its stream's device.
 
+use crate::forklock::ForkLock;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::BuildHasherDefault;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -568,7 +568,7 @@ pub struct Work {
 
 type WorkMap = HashMap<u64, Work, BuildHasherDefault<PtrHasher>>;
 /// Per executable graph (`CUgraphExec`): its work, from instantiation to destruction.
-static GRAPH_WORK: Mutex<Option<WorkMap>> = Mutex::new(None);
+static GRAPH_WORK: ForkLock<Option<WorkMap>> = ForkLock::new(None);
 /// Set once a graph with kernels is remembered: until then launches take no lock.
 static ANY_GRAPH_WORK: AtomicBool = AtomicBool::new(false);
 

@@ -508,6 +508,59 @@ fn scrub_on_free_zeroes_freed_memory() {
     }
 }
 
+/// A VMM handle released while mapped is still the tenant's memory until its last
+/// unmap (the driver frees it only then): scrubbing must not zero it at the release.
+/// Regression: the release zeroed the whole handle through a temporary mapping while
+/// the tenant's mapping still showed it. Mapped twice, released, the data reads back
+/// intact, still after the first unmap; the last unmap zeroes it before the driver
+/// takes it back (by the fake's check).
+#[test]
+fn scrubbing_leaves_a_released_but_mapped_handle_intact_until_its_last_unmap() {
+    if !require("scrub-mapped") {
+        return;
+    }
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
+    c.scrub = true;
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
+        ..opts()
+    };
+    let out = sb.client(
+        &o,
+        &[
+            "ctx", "0", "vmm", "2097152", "vreserve", "2097152", "vreserve", "2097152", "vmap",
+            "1", "0", "2097152", "vmap", "2", "0", "2097152", "fill", "1", "2097152", "release",
+            "0", "peek", "1", "2097152", "vunmap", "1", "2097152", "peek", "2", "2097152",
+            "vunmap", "2", "2097152",
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "ok",
+            "ok 0",
+            "ok 1",
+            "ok 2",
+            "ok",
+            "ok",
+            "ok",
+            "ok",
+            "ok filled",
+            "ok",
+            "ok filled",
+            "ok"
+        ]
+    );
+    let l = sb.ledger();
+    assert_eq!(
+        (l.scrub_clean[0], l.scrub_dirty[0]),
+        (1, 0),
+        "zeroed once, at the last unmap"
+    );
+    assert_eq!(l.live[0], 0);
+}
+
 /// None of these tenant changes turns enforcement off: an empty or different
 /// LD_PRELOAD, LD_LIBRARY_PATH naming another copy of libcuda, CUDA_* and TESSERA_*
 /// variables, CUDA_DISABLE_CONTROL=true; through either loading path.

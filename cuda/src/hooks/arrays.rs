@@ -64,6 +64,7 @@ fn create_sized(
                 Entry {
                     charge: c,
                     scrub_bytes: 0,
+                    owner: 0,
                 },
             );
             rc

@@ -5,22 +5,28 @@
 //!
 //! Each context is charged, before it is created, what the last measured context on
 //! that GPU cost in this process, else the region's per-context figure
-//! ([`tessera_abi::region::gpu::CONTEXT_BYTES`]); when a context of the same device
-//! is current the driver's free memory is read before and after the creation, and the
-//! charge becomes the difference (at most twice the figure: other processes allocate
-//! meanwhile). A creation the budget cannot hold is refused with
-//! `CUDA_ERROR_OUT_OF_MEMORY`, or undone when the measurement exceeds what fits. A
-//! created context is released at `cuCtxDestroy_v2`; a primary context when the
-//! process's last retain is released, or when it is reset.
+//! ([`tessera_abi::region::gpu::CONTEXT_BYTES`]), never less than that figure; when a
+//! context of the same device is current the driver's free memory is read before and
+//! after the creation. A measurement only ever raises the charge: the difference is
+//! taken when it is above what was reserved, capped at twice the region's figure
+//! (other processes allocate meanwhile), and ignored when it is below (memory freed
+//! meanwhile, by this process or another, would otherwise make a context, and every
+//! later one, look free: a tenant could cause that on purpose). A context cheaper than
+//! the figure is therefore charged the figure; one dearer is charged what it costs. A
+//! creation the budget cannot hold is refused with `CUDA_ERROR_OUT_OF_MEMORY`, or
+//! undone when the measurement exceeds what fits. A created context is released at
+//! `cuCtxDestroy_v2`; a primary context when the process's last retain is released,
+//! or when it is reset.
 #![allow(non_snake_case)]
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 use crate::accounting::MAX_DEVICES;
+use crate::forklock::ForkLock;
 
-/// Per merged GPU: the last context cost measured in this process (0 = none yet).
+/// Per merged GPU: the last context charge a measurement set in this process (0 =
+/// none yet); never below the region's figure, never above twice it.
 static LEARNED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Per CUDA ordinal: the process's retains of the primary context and its charge.
@@ -29,7 +35,7 @@ struct Primary {
     charge: Option<Charge>,
 }
 
-static PRIMARY: Mutex<[Primary; MAX_DEVICES]> = Mutex::new(
+static PRIMARY: ForkLock<[Primary; MAX_DEVICES]> = ForkLock::new(
     [const {
         Primary {
             retains: 0,
@@ -85,7 +91,7 @@ fn reserve_context(dev: CUdevice, what: &str) -> Result<Option<Pending>, CUresul
         return Ok(None);
     }
     let learned = LEARNED.get(g).map_or(0, |l| l.load(Ordering::Relaxed));
-    let bytes = if learned > 0 { learned } else { estimate };
+    let bytes = learned.max(estimate);
     let free_before = free_on(dev);
     let charge = reserve_or_resettle(st, g, bytes).map_err(|r| refused_code(st, r, what))?;
     Ok(Some(Pending {
@@ -98,19 +104,15 @@ fn reserve_context(dev: CUdevice, what: &str) -> Result<Option<Pending>, CUresul
 }
 
 /// After the driver created the context on `dev` (now or already current for a
-/// measurement): the charge, corrected to the measurement when there is one; `Err`
-/// (with everything released) when the measured cost does not fit.
+/// measurement): the charge, raised to the measurement when there is one above it;
+/// `Err` (with everything released) when the measured cost does not fit.
 fn settle_context(p: Pending, dev: CUdevice) -> Result<Charge, ()> {
-    let measured = p.free_before.zip(free_on(dev)).map(|(before, after)| {
-        before
-            .saturating_sub(after)
-            .min(p.estimate.saturating_mul(2))
-    });
-    let Some(m) = measured else {
+    let Some((before, after)) = p.free_before.zip(free_on(dev)) else {
         return Ok(p.charge);
     };
+    let m = sizes::context_charge(p.charge.bytes, p.estimate, before.saturating_sub(after));
     if let Some(l) = LEARNED.get(p.g) {
-        l.store(m.max(1), Ordering::Relaxed);
+        l.store(m, Ordering::Relaxed);
     }
     resize(p.st, p.charge, m).map_err(|c| p.st.release(c))
 }
@@ -146,6 +148,7 @@ fn create(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) 
                 Entry {
                     charge: c,
                     scrub_bytes: 0,
+                    owner: 0,
                 },
             );
             rc
@@ -235,7 +238,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         return call_real!(Hook::cuDevicePrimaryCtxRetain, Retain, pctx, dev);
     };
     // Held across the driver call: retains and releases of primary contexts are
-    // serialized in this process (the driver serializes them too).
+    // serialized in this process (the driver serializes them too). A child forked
+    // meanwhile finds the lock abandoned and forwards ([`ForkLock`]).
     let Ok(mut prim) = PRIMARY.lock() else {
         return call_real!(Hook::cuDevicePrimaryCtxRetain, Retain, pctx, dev);
     };

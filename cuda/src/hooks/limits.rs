@@ -65,6 +65,7 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
             Entry {
                 charge: c,
                 scrub_bytes: 0,
+                owner: 0,
             },
         )
     };

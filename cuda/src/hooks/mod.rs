@@ -148,6 +148,7 @@ fn settle(plan: Plan, rc: CUresult, kind: Kind, id: impl FnOnce() -> u64, scrub_
                 Entry {
                     charge: c,
                     scrub_bytes,
+                    owner: 0,
                 },
             );
         } else {

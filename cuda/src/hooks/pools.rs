@@ -2,6 +2,7 @@
 #![allow(non_snake_case)]
 
 use super::*;
+use crate::forklock::{ForkGuard, ForkLock};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 type AllocPoolFn =
@@ -87,10 +88,42 @@ fn settle_pool(st: &State, pool: CUmemoryPool, pending: Option<Charge>) -> bool 
     settle_retained(st, Kind::Pool, pool as u64, pending, || pool_reserved(pool))
 }
 
+/// Stripes of locks serializing the settling of each retaining allocator: two
+/// threads settling one pool would otherwise both take its charge out and put a
+/// full one back (one charge leaked), and a settle racing `cuMemPoolDestroy` could
+/// record the destroyed pool again.
+const SETTLE_STRIPES: usize = 16;
+static SETTLING: [ForkLock<()>; SETTLE_STRIPES] = [const { ForkLock::new(()) }; SETTLE_STRIPES];
+
+/// The lock serializing the settling of (`kind`, `key`) (shared with other keys of
+/// the same stripe); `None` in a forked child that inherited it held.
+fn settling(kind: Kind, key: u64) -> Option<ForkGuard<'static, ()>> {
+    let h = (key ^ ((kind as u64) << 56)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
+    SETTLING[h as usize % SETTLE_STRIPES].lock().ok()
+}
+
 /// Brings the charge of a retaining allocator (`kind`, `key`) to what `reserved`
 /// reports it holds now, folding in a `pending` reservation; false when it grew
 /// beyond what the budget allows (the charge then stays at what could be reserved).
+/// Serialized per allocator.
 pub(super) fn settle_retained(
+    st: &State,
+    kind: Kind,
+    key: u64,
+    pending: Option<Charge>,
+    reserved: impl FnOnce() -> Option<u64>,
+) -> bool {
+    let Some(_guard) = settling(kind, key) else {
+        if let Some(p) = pending {
+            st.release(p);
+        }
+        return true;
+    };
+    settle_locked(st, kind, key, pending, reserved)
+}
+
+/// [`settle_retained`] with the allocator's settling lock held.
+fn settle_locked(
     st: &State,
     kind: Kind,
     key: u64,
@@ -132,6 +165,7 @@ pub(super) fn settle_retained(
             Entry {
                 charge: kept,
                 scrub_bytes: 0,
+                owner: 0,
             },
         );
     } else {
@@ -186,7 +220,7 @@ fn alloc_from_pool(
         return rc;
     }
     if settle_pool(st, pool, pending) {
-        remember_async(st, g, size);
+        remember_async(st, g, pool, size);
         rc
     } else {
         free();
@@ -195,9 +229,23 @@ fn alloc_from_pool(
     }
 }
 
-/// Set once a scrubbing claim made a stream-ordered allocation: until then a
-/// stream-ordered free looks nothing up.
-static ASYNC_SCRUB: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set once a stream-ordered allocation was charged: until then a stream-ordered
+/// free looks nothing up.
+static ASYNC_TRACKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A pool destroyed while pointers from it were live: the driver keeps its memory
+/// until the last of them is freed, so its charge stays until then.
+struct DeadPool {
+    pool: u64,
+    charge: Charge,
+    /// Its pointers not yet freed.
+    live: usize,
+}
+
+/// Destroyed pools still holding memory (few: a pool destroyed with live pointers).
+static DEAD_POOLS: ForkLock<Vec<DeadPool>> = ForkLock::new(Vec::new());
+/// Whether [`DEAD_POOLS`] may be non-empty: until then a free looks nothing up.
+static ANY_DEAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 thread_local! {
     /// The pointer the stream-ordered allocation being settled returned (set by the
@@ -205,9 +253,10 @@ thread_local! {
     static LAST_ASYNC: std::cell::Cell<CUdeviceptr> = const { std::cell::Cell::new(0) };
 }
 
-/// Remembers a stream-ordered allocation's size for scrubbing its free, when the
-/// GPU's claim scrubs (the first claim of the merged GPU decides).
-fn remember_async(st: &State, g: usize, size: usize) {
+/// Remembers a charged stream-ordered allocation: its pool, and its size for
+/// scrubbing its free when the GPU's claim scrubs (the first claim of the merged GPU
+/// decides).
+fn remember_async(st: &State, g: usize, pool: CUmemoryPool, size: usize) {
     let Some(part) = st.gpus.get(g).and_then(|x| x.parts.first()) else {
         return;
     };
@@ -216,20 +265,18 @@ fn remember_async(st: &State, g: usize, size: usize) {
         gpu: part.gpu as u16,
         bytes: 0,
     };
-    if !st.scrubs(c) {
-        return;
-    }
     let ptr = LAST_ASYNC.with(|p| p.get());
     if ptr == 0 {
         return;
     }
-    ASYNC_SCRUB.store(true, std::sync::atomic::Ordering::Relaxed);
+    ASYNC_TRACKED.store(true, std::sync::atomic::Ordering::Relaxed);
     accounting::record(
         Kind::Async,
         ptr,
         Entry {
             charge: c,
-            scrub_bytes: size as u64,
+            scrub_bytes: if st.scrubs(c) { size as u64 } else { 0 },
+            owner: pool as u64,
         },
     );
 }
@@ -392,15 +439,52 @@ fn note_async(rc: CUresult, dptr: *mut CUdeviceptr) {
 /// retains (a free can let the pool release memory past its threshold). Memory of a
 /// scrubbing claim is first zeroed on the same stream (`cuMemsetD8Async`, ordered
 /// before the free).
+///
+/// The last pointer of a destroyed pool returns the pool's charge, once the free has
+/// run (the stream is synchronised first: the driver frees the memory only then).
 fn free_async(h: Hook, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    if ASYNC_SCRUB.load(std::sync::atomic::Ordering::Relaxed)
-        && let Some(e) = accounting::forget(Kind::Async, ptr)
+    let per_thread = h == Hook::cuMemFreeAsync_ptsz;
+    let taken = if ASYNC_TRACKED.load(std::sync::atomic::Ordering::Relaxed) {
+        accounting::forget(Kind::Async, ptr)
+    } else {
+        None
+    };
+    if let Some(e) = taken
+        && e.scrub_bytes > 0
     {
-        scrub_async(h == Hook::cuMemFreeAsync_ptsz, ptr, e.scrub_bytes, stream);
+        scrub_async(per_thread, ptr, e.scrub_bytes, stream);
     }
     let rc = call_real!(h, FreeAsyncFn, ptr, stream);
+    if let Some(e) = taken {
+        if rc != CUDA_SUCCESS {
+            accounting::record(Kind::Async, ptr, e);
+        } else if ANY_DEAD.load(std::sync::atomic::Ordering::Acquire) {
+            dead_pool_pointer_freed(e.owner, stream_of(stream, per_thread));
+        }
+    }
     resettle_pools();
     rc
+}
+
+/// One pointer of pool `pool` was freed: when it was a destroyed pool's last, waits
+/// for `stream` (where the free runs) and returns the pool's charge.
+fn dead_pool_pointer_freed(pool: u64, stream: CUstream) {
+    let done = DEAD_POOLS.lock().ok().and_then(|mut v| {
+        let i = v.iter().position(|d| d.pool == pool)?;
+        v[i].live = v[i].live.saturating_sub(1);
+        if v[i].live > 0 {
+            return None;
+        }
+        let d = v.swap_remove(i);
+        if v.is_empty() {
+            ANY_DEAD.store(false, std::sync::atomic::Ordering::Release);
+        }
+        Some(d.charge)
+    });
+    if let Some(c) = done {
+        let _ = sync_stream(stream);
+        accounting::state().release(c);
+    }
 }
 
 /// Queues the zeroing of `bytes` at `ptr` on `stream`, before its free; a failure is
@@ -468,21 +552,75 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
     rc
 }
 
-/// A destroyed pool gives back everything it held: its charge is returned.
+/// A destroyed pool gives back what it holds unused at once, and the rest only when
+/// its last pointer is freed (the driver returns at once and keeps that memory until
+/// then). So before destroying a charged pool the library waits for the context's
+/// work (frees queued on streams complete), trims the pool to nothing and reads what
+/// it still reserves: that much stays charged until the last pointer the library
+/// knows from it is freed, or, when it knows none (pointers freed past the library),
+/// for the process's life.
 ///
 /// # Safety
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    let rc = call_real!(
-        Hook::cuMemPoolDestroy,
-        unsafe extern "C" fn(CUmemoryPool) -> CUresult,
-        pool
-    );
-    if rc == CUDA_SUCCESS
-        && let Some(e) = accounting::forget(Kind::Pool, pool as u64)
-    {
-        accounting::state().release(e.charge);
+    type DestroyFn = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
+    let st = accounting::state();
+    let charged = st.active() && accounting::peek(Kind::Pool, pool as u64).is_some();
+    if !charged {
+        return call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
+    }
+    // Held to the end: no settle of this pool runs meanwhile, so none can record it
+    // again after its charge is taken out.
+    let Some(_guard) = settling(Kind::Pool, pool as u64) else {
+        return call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
+    };
+    let s = driver(DriverFn::CtxSynchronize);
+    if s != 0 {
+        // SAFETY: cuCtxSynchronize(void).
+        let sync: unsafe extern "C" fn() -> CUresult = unsafe { as_fn(s) };
+        // SAFETY: no arguments.
+        unsafe { sync() };
+    }
+    let t = real(Hook::cuMemPoolTrimTo);
+    if t != 0 {
+        // SAFETY: cuMemPoolTrimTo(CUmemoryPool, size_t) on the caller's pool.
+        let f: unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult = unsafe { as_fn(t) };
+        // SAFETY: as above.
+        unsafe { f(pool, 0) };
+    }
+    let still = pool_reserved(pool);
+    let rc = call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
+    if rc != CUDA_SUCCESS {
+        let _ = settle_locked(st, Kind::Pool, pool as u64, None, || pool_reserved(pool));
+        return rc;
+    }
+    let Some(e) = accounting::forget(Kind::Pool, pool as u64) else {
+        return rc;
+    };
+    let held = still.unwrap_or(e.charge.bytes);
+    let charge = match resize(st, e.charge, held) {
+        Ok(c) | Err(c) => c,
+    };
+    if charge.bytes == 0 {
+        st.release(charge);
+        return rc;
+    }
+    let live = accounting::count(Kind::Async, |a| a.owner == pool as u64);
+    if live == 0 {
+        accounting::log(format_args!(
+            "cuMemPoolDestroy: a destroyed pool still holds {} bytes for pointers the library does not know; they stay charged",
+            charge.bytes
+        ));
+        return rc;
+    }
+    if let Ok(mut v) = DEAD_POOLS.lock() {
+        v.push(DeadPool {
+            pool: pool as u64,
+            charge,
+            live,
+        });
+        ANY_DEAD.store(true, std::sync::atomic::Ordering::Release);
     }
     rc
 }

@@ -9,8 +9,8 @@
 //! takes a range, which ends every mapping that starts inside it.
 #![allow(non_snake_case)]
 
+use crate::forklock::ForkLock;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use super::*;
 
@@ -32,7 +32,7 @@ struct Book {
     maps: BTreeMap<u64, (u64, u64)>,
 }
 
-static BOOK: Mutex<Option<Book>> = Mutex::new(None);
+static BOOK: ForkLock<Option<Book>> = ForkLock::new(None);
 
 fn with_book<R>(f: impl FnOnce(&mut Book) -> R) -> Option<R> {
     BOOK.lock()
@@ -87,6 +87,7 @@ pub unsafe extern "C" fn cuMemCreate(
         let entry = Entry {
             charge: c,
             scrub_bytes: if st.scrubs(c) { size as u64 } else { 0 },
+            owner: 0,
         };
         let kept = with_book(|b| {
             b.handles.insert(
@@ -189,8 +190,12 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     if rc == CUDA_SUCCESS && !ending.is_empty() {
         let freed: Vec<Charge> = with_book(|b| {
             let mut freed = Vec::new();
-            for (va, h, _, _) in ending {
-                b.maps.remove(&va);
+            for (va, h, n, _) in ending {
+                // Only the mapping this call ended: a cuMemMap racing in another
+                // thread may already have mapped something else at `va`.
+                if b.maps.get(&va) == Some(&(h, n)) {
+                    b.maps.remove(&va);
+                }
                 if let Some(x) = b.handles.get_mut(&h) {
                     x.maps = x.maps.saturating_sub(1);
                     if x.released && x.maps == 0 {
@@ -210,8 +215,10 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 }
 
 /// Releases the handle; its charge goes now if it is not mapped, else at its last
-/// unmap. When the claim scrubs, the whole handle is zeroed first (mapped at a
-/// temporary address), while the handle is still valid.
+/// unmap. When the claim scrubs and the handle is not mapped, the whole handle is
+/// zeroed first (mapped at a temporary address), while the handle is still valid. A
+/// handle released while mapped stays valid memory for the tenant until its last
+/// unmap, so it is left alone here and zeroed by that [`cuMemUnmap`].
 ///
 /// # Safety
 /// The driver's contract.
@@ -221,7 +228,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         b.handles
             .get(&handle)
             .filter(|h| !h.released)
-            .map(|h| (h.entry.scrub_bytes > 0, h.dev, h.size))
+            .map(|h| (h.entry.scrub_bytes > 0 && h.maps == 0, h.dev, h.size))
     })
     .flatten();
     if let Some((true, dev, size)) = known {

@@ -41,6 +41,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,48 @@ static void *get(const char *base, int ver, const char *exact) {
     return p;
 }
 #define FN(var, type, base, ver, exact) __typeof__(type) var = (__typeof__(type))get(base, ver, exact)
+
+/* A free made from another thread (the "bgfree" command). */
+struct bgfree { CUresult (*free)(u64); u64 ptr; unsigned ms; };
+static void *bgfree_run(void *arg) {
+    struct bgfree *b = arg;
+    usleep(b->ms * 1000);
+    b->free(b->ptr);
+    return NULL;
+}
+
+/* Threads allocating and freeing stream-ordered memory at once (the "asyncstorm"
+ * command): each makes <iters> rounds of cuMemAllocAsync + cuMemFreeAsync of 2 MiB
+ * and a trim of the device's pool to nothing (so that allocations grow it again). */
+struct storm {
+    CUresult (*alloc)(u64 *, size_t, void *);
+    CUresult (*free)(u64, void *);
+    void *ctx;
+    CUresult (*setc)(void *);
+    CUresult (*trim)(void *, size_t);
+    void *pool;
+    unsigned iters, failed;
+};
+static void *storm_run(void *arg) {
+    struct storm *s = arg;
+    s->setc(s->ctx);
+    for (unsigned k = 0; k < s->iters; k++) {
+        u64 p = 0;
+        if (s->alloc(&p, 2u << 20, NULL)) { s->failed++; continue; }
+        if (s->free(p, NULL)) s->failed++;
+        if (s->trim(s->pool, 0)) s->failed++;
+    }
+    return NULL;
+}
+
+/* A primary-context retain made from another thread (the "forkretain" command). */
+struct bgretain { CUresult (*retain)(void **, int); int dev; };
+static void *bgretain_run(void *arg) {
+    struct bgretain *b = arg;
+    void *ctx = NULL;
+    b->retain(&ctx, b->dev);
+    return NULL;
+}
 
 static u64 ids[4096];
 static size_t nids;
@@ -295,6 +338,74 @@ int main(int argc, char **argv) {
             rc = f(ids[ARG(1)], 0xAB, ARG(2));
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "bgfree")) {
+            /* frees id <k> from another thread after <ms> (while the next command runs) */
+            FN(f, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
+            static struct bgfree bg;
+            static pthread_t t;
+            bg = (struct bgfree){f, ids[ARG(1)], (unsigned)ARG(2)};
+            rc = pthread_create(&t, NULL, bgfree_run, &bg) ? 1 : pthread_detach(t);
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "asyncstorm")) {
+            FN(al, CUresult (*)(u64 *, size_t, void *), "cuMemAllocAsync", 11020, "cuMemAllocAsync");
+            FN(fr, CUresult (*)(u64, void *), "cuMemFreeAsync", 11020, "cuMemFreeAsync");
+            FN(getc, CUresult (*)(void **), "cuCtxGetCurrent", 4000, "cuCtxGetCurrent");
+            FN(setc, CUresult (*)(void *), "cuCtxSetCurrent", 4000, "cuCtxSetCurrent");
+            FN(trim, CUresult (*)(void *, size_t), "cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo");
+            FN(getpool, CUresult (*)(void **, int), "cuDeviceGetMemPool", 11020, "cuDeviceGetMemPool");
+            FN(getdev, CUresult (*)(int *), "cuCtxGetDevice", 2000, "cuCtxGetDevice");
+            unsigned n = (unsigned)ARG(1), failed = 0;
+            struct storm st[16];
+            pthread_t t[16];
+            void *ctx = NULL, *dpool = NULL;
+            int dev = 0;
+            getc(&ctx);
+            getdev(&dev);
+            getpool(&dpool, dev);
+            if (n > 16) n = 16;
+            for (unsigned k = 0; k < n; k++) {
+                st[k] = (struct storm){al, fr, ctx, setc, trim, dpool, (unsigned)ARG(2), 0};
+                pthread_create(&t[k], NULL, storm_run, &st[k]);
+            }
+            for (unsigned k = 0; k < n; k++) { pthread_join(t[k], NULL); failed += st[k].failed; }
+            i += 2;
+            printf("ok %u\n", failed);
+        } else if (!strcmp(c, "forkretain")) {
+            /* another thread retains device <d>'s primary context (slow with
+             * FAKE_CUDA_CTX_DELAY_MS); meanwhile this one forks, and the child retains it
+             * too: "ok" when the child finished, "err hung" when it was still blocked
+             * after 3 s */
+            FN(f, CUresult (*)(void **, int), "cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain");
+            static struct bgretain bg;
+            pthread_t t;
+            bg = (struct bgretain){f, (int)ARG(1)};
+            pthread_create(&t, NULL, bgretain_run, &bg);
+            usleep(100 * 1000);
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                void *ctx = NULL;
+                alarm(3);
+                f(&ctx, (int)ARG(1));
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            pthread_join(t, NULL);
+            i += 1;
+            printf(WIFEXITED(status) ? "ok\n" : "err hung\n");
+        } else if (!strcmp(c, "peek")) {
+            /* reads <n> bytes at id <k>: "ok filled" (all 0xAB), "ok zero" or "ok mixed" */
+            FN(f, CUresult (*)(void *, u64, size_t), "cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2");
+            size_t n = ARG(2);
+            unsigned char *b = malloc(n ? n : 1);
+            rc = b ? f(b, ids[ARG(1)], n) : 2;
+            int ab = 1, zero = 1;
+            for (size_t k = 0; !rc && k < n; k++) { ab &= b[k] == 0xAB; zero &= b[k] == 0; }
+            free(b);
+            i += 2;
+            if (rc) printf("err %d\n", rc); else printf("ok %s\n", ab ? "filled" : zero ? "zero" : "mixed");
         } else if (!strcmp(c, "sync")) {
             FN(f, CUresult (*)(void), "cuCtxSynchronize", 2000, "cuCtxSynchronize");
             rc = f();

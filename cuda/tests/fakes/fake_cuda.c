@@ -19,8 +19,9 @@
  *     and stream-ordered memory in 2 MiB pages; pitch aligned to 512 bytes; arrays
  *     with 256-byte row pitch, rows in multiples of 16 and 64 KiB of metadata (the
  *     size cuArrayGetMemoryRequirements reports); pools grow in 32 MiB chunks and
- *     release down to their threshold at synchronisation; VMM sizes must be
- *     multiples of the 2 MiB granularity.
+ *     release down to their threshold at synchronisation; a pool destroyed with
+ *     allocations live keeps all it reserves until the last is freed; VMM sizes must be
+ *     multiples of the 2 MiB granularity; cuMemUnmap must cover whole mappings.
  *   - VMM memory is freed only once its handle is released and every mapping of it
  *     is unmapped. A handle is a memfd; cuMemAddressReserve reserves host address
  *     space, cuMemMap maps the memfd there (so a handle mapped twice shows the same
@@ -31,6 +32,8 @@
  *   FAKE_CUDA_LEDGER   path of the ledger file (created by the harness, >= 64 KiB)
  *   FAKE_CUDA_DRIVER_VERSION  default 13050
  *   FAKE_CUDA_ALLOC_DELAY_MS  sleep inside cuMemAlloc_v2 after taking the memory
+ *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate and cuDevicePrimaryCtxRetain after
+ *                             taking the context's memory (outside the fake's lock)
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
@@ -394,7 +397,8 @@ static int take(int dev, u64 led) {
 static void give(int dev, u64 led) { ledger_add(devs[dev].phys, -(long long)led); }
 
 /* ---- pools ---- */
-struct pool { int magic; int dev; u64 reserved, used, threshold; };
+/* dead: destroyed with allocations live; its memory stays held until the last is freed */
+struct pool { int magic; int dev; int dead; u64 reserved, used, threshold; };
 #define POOL_MAGIC 0x504f4f4c
 static struct pool default_pool[MAXDEV];
 static struct pool *current_pool[MAXDEV];
@@ -419,7 +423,7 @@ static CUresult i_cuInit(unsigned flags) {
         sim_open();
         for (int i = 0; i < ndev; i++) {
             primary[i] = (struct ctx){CTX_MAGIC, i};
-            default_pool[i] = (struct pool){POOL_MAGIC, i, 0, 0, 0};
+            default_pool[i] = (struct pool){POOL_MAGIC, i, 0, 0, 0, 0};
             current_pool[i] = &default_pool[i];
         }
         inited = 1;
@@ -461,6 +465,8 @@ static CUresult i_cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d) {
     }
     if (rc == OK) { primary_refs[d]++; *c = &primary[d]; }
     pthread_mutex_unlock(&mu);
+    const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
+    if (rc == OK && delay) usleep((useconds_t)atoi(delay) * 1000);
     return rc;
 }
 static CUresult i_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
@@ -488,6 +494,8 @@ static CUresult i_cuCtxCreate_v2(struct ctx **c, unsigned flags, CUdevice d) {
     CUresult rc = take(d, context_bytes);
     pthread_mutex_unlock(&mu);
     if (rc != OK) return rc;
+    const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
     struct ctx *n = malloc(sizeof *n);
     *n = (struct ctx){CTX_MAGIC, d};
     *c = n; current = n; return OK;
@@ -769,7 +777,9 @@ static CUresult i_cuMemFreeAsync(CUdeviceptr ptr, void *stream) {
     pthread_mutex_lock(&mu);
     int found = untrack(ptr, K_ASYNC, &a);
     if (found) {
-        ((struct pool *)a.pool)->used -= a.ledger;
+        struct pool *p = a.pool;
+        p->used -= a.ledger;
+        if (p->dead && p->used == 0) { give(p->dev, p->reserved); p->reserved = 0; p->dead = 0; }
         check_scrub(&a);
         munmap((void *)(uintptr_t)a.id, a.size);
     }
@@ -798,9 +808,11 @@ static CUresult i_cuMemPoolCreate(struct pool **out, const struct pool_props *pr
 }
 static CUresult i_cuMemPoolDestroy(struct pool *p) {
     if (!p || p->magic != POOL_MAGIC || p == &default_pool[p->dev]) return INVALID_VALUE;
+    /* Like the driver: returns at once; with allocations still live the pool's memory
+     * (all it reserves) is held until the last of them is freed. */
     pthread_mutex_lock(&mu);
-    pool_release(p, 0);
-    if (p->reserved) give(p->dev, p->reserved); /* live allocations die with it */
+    if (p->used == 0) { give(p->dev, p->reserved); p->reserved = 0; }
+    else p->dead = 1;
     p->magic = 0;
     pthread_mutex_unlock(&mu);
     return OK;
@@ -915,9 +927,18 @@ static CUresult i_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, u64 hand
     return rc;
 }
 /* Ends every mapping that starts in [ptr, ptr + size). */
+/* Like the driver, the range must cover whole mappings: one that it cuts is refused
+ * (CUDA_ERROR_INVALID_VALUE) and nothing is unmapped. */
 static CUresult i_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (!ptr || size == 0) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
+    for (int i = 0; i < nvmaps; i++) {
+        u64 va = vmaps[i].va, end = va + vmaps[i].size;
+        if (va < ptr + size && end > ptr && (va < ptr || end > ptr + size)) {
+            pthread_mutex_unlock(&mu);
+            return INVALID_VALUE;
+        }
+    }
     int found = 0;
     for (int i = 0; i < nvmaps;) {
         if (vmaps[i].va >= ptr && vmaps[i].va < ptr + size) {

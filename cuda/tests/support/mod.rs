@@ -143,6 +143,7 @@ pub fn artifacts() -> &'static Artifacts {
             client.to_str().expect("utf-8 path"),
             CLIENT_SRC,
             "-ldl",
+            "-pthread",
         ]);
         let sim_client = root.join("sim_client");
         cc(&[
@@ -402,21 +403,12 @@ impl Sandbox {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn client");
-        let mut got = Vec::new();
-        if wait_for > 0 {
-            let out = child.stdout.take().expect("stdout");
-            let mut r = BufReader::new(out);
-            while got.len() < wait_for {
-                let mut l = String::new();
-                if r.read_line(&mut l).unwrap_or(0) == 0 {
-                    break;
-                }
-                got.push(l.trim_end().to_string());
-            }
-            // Keep the pipe open (a closed pipe would kill a later print).
-            std::mem::forget(r);
-        }
-        (Running(child), got)
+        // The pipe stays open as long as the client (a closed pipe would kill a later
+        // print).
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut running = Running(child, out);
+        let got = running.read_lines(wait_for);
+        (running, got)
     }
 
     /// Replaces what `/etc/ld.so.preload` will say in the next runs (empty: no preload).
@@ -461,9 +453,22 @@ impl Sandbox {
 }
 
 /// A background client, SIGKILLed and reaped when dropped (also when a test fails).
-pub struct Running(Child);
+pub struct Running(Child, BufReader<std::process::ChildStdout>);
 
 impl Running {
+    /// The client's next `n` lines of output (fewer if it exits first).
+    pub fn read_lines(&mut self, n: usize) -> Vec<String> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            let mut l = String::new();
+            if self.1.read_line(&mut l).unwrap_or(0) == 0 {
+                break;
+            }
+            got.push(l.trim_end().to_string());
+        }
+        got
+    }
+
     /// SIGKILL now and wait for the process to be gone.
     pub fn kill_now(&mut self) {
         let _ = self.0.kill();
