@@ -1,6 +1,6 @@
 //! `region`: a claim's accounting region, one fixed-size file per claim, created at
 //! full size by the plugin and mapped read-write by every process of the claim's
-//! containers. Layout v1 (all integers little-endian; offsets in bytes):
+//! containers. Layout v2 (all integers little-endian; offsets in bytes):
 //!
 //! * header (64 bytes) at 0: magic, version, header size, file size, GPU count, GPU
 //!   entry size, GPU table offset, slot count, slot size, slot table offset;
@@ -72,18 +72,20 @@ pub mod gpu {
     /// Nanoseconds launches spent waiting in the bucket, summed over threads
     /// (cumulative).
     pub const WAITED_NS: usize = 112;
-    /// (v2) What the library charges per CUDA context on this GPU when it cannot
-    /// measure the context (bytes; written at creation, [`super::DEFAULT_CONTEXT_BYTES`];
-    /// 0 = contexts are not charged, as in regions written before the field).
+    /// (v2) The least the library charges per CUDA context on this GPU, reserved
+    /// before the driver creates it; a measurement may raise a context's charge to at
+    /// most twice this, never lower it (bytes; written at creation,
+    /// [`super::DEFAULT_CONTEXT_BYTES`]; 0 = contexts are not charged, as in regions
+    /// written before the field).
     pub const CONTEXT_BYTES: usize = 120;
 }
 
 /// The per-context charge a fresh region carries: a CUDA context reserves device
 /// memory of its own (local memory for every resident thread, the printf FIFO, the
 /// malloc heap, code and driver state), measured at about 300–500 MiB on A100/H100-class
-/// GPUs (anchor-hami.md). The low end: the library replaces it by a measurement
-/// whenever the driver can answer one, and the node-side watchdog's tolerance covers
-/// the rest.
+/// GPUs (`../shared/reference/anchor-hami.md`). The low end: a measurement, when the
+/// driver can answer one, raises a context's charge (to at most twice this) but never
+/// lowers it, and the node-side watchdog's tolerance covers the rest.
 pub const DEFAULT_CONTEXT_BYTES: u64 = 300 << 20;
 
 /// Most a single launch may put a bucket in debt (its cost at the current rate is
@@ -113,7 +115,8 @@ pub mod slot {
 /// exactly).
 /// Sixteen of the driver's 2 MiB allocation pages.
 pub const POOL_MAX: u64 = 32 << 20;
-/// A pool is at most this fraction (1/n) of the GPU's budget: no pool below 512 MiB.
+/// A pool is at most this fraction (1/n) of the GPU's budget: below a 512 MiB budget
+/// a pool is smaller than one 2 MiB page, so page-rounded allocations never fit it.
 pub const POOL_DIVISOR: u64 = 256;
 
 /// The pool size for a GPU with `budget` bytes.
@@ -474,8 +477,8 @@ impl Region {
         self.pooled(s, g).map_or(0, |p| p.load(Ordering::Relaxed))
     }
 
-    /// What a CUDA context on GPU `g` is charged when it cannot be measured
-    /// ([`gpu::CONTEXT_BYTES`]; 0 for a region without the field).
+    /// The least a CUDA context on GPU `g` is charged ([`gpu::CONTEXT_BYTES`]; 0 for a
+    /// region without the field).
     pub fn context_bytes(&self, g: usize) -> u64 {
         if self.layout.version < 2 {
             return 0;
