@@ -353,20 +353,7 @@ fn bypass_over_budget_is_reported_or_killed() {
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let wd = n.watchdog(Mode::Enforce, &events);
             let task = rt.spawn(wd.run(stop_rx));
-            let t = Instant::now();
-            let status = loop {
-                if let Some(s) = bypass.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(2),
-                    "not killed within 2 s"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            };
-            let took = t.elapsed();
-            use std::os::unix::process::ExitStatusExt;
-            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+            let took = killed_within_2s(&mut bypass);
             println!("bypass killed {took:?} after the watchdog started");
             let _ = stop_tx.send(true);
             rt.block_on(task).unwrap();
@@ -565,23 +552,8 @@ fn hostile_preload_over_budget_is_reported_or_killed() {
             let rt = tokio::runtime::Runtime::new().unwrap();
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let task = rt.spawn(n.watchdog(Mode::Enforce, &events).run(stop_rx));
-            let t = Instant::now();
-            let status = loop {
-                if let Some(s) = tenant.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(2),
-                    "not killed within 2 s"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            };
-            use std::os::unix::process::ExitStatusExt;
-            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-            println!(
-                "hostile tenant killed {:?} after the watchdog started",
-                t.elapsed()
-            );
+            let took = killed_within_2s(&mut tenant);
+            println!("hostile tenant killed {took:?} after the watchdog started");
             let _ = stop_tx.send(true);
             rt.block_on(task).unwrap();
             n.vanish(tenant.id());
@@ -822,23 +794,8 @@ fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
                 c.watchdog(Mode::Enforce, Box::new(events.clone()))
                     .run(stop_rx),
             );
-            let t = Instant::now();
-            let status = loop {
-                if let Some(s) = late.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(2),
-                    "not killed within 2 s"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            };
-            use std::os::unix::process::ExitStatusExt;
-            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-            println!(
-                "late pod's process killed {:?} after the watchdog started",
-                t.elapsed()
-            );
+            let took = killed_within_2s(&mut late);
+            println!("late pod's process killed {took:?} after the watchdog started");
             let _ = stop_tx.send(true);
             c.rt.block_on(task).unwrap();
             c.node.vanish(pid);
@@ -1280,4 +1237,23 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
     let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
     assert!(!text.contains("tessera_mig_memory_zombie_bytes{"), "{text}");
     assert!(events.0.lock().unwrap().is_empty(), "zombies post no Event");
+}
+
+/// Waits for `child` to die, at most 2 s (the bound) after the watchdog started,
+/// and asserts that SIGKILL ended it; returns how long that took.
+fn killed_within_2s(child: &mut std::process::Child) -> Duration {
+    use std::os::unix::process::ExitStatusExt;
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "not killed within 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    t.elapsed()
 }
