@@ -15,11 +15,24 @@ fn main() {
         // symbols in every process it is preloaded into. (zig's linker driver does
         // not take the flag.)
         println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+        two_segments();
     }
     let src = "data/gpa-variants.tsv";
     println!("cargo::rerun-if-changed={src}");
     let text = std::fs::read_to_string(src).unwrap_or_else(|e| panic!("{src}: {e}"));
-    let mut out = String::from("pub static VARIANTS: &[Variant] = &[\n");
+    // The names go into one string and the rows hold offsets into it: the table then
+    // needs no relocation (with `&str` fields, ld.so would patch ~300 pointers in
+    // every process the library is preloaded into, on pages it must then copy).
+    let mut names = String::new();
+    let mut name = |s: &str| -> String {
+        let off = names.find(s).unwrap_or_else(|| {
+            names.push_str(s);
+            names.len() - s.len()
+        });
+        assert!(off + s.len() <= usize::from(u16::MAX) && s.len() <= usize::from(u8::MAX));
+        format!("Name({off}, {})", s.len())
+    };
+    let mut rows = String::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -37,16 +50,17 @@ fn main() {
         let of = if f[3] == "-" {
             "None".to_string()
         } else {
-            format!("Some({:?})", f[3])
+            format!("Some({})", name(f[3]))
         };
+        let (base, symbol) = (name(f[0]), name(f[2]));
         writeln!(
-            out,
-            "    Variant {{ base: {:?}, introduced: {introduced}, symbol: {:?}, per_thread_of: {of} }},",
-            f[0], f[2]
+            rows,
+            "    Variant {{ base: {base}, introduced: {introduced}, symbol: {symbol}, per_thread_of: {of} }},",
         )
         .ok();
     }
-    out.push_str("];\n");
+    let out =
+        format!("const NAMES: &str = {names:?};\npub static VARIANTS: &[Variant] = &[\n{rows}];\n");
     let dst = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("gpa_variants.rs");
     std::fs::write(&dst, out).unwrap_or_else(|e| panic!("{}: {e}", dst.display()));
 }
@@ -81,4 +95,35 @@ fn static_unwinder() {
     std::fs::write(dir.join("libgcc_s.so"), format!("INPUT({eh})\n"))
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     println!("cargo::rustc-link-search=native={}", dir.display());
+}
+
+/// Links with GNU ld into two segments (text with read-only data; RELRO with data),
+/// where rust-lld makes four. ld.so maps each segment with its own `mmap`, and the
+/// kernel keeps a mapping apiece for every process of the container: about 20 µs of
+/// each process start here (`cuda/README.md`, *Cost*), with RELRO kept. gcc picks the
+/// last `-fuse-ld`, so this overrides rustc's own `-fuse-ld=lld`. Skipped when gcc has
+/// no GNU ld beside it (the link then stays with rust-lld, four segments).
+fn two_segments() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let bfd = Command::new(&cc)
+        .arg("-print-prog-name=ld.bfd")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let found = bfd.is_some_and(|p| {
+        let p = std::path::Path::new(&p);
+        if p.is_absolute() {
+            p.exists()
+        } else {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        }
+    });
+    if !found {
+        return;
+    }
+    println!("cargo::rustc-cdylib-link-arg=-fuse-ld=bfd");
+    println!("cargo::rustc-cdylib-link-arg=-Wl,-z,noseparate-code");
 }

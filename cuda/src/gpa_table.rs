@@ -11,16 +11,49 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     /// The name callers pass to `cuGetProcAddress` ("cuMemAlloc").
-    pub base: &'static str,
+    base: Name,
     /// The CUDA version that introduced this variant.
     pub introduced: u32,
     /// The exported symbol ("cuMemAlloc_v2").
-    pub symbol: &'static str,
+    symbol: Name,
     /// For a per-thread variant, the plain variant it belongs to.
-    pub per_thread_of: Option<&'static str>,
+    per_thread_of: Option<Name>,
+}
+
+/// A name in the generated table's one string, by offset and length: the table holds
+/// no pointers, so ld.so has nothing to relocate in it at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Name(u16, u8);
+
+impl Name {
+    fn get(self) -> &'static str {
+        let start = usize::from(self.0);
+        NAMES.get(start..start + usize::from(self.1)).unwrap_or("")
+    }
+}
+
+impl Variant {
+    /// The name callers pass to `cuGetProcAddress` ("cuMemAlloc").
+    pub fn base(&self) -> &'static str {
+        self.base.get()
+    }
+
+    /// The exported symbol ("cuMemAlloc_v2").
+    pub fn symbol(&self) -> &'static str {
+        self.symbol.get()
+    }
+
+    /// For a per-thread variant, the plain variant it belongs to.
+    pub fn per_thread_of(&self) -> Option<&'static str> {
+        self.per_thread_of.map(Name::get)
+    }
 }
 
 include!(concat!(env!("OUT_DIR"), "/gpa_variants.rs"));
+
+/// Hooked entry points that are not in the B4.1 variant table: one exported symbol
+/// each, named as `cuGetProcAddress` is asked for it.
+pub const BEYOND_TABLE: [&str; 1] = ["cuMemRetainAllocationHandle"];
 
 /// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`.
 pub const FLAG_LEGACY_STREAM: u64 = 1;
@@ -47,7 +80,7 @@ pub enum Resolution {
 pub fn resolve(base: &[u8], cuda_version: i32, flags: u64) -> Resolution {
     let mut known = false;
     let mut plain: Option<&'static Variant> = None;
-    for v in VARIANTS.iter().filter(|v| v.base.as_bytes() == base) {
+    for v in VARIANTS.iter().filter(|v| v.base().as_bytes() == base) {
         known = true;
         if v.per_thread_of.is_none()
             && i64::from(v.introduced) <= i64::from(cuda_version)
@@ -65,7 +98,7 @@ pub fn resolve(base: &[u8], cuda_version: i32, flags: u64) -> Resolution {
     };
     if flags & FLAG_PER_THREAD != 0 && flags & FLAG_LEGACY_STREAM == 0 {
         let pt = VARIANTS.iter().find(|v| {
-            v.per_thread_of == Some(plain.symbol)
+            v.per_thread_of() == Some(plain.symbol())
                 && i64::from(v.introduced) <= i64::from(cuda_version)
         });
         if let Some(pt) = pt {
@@ -78,7 +111,7 @@ pub fn resolve(base: &[u8], cuda_version: i32, flags: u64) -> Resolution {
 /// The exported symbol a lookup resolves to, or `None`.
 pub fn resolve_symbol(base: &[u8], cuda_version: i32, flags: u64) -> Option<&'static str> {
     match resolve(base, cuda_version, flags) {
-        Resolution::Variant(v) => Some(v.symbol),
+        Resolution::Variant(v) => Some(v.symbol()),
         _ => None,
     }
 }
@@ -140,7 +173,7 @@ mod tests {
             assert_eq!(f.len(), 5, "{line}");
             let (ver, flags): (i32, u64) = (f[2].parse().unwrap(), f[3].parse().unwrap());
             let got = match resolve(f[1].as_bytes(), ver, flags) {
-                Resolution::Variant(v) => v.symbol,
+                Resolution::Variant(v) => v.symbol(),
                 Resolution::VersionNotSufficient => "-",
                 Resolution::Unknown => "driver",
             };

@@ -618,6 +618,39 @@ fn vmm_memory_stays_charged_until_released_and_unmapped() {
         ["ok", "ok 0", "ok 1", "ok", "ok", "err 1", OOM, "ok", "ok 2"]
     );
     assert!(sb.ledger().peak[0] <= 8 * MIB);
+
+    // A handle retained from its mapping has a second reference: after the first
+    // release and the last unmap the driver still holds it (it could be mapped
+    // again), so it stays charged until the retained reference is released too. Both
+    // lookups: cuGetProcAddress (where the entry point is not in the B4.1 table) and
+    // dlsym.
+    for mode in ["gpa", "dlsym"] {
+        let sb = one_gpu(8 * MIB);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..opts()
+        };
+        let out = sb.client(
+            &o,
+            &[
+                "ctx", "0", "vmm", "4194304", "vreserve", "4194304", "vmap", "1", "0", "4194304",
+                "vretain", "1", "release", "0", "vunmap", "1", "4194304", "vmm", "8388608",
+                "release", "2", "vmm", "8388608",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "ok", "ok 0", "ok 1", "ok", "ok 2", "ok", "ok", OOM, "ok", "ok 3"
+            ],
+            "{mode}"
+        );
+        assert!(
+            sb.ledger().peak[0] <= 8 * MIB,
+            "{mode}: peak {}",
+            sb.ledger().peak[0]
+        );
+    }
 }
 
 /// A pool's growth beyond what the budget holds is undone: with 32 MiB in the

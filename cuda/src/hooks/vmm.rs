@@ -1,10 +1,13 @@
 //! Virtual memory management: `cuMemCreate` on device locations, `cuMemMap`,
-//! `cuMemUnmap` and `cuMemRelease`.
+//! `cuMemUnmap`, `cuMemRetainAllocationHandle` and `cuMemRelease`.
 //!
-//! The driver frees a handle's physical memory only once the handle is released
-//! *and* every mapping of it is unmapped (facts B4.1), so the charge follows the same
-//! rule: a handle is charged from `cuMemCreate` until the later of its release and
-//! its last unmap. (A process that releases handles while keeping them mapped holds
+//! The driver frees a handle's physical memory only once every reference to the
+//! handle is released *and* every mapping of it is unmapped (facts B4.1), so the
+//! charge follows the same rule: a handle is charged from `cuMemCreate` until the
+//! later of its last release and its last unmap. `cuMemCreate` gives a handle one
+//! reference and each `cuMemRetainAllocationHandle` one more, which the tenant must
+//! release too: a library that freed the charge at the first release would let a
+//! retained, unmapped handle hold memory uncharged. (A process that releases handles while keeping them mapped holds
 //! their memory, and their charge.) A handle can be mapped several times; `cuMemUnmap`
 //! takes a range, which ends every mapping that starts inside it.
 #![allow(non_snake_case)]
@@ -21,8 +24,16 @@ struct Handle {
     size: u64,
     /// Live mappings of the handle.
     maps: u32,
-    /// `cuMemRelease` was called: the memory goes when the last mapping does.
-    released: bool,
+    /// References not yet released (`cuMemCreate` and each
+    /// `cuMemRetainAllocationHandle`); at 0 the memory goes when the last mapping does.
+    refs: u32,
+}
+
+impl Handle {
+    /// Every reference is released: the memory lives only as long as its mappings.
+    fn released(&self) -> bool {
+        self.refs == 0
+    }
 }
 
 #[derive(Default)]
@@ -97,7 +108,7 @@ pub unsafe extern "C" fn cuMemCreate(
                     dev: dev.unwrap_or(0),
                     size: size as u64,
                     maps: 0,
-                    released: false,
+                    refs: 1,
                 },
             );
         });
@@ -170,7 +181,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
                 let scrub_it = b
                     .handles
                     .get(&h)
-                    .is_some_and(|x| x.released && x.maps <= here && x.entry.scrub_bytes > 0);
+                    .is_some_and(|x| x.released() && x.maps <= here && x.entry.scrub_bytes > 0);
                 (va, h, n, scrub_it)
             })
             .collect()
@@ -198,7 +209,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
                 }
                 if let Some(x) = b.handles.get_mut(&h) {
                     x.maps = x.maps.saturating_sub(1);
-                    if x.released && x.maps == 0 {
+                    if x.released() && x.maps == 0 {
                         freed.extend(b.handles.remove(&h).map(|x| x.entry.charge));
                     }
                 }
@@ -214,6 +225,34 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     rc
 }
 
+/// The handle behind a mapped address, with one more reference to it: the handle
+/// stays charged until that reference is released as well.
+///
+/// # Safety
+/// The driver's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let rc = call_real!(
+        Hook::cuMemRetainAllocationHandle,
+        unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult,
+        handle,
+        addr
+    );
+    if rc == CUDA_SUCCESS && !handle.is_null() {
+        // SAFETY: on success the driver wrote *handle.
+        let h = unsafe { *handle };
+        with_book(|b| {
+            if let Some(x) = b.handles.get_mut(&h) {
+                x.refs = x.refs.saturating_add(1);
+            }
+        });
+    }
+    rc
+}
+
 /// Releases the handle; its charge goes now if it is not mapped, else at its last
 /// unmap. When the claim scrubs and the handle is not mapped, the whole handle is
 /// zeroed first (mapped at a temporary address), while the handle is still valid. A
@@ -224,11 +263,15 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    // Zeroed before the last reference goes, while the handle is still valid.
     let known = with_book(|b| {
-        b.handles
-            .get(&handle)
-            .filter(|h| !h.released)
-            .map(|h| (h.entry.scrub_bytes > 0 && h.maps == 0, h.dev, h.size))
+        b.handles.get(&handle).filter(|h| !h.released()).map(|h| {
+            (
+                h.entry.scrub_bytes > 0 && h.refs == 1 && h.maps == 0,
+                h.dev,
+                h.size,
+            )
+        })
     })
     .flatten();
     if let Some((true, dev, size)) = known {
@@ -242,8 +285,8 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     if rc == CUDA_SUCCESS && known.is_some() {
         let freed = with_book(|b| {
             let h = b.handles.get_mut(&handle)?;
-            h.released = true;
-            if h.maps == 0 {
+            h.refs = h.refs.saturating_sub(1);
+            if h.released() && h.maps == 0 {
                 b.handles.remove(&handle).map(|h| h.entry.charge)
             } else {
                 None

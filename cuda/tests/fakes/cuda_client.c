@@ -12,6 +12,7 @@
  *   vreserve <bytes>           cuMemAddressReserve -> "ok <id>" (the address)
  *   vmap <va-id> <vmm-id> <bytes>   cuMemMap at offset 0 + cuMemSetAccess (read-write)
  *   vunmap <va-id> <bytes> / vfree <va-id> <bytes>   cuMemUnmap / cuMemAddressFree
+ *   vretain <va-id>            cuMemRetainAllocationHandle of the address -> "ok <id>"
  *   pooldestroy                cuMemPoolDestroy of the pool "pool" created
  *   dalloc <bytes>             cuMemAlloc through the fake's own entry point, past any
  *                              interposer (memory the library never saw allocated)
@@ -248,6 +249,12 @@ int main(int argc, char **argv) {
             prop[3] = dev;
             u64 h = 0;
             rc = f(&h, ARG(1), prop, 0);
+            i += 1;
+            if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(h));
+        } else if (!strcmp(c, "vretain")) {
+            FN(f, CUresult (*)(u64 *, void *), "cuMemRetainAllocationHandle", 11000, "cuMemRetainAllocationHandle");
+            u64 h = 0;
+            rc = f(&h, (void *)(uintptr_t)ids[ARG(1)]);
             i += 1;
             if (rc) printf("err %d\n", rc); else printf("ok %llu\n", save(h));
         } else if (!strcmp(c, "array") || !strcmp(c, "array3d")) {

@@ -22,7 +22,8 @@
  *     release down to their threshold at synchronisation; a pool destroyed with
  *     allocations live keeps all it reserves until the last is freed; VMM sizes must be
  *     multiples of the 2 MiB granularity; cuMemUnmap must cover whole mappings.
- *   - VMM memory is freed only once its handle is released and every mapping of it
+ *   - VMM memory is freed only once every reference to its handle is released
+ *     (cuMemCreate's and one per cuMemRetainAllocationHandle) and every mapping of it
  *     is unmapped. A handle is a memfd; cuMemAddressReserve reserves host address
  *     space, cuMemMap maps the memfd there (so a handle mapped twice shows the same
  *     bytes at both addresses).
@@ -844,8 +845,8 @@ static CUresult i_cuMemGetAllocationGranularity(size_t *g, const struct prop *p,
     (void)p; *g = option == 1 ? 2 * PAGE : PAGE; return OK;
 }
 /* A handle's memory: a memfd (the "physical" pages) with a view of its own, freed
- * once the handle is released and no mapping of it is left. */
-struct vmm { u64 handle; u64 size; int dev; int fd; void *phys; int maps; int released; };
+ * once no reference to the handle and no mapping of it is left. */
+struct vmm { u64 handle; u64 size; int dev; int fd; void *phys; int maps; int refs; };
 #define MAXVMM 1024
 static struct vmm vmms[MAXVMM];
 static struct { u64 va, size; int idx; } vmaps[4 * MAXVMM];
@@ -856,7 +857,7 @@ static struct vmm *vmm_find(u64 handle) {
 }
 /* Under mu. */
 static void vmm_free_if_done(struct vmm *v) {
-    if (!v->released || v->maps > 0) return;
+    if (v->refs > 0 || v->maps > 0) return;
     check_scrub_at(v->phys, v->size, v->dev);
     give(v->dev, v->size);
     munmap(v->phys, v->size);
@@ -881,7 +882,7 @@ static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, un
             give(p->loc_id, size);
             rc = OUT_OF_MEMORY;
         } else {
-            *v = (struct vmm){next++, size, p->loc_id, fd, phys, 0, 0};
+            *v = (struct vmm){next++, size, p->loc_id, fd, phys, 0, 1};
             *handle = v->handle;
         }
     }
@@ -891,8 +892,26 @@ static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, un
 static CUresult i_cuMemRelease(u64 handle) {
     pthread_mutex_lock(&mu);
     struct vmm *v = handle ? vmm_find(handle) : NULL;
-    CUresult rc = v && !v->released ? OK : INVALID_VALUE;
-    if (rc == OK) { v->released = 1; vmm_free_if_done(v); }
+    CUresult rc = v && v->refs > 0 ? OK : INVALID_VALUE;
+    if (rc == OK) { v->refs--; vmm_free_if_done(v); }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+/* The handle mapped at addr (anywhere in a mapping), with one more reference. */
+static CUresult i_cuMemRetainAllocationHandle(u64 *handle, void *addr) {
+    if (!handle) return INVALID_VALUE;
+    u64 a = (u64)(uintptr_t)addr;
+    CUresult rc = INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nvmaps; i++) {
+        if (a >= vmaps[i].va && a < vmaps[i].va + vmaps[i].size) {
+            struct vmm *v = &vmms[vmaps[i].idx];
+            v->refs++;
+            *handle = v->handle;
+            rc = OK;
+            break;
+        }
+    }
     pthread_mutex_unlock(&mu);
     return rc;
 }
@@ -915,7 +934,7 @@ static CUresult i_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, u64 hand
     pthread_mutex_lock(&mu);
     struct vmm *v = handle ? vmm_find(handle) : NULL;
     CUresult rc = OK;
-    if (!v || v->released || offset + size > v->size || nvmaps == 4 * MAXVMM) rc = INVALID_VALUE;
+    if (!v || v->refs == 0 || offset + size > v->size || nvmaps == 4 * MAXVMM) rc = INVALID_VALUE;
     else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
                   (off_t)offset) == MAP_FAILED) rc = INVALID_VALUE;
     if (rc == OK) {
@@ -1416,6 +1435,7 @@ static const struct entry table[] = {
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemCreate", 10020, cuMemCreate),
     E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     E("cuMemAddressReserve", 10020, cuMemAddressReserve),
     E("cuMemAddressFree", 10020, cuMemAddressFree),
     E("cuMemMap", 10020, cuMemMap),
@@ -1554,6 +1574,7 @@ X(CUresult, cuMemPoolGetAttribute, (struct pool *p, int a, void *v), (p, a, v))
 X(CUresult, cuMemGetAllocationGranularity, (size_t *g, const struct prop *p, int o), (g, p, o))
 X(CUresult, cuMemCreate, (u64 *h, size_t s, const struct prop *p, unsigned long long f), (h, s, p, f))
 X(CUresult, cuMemRelease, (u64 h), (h))
+X(CUresult, cuMemRetainAllocationHandle, (u64 *h, void *a), (h, a))
 X(CUresult, cuMemAddressReserve, (CUdeviceptr *p, size_t s, size_t a, CUdeviceptr ad, unsigned long long f), (p, s, a, ad, f))
 X(CUresult, cuMemAddressFree, (CUdeviceptr p, size_t s), (p, s))
 X(CUresult, cuMemMap, (CUdeviceptr p, size_t s, size_t o, u64 h, unsigned long long f), (p, s, o, h, f))
