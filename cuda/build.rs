@@ -8,14 +8,18 @@ use std::process::Command;
 fn main() {
     println!("cargo::rerun-if-env-changed=RUSTC_LINKER");
     let zig = std::env::var("RUSTC_LINKER").is_ok_and(|l| l.contains("zig"));
-    if !zig {
+    println!("cargo::rustc-check-cfg=cfg(tessera_glibc_shims)");
+    if zig {
+        // The glibc 2.17 release build: libdl and libpthread functions are looked up
+        // at first use instead of NEEDED (src/glibc_shims.rs).
+        println!("cargo::rustc-cfg=tessera_glibc_shims");
+    } else {
         static_unwinder();
         // The library's references to its own exported functions (the hooks, whose
         // addresses it hands out) bind at link time: ld.so then resolves ~45 fewer
         // symbols in every process it is preloaded into. (zig's linker driver does
         // not take the flag.)
         println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
-        two_segments();
     }
     let src = "data/gpa-variants.tsv";
     println!("cargo::rerun-if-changed={src}");
@@ -95,35 +99,4 @@ fn static_unwinder() {
     std::fs::write(dir.join("libgcc_s.so"), format!("INPUT({eh})\n"))
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     println!("cargo::rustc-link-search=native={}", dir.display());
-}
-
-/// Links with GNU ld into two segments (text with read-only data; RELRO with data),
-/// where rust-lld makes four. ld.so maps each segment with its own `mmap`, and the
-/// kernel keeps a mapping apiece for every process of the container: about 20 µs of
-/// each process start here (`cuda/README.md`, *Cost*), with RELRO kept. gcc picks the
-/// last `-fuse-ld`, so this overrides rustc's own `-fuse-ld=lld`. Skipped when gcc has
-/// no GNU ld beside it (the link then stays with rust-lld, four segments).
-fn two_segments() {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let bfd = Command::new(&cc)
-        .arg("-print-prog-name=ld.bfd")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let found = bfd.is_some_and(|p| {
-        let p = std::path::Path::new(&p);
-        if p.is_absolute() {
-            p.exists()
-        } else {
-            Command::new(p)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        }
-    });
-    if !found {
-        return;
-    }
-    println!("cargo::rustc-cdylib-link-arg=-fuse-ld=bfd");
-    println!("cargo::rustc-cdylib-link-arg=-Wl,-z,noseparate-code");
 }

@@ -263,7 +263,7 @@ pub fn cuda_uuid(dev: CUdevice) -> Option<String> {
     None
 }
 
-/// glibc's `dlsym`, resolved on first use if the constructor has not run yet.
+/// glibc's `dlsym`, resolved on first use.
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut v = REAL_DLSYM.load(Ordering::Acquire);
     if v == 0 {
@@ -342,8 +342,10 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
 }
 
 /// The exported `dlsym`: `RTLD_NEXT` (-1) jumps to glibc with the caller's return
-/// address intact; everything else goes to [`dlsym_hook`]. Before the real `dlsym`
-/// is known, `RTLD_NEXT` goes to the hook as well, which resolves it.
+/// address intact; everything else goes to [`dlsym_hook`]. The first `RTLD_NEXT`
+/// lookup resolves glibc's `dlsym` (keeping the caller's arguments) and jumps to it
+/// the same way; resolving it lazily spares every process that never calls `dlsym` a
+/// lookup at load.
 ///
 /// # Safety
 /// Has `dlsym`'s contract.
@@ -356,23 +358,30 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
         "jne {hook}",
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
+        "jz 2f",
+        "jmp rax",
+        "2:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
         "jz {hook}",
         "jmp rax",
         hook = sym dlsym_hook,
         real = sym REAL_DLSYM,
+        resolve = sym resolve_real_dlsym_c,
     )
 }
 
-/// Resolves glibc's `dlsym` at load, before any client can call ours.
+/// [`resolve_real_dlsym`] for the trampoline.
 #[cfg(not(test))]
-extern "C" fn init() {
-    resolve_real_dlsym();
+extern "C" fn resolve_real_dlsym_c() -> usize {
+    resolve_real_dlsym()
 }
-
-#[cfg(not(test))]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static INIT: extern "C" fn() = init;
 
 /// Casts a real pointer to a function type.
 ///

@@ -10,6 +10,8 @@
 //! * [`forklock`]: the locks a forked child finds free or abandoned, never held;
 //! * [`sizes`]: what each allocation is charged and what the virtual views report;
 //! * [`throttle`]: compute rates: the claim's token bucket per GPU, launch counters;
+//! * `glibc_shims` (release build only): libdl and libpthread found at first use, so
+//!   that ld.so does not load them into every process;
 //! * `hooks`: the exported entry points, one module per family of calls.
 //!
 //! Nothing here may panic across the C boundary: errors become CUDA or NVML codes.
@@ -18,6 +20,8 @@ pub mod accounting;
 pub mod budget;
 pub mod ffi;
 pub mod forklock;
+#[cfg(all(tessera_glibc_shims, not(test), target_arch = "x86_64"))]
+mod glibc_shims;
 pub mod gpa_table;
 #[cfg(not(test))]
 mod hooks;

@@ -452,6 +452,13 @@ fn start_flusher() {
     if FLUSHER_STARTED.load(Ordering::Relaxed) || FLUSHER_STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
+    // Once per process: a forked child inherits the registration.
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a function of the library; glibc runs it at exit, or
+        // when the library is unloaded.
+        unsafe { libc::atexit(flush_at_exit) };
+    });
     let spawned = std::thread::Builder::new()
         .name("tessera-flush".into())
         .stack_size(64 << 10)
@@ -486,18 +493,14 @@ fn flusher() {
 }
 
 /// At exit (`exit`, or the library unloaded): the last counts reach the region. A
-/// process killed outright loses at most [`FLUSH_EVERY`] of them.
-#[cfg(not(test))]
+/// process killed outright loses at most [`FLUSH_EVERY`] of them. Registered when the
+/// flusher first starts (not in `.fini_array`), so that a process that never launches
+/// has nothing of the library's to run, or page in, at exit.
 extern "C" fn flush_at_exit() {
     if FLUSHER_STARTED.load(Ordering::Relaxed) {
         flush();
     }
 }
-
-#[cfg(not(test))]
-#[used]
-#[unsafe(link_section = ".fini_array")]
-static FINI: extern "C" fn() = flush_at_exit;
 
 /// One flush at a time (the flusher, and exit): a flag rather than a mutex, so that a
 /// forked child can reset it.

@@ -571,6 +571,58 @@ fn scrubbing_leaves_a_released_but_mapped_handle_intact_until_its_last_unmap() {
     assert_eq!(l.live[0], 0);
 }
 
+/// A reference retained from a mapping keeps the handle the tenant's memory after
+/// its first release and last unmap (it can be mapped again): scrubbing waits for the
+/// retained reference's release, then zeroes the whole handle before the driver frees
+/// it (by the fake's check).
+#[test]
+fn scrubbing_waits_for_a_retained_reference() {
+    if !require("scrub-retained") {
+        return;
+    }
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
+    c.scrub = true;
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
+        ..opts()
+    };
+    let out = sb.client(
+        &o,
+        &[
+            "ctx", "0", "vmm", "2097152", "vreserve", "2097152", "vmap", "1", "0", "2097152",
+            "fill", "1", "2097152", "vretain", "1", "release", "0", "vunmap", "1", "2097152",
+            "vreserve", "2097152", "vmap", "3", "2", "2097152", "peek", "3", "2097152", "vunmap",
+            "3", "2097152", "release", "2",
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "ok",
+            "ok 0",
+            "ok 1",
+            "ok",
+            "ok",
+            "ok 2",
+            "ok",
+            "ok",
+            "ok 3",
+            "ok",
+            "ok filled",
+            "ok",
+            "ok"
+        ]
+    );
+    let l = sb.ledger();
+    assert_eq!(
+        (l.scrub_clean[0], l.scrub_dirty[0]),
+        (1, 0),
+        "zeroed once, at the retained reference's release"
+    );
+    assert_eq!(l.live[0], 0);
+}
+
 /// None of these tenant changes turns enforcement off: an empty or different
 /// LD_PRELOAD, LD_LIBRARY_PATH naming another copy of libcuda, CUDA_* and TESSERA_*
 /// variables, CUDA_DISABLE_CONTROL=true; through either loading path.

@@ -26,13 +26,26 @@ struct Handle {
     maps: u32,
     /// References not yet released (`cuMemCreate` and each
     /// `cuMemRetainAllocationHandle`); at 0 the memory goes when the last mapping does.
-    refs: u32,
+    refs: u64,
 }
 
 impl Handle {
     /// Every reference is released: the memory lives only as long as its mappings.
     fn released(&self) -> bool {
         self.refs == 0
+    }
+}
+
+/// Applies `change` to the handle's counts (a reference or mapping counted ahead of a
+/// driver call that refused, or none): its charge, if the handle is left with neither
+/// references nor mappings (the driver has freed it).
+fn recount(b: &mut Book, handle: u64, change: impl FnOnce(&mut Handle)) -> Option<Charge> {
+    let h = b.handles.get_mut(&handle)?;
+    change(h);
+    if h.released() && h.maps == 0 {
+        b.handles.remove(&handle).map(|h| h.entry.charge)
+    } else {
+        None
     }
 }
 
@@ -129,6 +142,17 @@ pub unsafe extern "C" fn cuMemMap(
     handle: CUmemGenericAllocationHandle,
     flags: u64,
 ) -> CUresult {
+    // Counted before the driver maps it: a release and unmap racing in another thread
+    // must not see the handle's last mapping gone and return its charge while this
+    // mapping keeps the memory alive. (Such a race can skip a scrub: the tenant's own
+    // memory, unzeroed for itself.)
+    let counted = with_book(|b| {
+        b.handles
+            .get_mut(&handle)
+            .map(|h| h.maps = h.maps.saturating_add(1))
+            .is_some()
+    })
+    .unwrap_or(false);
     let rc = call_real!(
         Hook::cuMemMap,
         unsafe extern "C" fn(
@@ -144,13 +168,19 @@ pub unsafe extern "C" fn cuMemMap(
         handle,
         flags
     );
-    if rc == CUDA_SUCCESS {
-        with_book(|b| {
-            if let Some(h) = b.handles.get_mut(&handle) {
-                h.maps = h.maps.saturating_add(1);
+    if counted {
+        let freed = with_book(|b| {
+            if rc == CUDA_SUCCESS {
                 b.maps.insert(ptr, (handle, size as u64));
+                None
+            } else {
+                recount(b, handle, |h| h.maps = h.maps.saturating_sub(1))
             }
-        });
+        })
+        .flatten();
+        if let Some(c) = freed {
+            accounting::state().release(c);
+        }
     }
     rc
 }
@@ -235,43 +265,67 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     handle: *mut CUmemGenericAllocationHandle,
     addr: *mut c_void,
 ) -> CUresult {
+    // The reference is counted before the driver gives it, on the charged handle
+    // mapped at `addr`: a release and unmap racing in another thread then cannot
+    // return the charge of memory this reference keeps.
+    let a = addr as u64;
+    let ahead = with_book(|b| {
+        let (&va, &(h, n)) = b.maps.range(..=a).next_back()?;
+        let x = b.handles.get_mut(&h).filter(|_| a < va.saturating_add(n))?;
+        x.refs = x.refs.saturating_add(1);
+        Some(h)
+    })
+    .flatten();
     let rc = call_real!(
         Hook::cuMemRetainAllocationHandle,
         unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult,
         handle,
         addr
     );
-    if rc == CUDA_SUCCESS && !handle.is_null() {
-        // SAFETY: on success the driver wrote *handle.
-        let h = unsafe { *handle };
-        with_book(|b| {
-            if let Some(x) = b.handles.get_mut(&h) {
-                x.refs = x.refs.saturating_add(1);
-            }
-        });
+    // SAFETY: on success the driver wrote *handle.
+    let got = (rc == CUDA_SUCCESS && !handle.is_null()).then(|| unsafe { *handle });
+    if ahead == got {
+        return rc;
+    }
+    // Counted on another handle than the driver's (the mapping changed meanwhile), or
+    // refused: the reference moves to the handle the driver gave, if it is charged.
+    let freed = with_book(|b| {
+        if let Some(g) = got
+            && let Some(x) = b.handles.get_mut(&g)
+        {
+            x.refs = x.refs.saturating_add(1);
+        }
+        ahead.and_then(|h| recount(b, h, |x| x.refs = x.refs.saturating_sub(1)))
+    })
+    .flatten();
+    if let Some(c) = freed {
+        accounting::state().release(c);
     }
     rc
 }
 
-/// Releases the handle; its charge goes now if it is not mapped, else at its last
-/// unmap. When the claim scrubs and the handle is not mapped, the whole handle is
-/// zeroed first (mapped at a temporary address), while the handle is still valid. A
-/// handle released while mapped stays valid memory for the tenant until its last
-/// unmap, so it is left alone here and zeroed by that [`cuMemUnmap`].
+/// Releases one reference to the handle. At its last reference the charge goes now if
+/// the handle is not mapped, else at its last unmap. When the claim scrubs and the
+/// last reference goes from an unmapped handle, the whole handle is zeroed first
+/// (mapped at a temporary address), while it is still valid. A handle released while
+/// mapped stays valid memory for the tenant until its last unmap, so it is left alone
+/// here and zeroed by that [`cuMemUnmap`].
 ///
 /// # Safety
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    // Zeroed before the last reference goes, while the handle is still valid.
+    // The reference is taken off before the driver call, so that of two releases
+    // racing, exactly one sees the last reference go and zeroes the handle (while it
+    // is still valid); a refusal puts it back.
     let known = with_book(|b| {
-        b.handles.get(&handle).filter(|h| !h.released()).map(|h| {
-            (
-                h.entry.scrub_bytes > 0 && h.refs == 1 && h.maps == 0,
-                h.dev,
-                h.size,
-            )
-        })
+        let h = b.handles.get_mut(&handle).filter(|h| !h.released())?;
+        h.refs -= 1;
+        Some((
+            h.entry.scrub_bytes > 0 && h.refs == 0 && h.maps == 0,
+            h.dev,
+            h.size,
+        ))
     })
     .flatten();
     if let Some((true, dev, size)) = known {
@@ -282,13 +336,13 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult,
         handle
     );
-    if rc == CUDA_SUCCESS && known.is_some() {
+    if known.is_some() {
         let freed = with_book(|b| {
-            let h = b.handles.get_mut(&handle)?;
-            h.refs = h.refs.saturating_sub(1);
-            if h.released() && h.maps == 0 {
-                b.handles.remove(&handle).map(|h| h.entry.charge)
+            if rc == CUDA_SUCCESS {
+                recount(b, handle, |_| {})
             } else {
+                let h = b.handles.get_mut(&handle)?;
+                h.refs = h.refs.saturating_add(1);
                 None
             }
         })

@@ -174,8 +174,21 @@ pub fn artifacts() -> &'static Artifacts {
 /// Builds `libtessera_cuda.so` with the cargo running the tests, into a target
 /// directory of its own: integration tests do not link a cdylib, so cargo does not
 /// rebuild it for them, and the outer build directory stays locked while tests run.
+/// `TESSERA_CUDA_TEST_LIB=<file>` runs the tests against that build instead (CI
+/// passes the release artifact).
 pub fn built_library() -> PathBuf {
-    built_library_with("debug", &[])
+    match std::env::var_os("TESSERA_CUDA_TEST_LIB").filter(|v| !v.is_empty()) {
+        Some(lib) => {
+            let lib = PathBuf::from(lib);
+            assert!(
+                lib.is_file(),
+                "TESSERA_CUDA_TEST_LIB={}: no such file",
+                lib.display()
+            );
+            lib
+        }
+        None => built_library_with("debug", &[]),
+    }
 }
 
 /// As [`built_library`], in `profile` ("debug" or "release" with `--release`).
