@@ -13,8 +13,13 @@
 //!
 //! The jump keeps the caller's return address, so `dlvsym(RTLD_NEXT, …)` still
 //! searches after this library. A function not found (old glibc, in a process that
-//! never loaded libpthread) fails the way its caller handles: NULL, or `ENOSYS`, and
-//! is looked up again at its next call. Only the zig build uses this (`build.rs` sets
+//! never loaded libpthread) returns NULL or `ENOSYS`, chosen so that its callers in the
+//! library give up cleanly (no flusher thread: launches count directly), and is looked
+//! up again at its next call. An object a function was found in other than libc is
+//! pinned (`RTLD_NODELETE`): libdl is not, and the stored address must outlive
+//! whichever library brought it in. `pthread_atfork` is not a shim: it is glibc's
+//! `__register_atfork` (in libc.so.6 since 2.3.2) with this library's `__dso_handle`,
+//! as libc_nonshared's own does. Only the zig build uses this (`build.rs` sets
 //! `tessera_glibc_shims`); the ordinary build links glibc's own.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -27,7 +32,8 @@ enum Fail {
     Null,
     /// An error number (the `pthread_*` functions): `ENOSYS`.
     Errno,
-    /// `dladdr`: 0, "not found".
+    /// `dladdr`: 0, "not found"; `pthread_attr_setstacksize`: 0, "done" (std asserts
+    /// that a failure is `EINVAL`; the `pthread_create` after it then fails cleanly).
     Zero,
 }
 
@@ -50,6 +56,7 @@ macro_rules! shims {
                 concat!(".type ", stringify!($name), ",@function"),
                 ".p2align 4",
                 concat!(stringify!($name), ":"),
+                ".cfi_startproc",
                 concat!("mov rax, qword ptr [rip + {slots} + 8 * ", $i, "]"),
                 "test rax, rax",
                 "jz 2f",
@@ -57,27 +64,59 @@ macro_rules! shims {
                 "2:",
                 concat!("mov eax, ", $i),
                 "jmp .Ltessera_shim_slow",
+                ".cfi_endproc",
                 concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
             )*
+            // Unwind information (the frame is the shim's caller's until the pushes)
+            // so that debuggers and profilers can walk out of a lookup.
             ".p2align 4",
             ".Ltessera_shim_slow:",
+            ".cfi_startproc",
             "push rdi",
+            ".cfi_adjust_cfa_offset 8",
             "push rsi",
+            ".cfi_adjust_cfa_offset 8",
             "push rdx",
+            ".cfi_adjust_cfa_offset 8",
             "push rcx",
+            ".cfi_adjust_cfa_offset 8",
             "push r8",
+            ".cfi_adjust_cfa_offset 8",
             "push r9",
+            ".cfi_adjust_cfa_offset 8",
             "sub rsp, 8",
+            ".cfi_adjust_cfa_offset 8",
             "mov edi, eax",
             "call {resolve}",
             "add rsp, 8",
+            ".cfi_adjust_cfa_offset -8",
             "pop r9",
+            ".cfi_adjust_cfa_offset -8",
             "pop r8",
+            ".cfi_adjust_cfa_offset -8",
             "pop rcx",
+            ".cfi_adjust_cfa_offset -8",
             "pop rdx",
+            ".cfi_adjust_cfa_offset -8",
             "pop rsi",
+            ".cfi_adjust_cfa_offset -8",
             "pop rdi",
+            ".cfi_adjust_cfa_offset -8",
             "jmp rax",
+            ".cfi_endproc",
+            // pthread_atfork(prepare, parent, child) is
+            // __register_atfork(prepare, parent, child, &__dso_handle): glibc then
+            // drops the handlers if the library is unloaded.
+            ".globl pthread_atfork",
+            ".hidden pthread_atfork",
+            ".type pthread_atfork,@function",
+            ".p2align 4",
+            "pthread_atfork:",
+            ".cfi_startproc",
+            "lea rcx, [rip + __dso_handle]",
+            "jmp qword ptr [rip + __register_atfork@GOTPCREL]",
+            ".cfi_endproc",
+            ".size pthread_atfork, . - pthread_atfork",
             slots = sym SLOTS,
             resolve = sym resolve,
         );
@@ -91,20 +130,19 @@ shims!(
     0 dlopen "GLIBC_2.2.5" Null,
     1 dlvsym "GLIBC_2.2.5" Null,
     2 dladdr "GLIBC_2.2.5" Zero,
-    3 pthread_atfork "GLIBC_2.2.5" Errno,
-    4 pthread_attr_getguardsize "GLIBC_2.2.5" Errno,
-    5 pthread_attr_getstack "GLIBC_2.2.5" Errno,
-    6 pthread_attr_setstacksize "GLIBC_2.2.5" Errno,
-    7 pthread_create "GLIBC_2.2.5" Errno,
-    8 pthread_detach "GLIBC_2.2.5" Errno,
-    9 pthread_getattr_np "GLIBC_2.2.5" Errno,
-    10 pthread_key_create "GLIBC_2.2.5" Errno,
-    11 pthread_key_delete "GLIBC_2.2.5" Errno,
-    12 pthread_rwlock_rdlock "GLIBC_2.2.5" Errno,
-    13 pthread_rwlock_unlock "GLIBC_2.2.5" Errno,
-    14 pthread_rwlock_wrlock "GLIBC_2.2.5" Errno,
-    15 pthread_setname_np "GLIBC_2.12" Errno,
-    16 pthread_setspecific "GLIBC_2.2.5" Errno,
+    3 pthread_attr_getguardsize "GLIBC_2.2.5" Errno,
+    4 pthread_attr_getstack "GLIBC_2.2.5" Errno,
+    5 pthread_attr_setstacksize "GLIBC_2.2.5" Zero,
+    6 pthread_create "GLIBC_2.2.5" Errno,
+    7 pthread_detach "GLIBC_2.2.5" Errno,
+    8 pthread_getattr_np "GLIBC_2.2.5" Errno,
+    9 pthread_key_create "GLIBC_2.2.5" Errno,
+    10 pthread_key_delete "GLIBC_2.2.5" Errno,
+    11 pthread_rwlock_rdlock "GLIBC_2.2.5" Errno,
+    12 pthread_rwlock_unlock "GLIBC_2.2.5" Errno,
+    13 pthread_rwlock_wrlock "GLIBC_2.2.5" Errno,
+    14 pthread_setname_np "GLIBC_2.12" Errno,
+    15 pthread_setspecific "GLIBC_2.2.5" Errno,
 );
 
 extern "C" fn fail_null() -> *mut c_void {
@@ -125,8 +163,9 @@ extern "C" fn resolve(i: u32) -> usize {
     let Some(&(name, ver, fail)) = SHIMS.get(i as usize) else {
         return fail_null as *const () as usize;
     };
-    let found = find(name, ver);
+    let (found, object) = crate::elf_symbols::find(name, ver);
     if found != 0 {
+        pin(object);
         SLOTS[i as usize].store(found, Ordering::Release);
         return found;
     }
@@ -137,195 +176,36 @@ extern "C" fn resolve(i: u32) -> usize {
     }
 }
 
-/// A lookup in progress: the NUL-terminated name and version, the name's GNU hash.
-struct Query {
-    name: &'static [u8],
-    ver: &'static [u8],
-    hash: u32,
-    found: usize,
-}
+/// Objects already pinned, by name pointer (libdl and libpthread at most).
+static PINNED: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
-/// The address of the function `name` defined at version `ver` by a loaded object,
-/// or 0. Reads the objects' dynamic symbol tables (GNU hash, version definitions) as
-/// ld.so does; allocates nothing and calls nothing that could be a shim.
-fn find(name: &'static [u8], ver: &'static [u8]) -> usize {
-    let bare = name.strip_suffix(b"\0").unwrap_or(name);
-    let hash = bare.iter().fold(5381u32, |h, &c| {
-        h.wrapping_mul(33).wrapping_add(u32::from(c))
-    });
-    let mut q = Query {
-        name,
-        ver,
-        hash,
-        found: 0,
-    };
-    // SAFETY: the callback reads only what ld.so mapped, and stops at the first match.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut q).cast()) };
-    q.found
-}
-
-const DT_NULL: i64 = 0;
-const DT_STRTAB: i64 = 5;
-const DT_SYMTAB: i64 = 6;
-const DT_GNU_HASH: i64 = 0x6fff_fef5;
-const DT_VERSYM: i64 = 0x6fff_fff0;
-const DT_VERDEF: i64 = 0x6fff_fffc;
-const DT_VERDEFNUM: i64 = 0x6fff_fffd;
-const STT_FUNC: u8 = 2;
-
-#[repr(C)]
-struct Dyn {
-    tag: i64,
-    val: u64,
-}
-
-#[repr(C)]
-struct Sym {
-    name: u32,
-    info: u8,
-    other: u8,
-    shndx: u16,
-    value: u64,
-    size: u64,
-}
-
-#[repr(C)]
-struct Verdef {
-    version: u16,
-    flags: u16,
-    ndx: u16,
-    cnt: u16,
-    hash: u32,
-    aux: u32,
-    next: u32,
-}
-
-/// One object: its symbol `q.name` with version `q.ver`, through the GNU hash table.
-///
-/// # Safety
-/// Called by `dl_iterate_phdr` with a valid `info` and `data` = a `Query`.
-unsafe extern "C" fn visit(
-    info: *mut libc::dl_phdr_info,
-    _size: usize,
-    data: *mut c_void,
-) -> c_int {
-    // SAFETY: per the caller.
-    let (info, q) = unsafe { (&*info, &mut *data.cast::<Query>()) };
-    let base = info.dlpi_addr as usize;
-    if info.dlpi_phdr.is_null() {
-        return 0;
+/// Keeps the object a function was found in loaded for good (`RTLD_NODELETE`), unless
+/// it is libc (never unloaded): libdl is not marked so, and if the library that brought
+/// it in were closed, the stored address would dangle. Marked before the `dlopen`, so
+/// that the lookup of `dlopen` itself (a shim) does not come back here.
+fn pin(object: *const c_char) {
+    if object.is_null() {
+        return;
     }
-    // SAFETY: ld.so's program headers for this object.
-    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) else {
-        return 0;
-    };
-    // glibc relocates the dynamic section's addresses in place where it is writable;
-    // the vDSO's (and a read-only one) stay relative to the base.
-    let addr = |v: u64| -> usize {
-        let v = v as usize;
-        if v < base { v + base } else { v }
-    };
-    let (mut strtab, mut symtab, mut gnu_hash, mut versym, mut verdef, mut verdefnum) =
-        (0usize, 0usize, 0usize, 0usize, 0usize, 0u64);
-    let mut d = (base + dynamic.p_vaddr as usize) as *const Dyn;
-    // SAFETY: the dynamic section, ended by DT_NULL.
-    unsafe {
-        while (*d).tag != DT_NULL {
-            let v = (*d).val;
-            match (*d).tag {
-                DT_STRTAB => strtab = addr(v),
-                DT_SYMTAB => symtab = addr(v),
-                DT_GNU_HASH => gnu_hash = addr(v),
-                DT_VERSYM => versym = addr(v),
-                DT_VERDEF => verdef = addr(v),
-                DT_VERDEFNUM => verdefnum = v,
-                _ => {}
-            }
-            d = d.add(1);
-        }
+    // SAFETY: ld.so's name for a loaded object: a NUL-terminated string.
+    let name = unsafe { std::ffi::CStr::from_ptr(object) }.to_bytes();
+    if name.is_empty() || name.windows(7).any(|w| w == b"libc.so") {
+        return;
     }
-    if strtab == 0 || symtab == 0 || gnu_hash == 0 || versym == 0 || verdef == 0 {
-        return 0;
-    }
-    // SAFETY: the tables ld.so itself reads for this object.
-    unsafe {
-        let ht = gnu_hash as *const u32;
-        let (nbuckets, symoffset, bloom_words) = (*ht, *ht.add(1), *ht.add(2));
-        if nbuckets == 0 {
-            return 0;
-        }
-        let buckets = ht
-            .add(4)
-            .cast::<u64>()
-            .add(bloom_words as usize)
-            .cast::<u32>();
-        let chain = buckets.add(nbuckets as usize);
-        let mut idx = *buckets.add((q.hash % nbuckets) as usize);
-        if idx < symoffset {
-            return 0;
-        }
-        loop {
-            let h = *chain.add((idx - symoffset) as usize);
-            if h | 1 == q.hash | 1 {
-                let sym = &*(symtab as *const Sym).add(idx as usize);
-                if sym.shndx != 0
-                    && sym.info & 0xf == STT_FUNC
-                    && cstr_is(strtab + sym.name as usize, q.name)
-                    && version_is(
-                        *(versym as *const u16).add(idx as usize) & 0x7fff,
-                        verdef,
-                        verdefnum,
-                        strtab,
-                        q.ver,
+    for slot in &PINNED {
+        match slot.compare_exchange(0, object as usize, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                // SAFETY: the object is loaded (RTLD_NOLOAD only adds the flag).
+                unsafe {
+                    libc::dlopen(
+                        object,
+                        libc::RTLD_LAZY | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
                     )
-                {
-                    q.found = base + sym.value as usize;
-                    return 1;
-                }
+                };
+                return;
             }
-            if h & 1 != 0 {
-                return 0;
-            }
-            idx += 1;
+            Err(v) if v == object as usize => return,
+            Err(_) => {}
         }
     }
-}
-
-/// Whether the NUL-terminated string at `p` is `want` (NUL included).
-///
-/// # Safety
-/// `p` must point to a NUL-terminated string.
-unsafe fn cstr_is(p: usize, want: &[u8]) -> bool {
-    let p = p as *const c_char;
-    for (k, &w) in want.iter().enumerate() {
-        // SAFETY: stops at the string's NUL at the latest (`want` ends with one).
-        if unsafe { *p.add(k) } as u8 != w {
-            return false;
-        }
-    }
-    true
-}
-
-/// Whether version index `ndx` of the object is named `want`.
-///
-/// # Safety
-/// `verdef`/`strtab` must be the object's tables.
-unsafe fn version_is(ndx: u16, verdef: usize, count: u64, strtab: usize, want: &[u8]) -> bool {
-    let mut v = verdef;
-    for _ in 0..count {
-        // SAFETY: the version definitions chain, `count` long.
-        let d = unsafe { &*(v as *const Verdef) };
-        if d.ndx == ndx {
-            // SAFETY: the first auxiliary entry names the version.
-            let name = unsafe { *((v + d.aux as usize) as *const u32) };
-            // SAFETY: a string of the object's table.
-            return unsafe { cstr_is(strtab + name as usize, want) };
-        }
-        if d.next == 0 {
-            break;
-        }
-        v += d.next as usize;
-    }
-    false
 }

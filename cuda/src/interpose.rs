@@ -353,7 +353,9 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
+    // Unwind information, so that debuggers and profilers can walk out of a lookup.
     core::arch::naked_asm!(
+        ".cfi_startproc",
         "cmp rdi, -1",
         "jne {hook}",
         "mov rax, qword ptr [rip + {real}]",
@@ -362,15 +364,22 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
         "jmp rax",
         "2:",
         "push rdi",
+        ".cfi_adjust_cfa_offset 8",
         "push rsi",
+        ".cfi_adjust_cfa_offset 8",
         "sub rsp, 8",
+        ".cfi_adjust_cfa_offset 8",
         "call {resolve}",
         "add rsp, 8",
+        ".cfi_adjust_cfa_offset -8",
         "pop rsi",
+        ".cfi_adjust_cfa_offset -8",
         "pop rdi",
+        ".cfi_adjust_cfa_offset -8",
         "test rax, rax",
         "jz {hook}",
         "jmp rax",
+        ".cfi_endproc",
         hook = sym dlsym_hook,
         real = sym REAL_DLSYM,
         resolve = sym resolve_real_dlsym_c,

@@ -18,6 +18,8 @@
 
 pub mod accounting;
 pub mod budget;
+#[cfg(any(test, all(tessera_glibc_shims, target_arch = "x86_64")))]
+mod elf_symbols;
 pub mod ffi;
 pub mod forklock;
 #[cfg(all(tessera_glibc_shims, not(test), target_arch = "x86_64"))]

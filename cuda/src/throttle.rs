@@ -495,7 +495,10 @@ fn flusher() {
 /// At exit (`exit`, or the library unloaded): the last counts reach the region. A
 /// process killed outright loses at most [`FLUSH_EVERY`] of them. Registered when the
 /// flusher first starts (not in `.fini_array`), so that a process that never launches
-/// has nothing of the library's to run, or page in, at exit.
+/// has nothing of the library's to run, or page in, at exit. It therefore runs before
+/// the exit handlers registered earlier (C++ destructors of statics made before the
+/// first launch among them): launches made by those handlers are not flushed, as for a
+/// process killed outright.
 extern "C" fn flush_at_exit() {
     if FLUSHER_STARTED.load(Ordering::Relaxed) {
         flush();

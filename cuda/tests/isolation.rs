@@ -623,6 +623,39 @@ fn scrubbing_waits_for_a_retained_reference() {
     assert_eq!(l.live[0], 0);
 }
 
+/// A release the driver refuses keeps the handle's charge, even when the handle's
+/// last mapping is unmapped in another thread while the release is under way (the
+/// library takes the reference off before the driver call).
+#[test]
+fn a_refused_release_racing_an_unmap_keeps_the_charge() {
+    if !require("release-race") {
+        return;
+    }
+    let sb = one_gpu(64 * MIB);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_RELEASE_FAIL_MS".into(), "400".into())],
+        ..opts()
+    };
+    let out = sb.client(
+        &o,
+        &[
+            "ctx", "0", "vmm", "2097152", "vreserve", "2097152", "vmap", "1", "0", "2097152",
+            "meminfo", "bgunmap", "1", "2097152", "100", "release", "0", "sleep", "100", "meminfo",
+        ],
+    );
+    assert_eq!(
+        out[..7],
+        ["ok", "ok 0", "ok 1", "ok", out[4].as_str(), "ok", "err 999"]
+    );
+    assert!(out[4].starts_with("ok "), "{out:?}");
+    assert_eq!(
+        out[8], out[4],
+        "the refused release and the unmap leave the handle charged: same free memory"
+    );
+    let l = sb.ledger();
+    assert!(l.peak[0] <= 64 * MIB);
+}
+
 /// None of these tenant changes turns enforcement off: an empty or different
 /// LD_PRELOAD, LD_LIBRARY_PATH naming another copy of libcuda, CUDA_* and TESSERA_*
 /// variables, CUDA_DISABLE_CONTROL=true; through either loading path.

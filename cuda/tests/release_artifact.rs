@@ -11,7 +11,10 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use support::*;
 
@@ -182,26 +185,38 @@ fn bullseye() -> Result<PathBuf, String> {
         return Ok(root);
     }
     let tmp = parent.join(format!("bullseye-minbase.tmp{}", std::process::id()));
-    let mirror = std::env::var("TESSERA_DEBIAN_MIRROR")
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "http://deb.debian.org/debian".into());
+    // Bullseye's LTS ended in August 2026: once deb.debian.org drops it, it is on
+    // archive.debian.org (TESSERA_DEBIAN_MIRROR names another mirror).
+    let mirrors: Vec<String> = match std::env::var("TESSERA_DEBIAN_MIRROR") {
+        Ok(m) if !m.is_empty() => vec![m],
+        _ => vec![
+            "http://deb.debian.org/debian".into(),
+            "http://archive.debian.org/debian".into(),
+        ],
+    };
     let t = std::time::Instant::now();
-    let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "bullseye"])
-        .arg(&tmp)
-        .arg(&mirror)
-        .output()
-        .map_err(|e| format!("debootstrap: {e}"))?;
-    if !out.status.success() {
+    let mut failures = Vec::new();
+    for mirror in &mirrors {
+        let out = Command::new("debootstrap")
+            .args(["--variant=minbase", "bullseye"])
+            .arg(&tmp)
+            .arg(mirror)
+            .output()
+            .map_err(|e| format!("debootstrap: {e}"))?;
+        if out.status.success() {
+            break;
+        }
         let _ = std::fs::remove_dir_all(&tmp);
         let err = String::from_utf8_lossy(&out.stderr);
         let log = String::from_utf8_lossy(&out.stdout);
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
-        return Err(format!(
+        failures.push(format!(
             "debootstrap --variant=minbase bullseye {mirror} failed:\n{err}\n{}",
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         ));
+    }
+    if failures.len() == mirrors.len() {
+        return Err(failures.join("\n"));
     }
     if let Ok(rd) = std::fs::read_dir(tmp.join("var/cache/apt/archives")) {
         for e in rd.flatten() {
@@ -219,13 +234,63 @@ fn bullseye() -> Result<PathBuf, String> {
     Ok(root)
 }
 
-/// `zig cc` for glibc 2.28, so that the fake driver and the client run on bullseye.
+/// Kills a process that is still running `secs` after it started, unless dropped
+/// first: a process in the chroot that hangs fails its test instead of holding CI.
+struct Deadline(Arc<AtomicBool>);
+
+impl Deadline {
+    fn new(pid: u32, secs: u64) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end {
+                if d.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !d.load(Ordering::Relaxed) {
+                // SAFETY: signalling the test's own child.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        });
+        Deadline(done)
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `c`'s output, the process killed (and the output cut short) after 2 minutes.
+fn output_within(mut c: Command) -> Output {
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let _deadline = Deadline::new(child.id(), 120);
+    child.wait_with_output().expect("wait")
+}
+
+/// `zig cc` for glibc 2.28, so that the fake driver and the client run on bullseye:
+/// a `zig` binary, else PyPI's `python3 -m ziglang` (the two cargo-zigbuild takes).
 fn zig_cc(args: &[&str]) {
-    let out = Command::new("python3")
-        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.28"])
+    let mut cmd = if have("zig", "version") {
+        Command::new("zig")
+    } else {
+        let mut c = Command::new("python3");
+        c.args(["-m", "ziglang"]);
+        c
+    };
+    let out = cmd
+        .args(["cc", "-target", "x86_64-linux-gnu.2.28"])
         .args(args)
         .output()
-        .expect("python3 -m ziglang");
+        .expect("zig cc");
     assert!(
         out.status.success(),
         "zig cc {args:?}:\n{}",
@@ -340,10 +405,10 @@ fn the_release_library_works_on_glibc_2_31() {
     };
 
     // glibc 2.31 in there, and no libpthread in a plain process.
-    let o = run(&["/usr/bin/ldd", "--version"]).output().expect("ldd");
+    let o = output_within(run(&["/usr/bin/ldd", "--version"]));
     let (out, err) = text(&o);
     assert!(out.contains("2.31"), "not glibc 2.31: {out}{err}");
-    let o = run(&["/bin/cat", "/proc/self/maps"]).output().expect("cat");
+    let o = output_within(run(&["/bin/cat", "/proc/self/maps"]));
     let (out, err) = text(&o);
     assert!(
         o.status.success() && err.is_empty(),
@@ -354,12 +419,12 @@ fn the_release_library_works_on_glibc_2_31() {
         "the library is not mapped:\n{out}"
     );
     assert!(!out.contains("libpthread"), "cat has libpthread:\n{out}");
-    let o = run(&["/bin/true"]).output().expect("true");
+    let o = output_within(run(&["/bin/true"]));
     assert!(o.status.success() && o.stderr.is_empty(), "{:?}", text(&o));
 
     // A CUDA client: lookups through the trampoline, and the budget.
     for mode in ["gpa", "dlsym"] {
-        let o = run(&[
+        let o = output_within(run(&[
             "/cuda_client",
             mode,
             "ctx",
@@ -368,9 +433,7 @@ fn the_release_library_works_on_glibc_2_31() {
             "6291456",
             "alloc",
             "2097152",
-        ])
-        .output()
-        .expect("client");
+        ]));
         let (out, err) = text(&o);
         assert_eq!(
             lines(&o.stdout),
@@ -391,6 +454,7 @@ fn the_release_library_works_on_glibc_2_31() {
     .stdout(Stdio::piped())
     .spawn()
     .expect("client");
+    let watchdog = Deadline::new(child.id(), 120);
     let mut got = Vec::new();
     let mut rd = BufReader::new(child.stdout.take().expect("stdout"));
     while got.last().is_none_or(|l: &String| l != "holding") {
@@ -400,17 +464,26 @@ fn the_release_library_works_on_glibc_2_31() {
         }
         got.push(l.trim().to_string());
     }
+    // The new thread names itself: wait up to 2 s for the name.
     let pid = child.id();
-    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-                .map(|c| c.trim().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let threads = || -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut names = threads();
+    while !names.iter().any(|n| n == "tessera-flush") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        names = threads();
+    }
     let _ = child.kill();
     let _ = child.wait();
+    drop(watchdog);
     assert_eq!(got.last().map(String::as_str), Some("holding"), "{got:?}");
     assert!(
         names.iter().any(|n| n == "tessera-flush"),

@@ -27,6 +27,9 @@ struct Handle {
     /// References not yet released (`cuMemCreate` and each
     /// `cuMemRetainAllocationHandle`); at 0 the memory goes when the last mapping does.
     refs: u64,
+    /// `cuMemRelease` calls under way, their reference already taken off: until they
+    /// return, the record stays (a refused release puts its reference back).
+    releasing: u32,
 }
 
 impl Handle {
@@ -34,15 +37,21 @@ impl Handle {
     fn released(&self) -> bool {
         self.refs == 0
     }
+
+    /// The driver has freed the handle: no reference, no mapping, and no release
+    /// under way that could still be refused.
+    fn gone(&self) -> bool {
+        self.released() && self.maps == 0 && self.releasing == 0
+    }
 }
 
 /// Applies `change` to the handle's counts (a reference or mapping counted ahead of a
-/// driver call that refused, or none): its charge, if the handle is left with neither
-/// references nor mappings (the driver has freed it).
+/// driver call that refused, or a release that returned): its charge, if the driver
+/// has now freed the handle.
 fn recount(b: &mut Book, handle: u64, change: impl FnOnce(&mut Handle)) -> Option<Charge> {
     let h = b.handles.get_mut(&handle)?;
     change(h);
-    if h.released() && h.maps == 0 {
+    if h.gone() {
         b.handles.remove(&handle).map(|h| h.entry.charge)
     } else {
         None
@@ -122,6 +131,7 @@ pub unsafe extern "C" fn cuMemCreate(
                     size: size as u64,
                     maps: 0,
                     refs: 1,
+                    releasing: 0,
                 },
             );
         });
@@ -144,8 +154,8 @@ pub unsafe extern "C" fn cuMemMap(
 ) -> CUresult {
     // Counted before the driver maps it: a release and unmap racing in another thread
     // must not see the handle's last mapping gone and return its charge while this
-    // mapping keeps the memory alive. (Such a race can skip a scrub: the tenant's own
-    // memory, unzeroed for itself.)
+    // mapping keeps the memory alive. (Such a race can skip a scrub: the memory then
+    // goes back to the device unzeroed.)
     let counted = with_book(|b| {
         b.handles
             .get_mut(&handle)
@@ -237,12 +247,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
                 if b.maps.get(&va) == Some(&(h, n)) {
                     b.maps.remove(&va);
                 }
-                if let Some(x) = b.handles.get_mut(&h) {
-                    x.maps = x.maps.saturating_sub(1);
-                    if x.released() && x.maps == 0 {
-                        freed.extend(b.handles.remove(&h).map(|x| x.entry.charge));
-                    }
-                }
+                freed.extend(recount(b, h, |x| x.maps = x.maps.saturating_sub(1)));
             }
             freed
         })
@@ -321,6 +326,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     let known = with_book(|b| {
         let h = b.handles.get_mut(&handle).filter(|h| !h.released())?;
         h.refs -= 1;
+        h.releasing += 1;
         Some((
             h.entry.scrub_bytes > 0 && h.refs == 0 && h.maps == 0,
             h.dev,
@@ -337,14 +343,14 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         handle
     );
     if known.is_some() {
+        // The record is still there: `releasing` kept a racing unmap from removing it.
         let freed = with_book(|b| {
-            if rc == CUDA_SUCCESS {
-                recount(b, handle, |_| {})
-            } else {
-                let h = b.handles.get_mut(&handle)?;
-                h.refs = h.refs.saturating_add(1);
-                None
-            }
+            recount(b, handle, |h| {
+                h.releasing = h.releasing.saturating_sub(1);
+                if rc != CUDA_SUCCESS {
+                    h.refs = h.refs.saturating_add(1);
+                }
+            })
         })
         .flatten();
         if let Some(c) = freed {

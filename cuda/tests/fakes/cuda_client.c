@@ -12,6 +12,7 @@
  *   vreserve <bytes>           cuMemAddressReserve -> "ok <id>" (the address)
  *   vmap <va-id> <vmm-id> <bytes>   cuMemMap at offset 0 + cuMemSetAccess (read-write)
  *   vunmap <va-id> <bytes> / vfree <va-id> <bytes>   cuMemUnmap / cuMemAddressFree
+ *   bgunmap <va-id> <bytes> <ms>  cuMemUnmap from another thread after <ms>
  *   vretain <va-id>            cuMemRetainAllocationHandle of the address -> "ok <id>"
  *   pooldestroy                cuMemPoolDestroy of the pool "pool" created
  *   dalloc <bytes>             cuMemAlloc through the fake's own entry point, past any
@@ -37,12 +38,15 @@
  *   bench-pair|bench-launch|bench-meminfo <n>   timing loops -> "ok <wall ns/op> <cpu ns/op>"
  *   bench-direct-pair|-launch|-meminfo <n>     the same through the fake's own entry points
  *                              (fakecuda_lookup), past any interposer: the in-process baseline
- *   spawn <n> <program>        fork+exec <program> n times, timed the same way
+ *   spawn <n> <program>        posix_spawn <program> and wait, n times, timed the same way
+ *   writefile <file> <line>|-  rewrite <file> in place with <line>, or empty (the bench
+ *                              toggles the sandbox's preload line through its host file)
  *   lookup <file.tsv>          every row: "<symbol>\t<ver>\t<flags>\t<answer>\t<fake's own>"
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +54,8 @@
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+extern char **environ;
 
 typedef int CUresult;
 typedef unsigned long long u64;
@@ -75,6 +81,15 @@ static void *bgfree_run(void *arg) {
     struct bgfree *b = arg;
     usleep(b->ms * 1000);
     b->free(b->ptr);
+    return NULL;
+}
+
+/* An unmap made from another thread after <ms> (the "bgunmap" command). */
+struct bgunmap { CUresult (*unmap)(u64, size_t); u64 va; size_t size; unsigned ms; };
+static void *bgunmap_run(void *arg) {
+    struct bgunmap *b = arg;
+    usleep(b->ms * 1000);
+    b->unmap(b->va, b->size);
     return NULL;
 }
 
@@ -354,6 +369,15 @@ int main(int argc, char **argv) {
             rc = pthread_create(&t, NULL, bgfree_run, &bg) ? 1 : pthread_detach(t);
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
+        } else if (!strcmp(c, "bgunmap")) {
+            /* unmaps <va-id> <bytes> from another thread after <ms> (while the next command runs) */
+            FN(un, CUresult (*)(u64, size_t), "cuMemUnmap", 10020, "cuMemUnmap");
+            static struct bgunmap bu;
+            static pthread_t t;
+            bu = (struct bgunmap){un, ids[ARG(1)], (size_t)ARG(2), (unsigned)ARG(3)};
+            rc = pthread_create(&t, NULL, bgunmap_run, &bu) ? 1 : pthread_detach(t);
+            i += 3;
+            printf(rc ? "err %d\n" : "ok\n", rc);
         } else if (!strcmp(c, "asyncstorm")) {
             FN(al, CUresult (*)(u64 *, size_t, void *), "cuMemAllocAsync", 11020, "cuMemAllocAsync");
             FN(fr, CUresult (*)(u64, void *), "cuMemFreeAsync", 11020, "cuMemFreeAsync");
@@ -496,9 +520,12 @@ int main(int argc, char **argv) {
                     size_t f, t;
                     mi(&f, &t);
                 } else {
-                    pid_t pid = fork();
-                    if (pid == 0) { execl(argv[i + 2], argv[i + 2], (char *)NULL); _exit(127); }
+                    /* posix_spawn (a vfork): the child's exec, loading and exit, not
+                     * a copy of this process's page tables, which varies with it */
+                    pid_t pid;
+                    char *args[] = {argv[i + 2], NULL};
                     int st;
+                    if (posix_spawn(&pid, argv[i + 2], NULL, NULL, args, environ)) { printf("err spawn\n"); return 1; }
                     waitpid(pid, &st, 0);
                 }
             }
@@ -508,6 +535,13 @@ int main(int argc, char **argv) {
             double wall = (w1.tv_sec - w0.tv_sec) * 1e9 + (w1.tv_nsec - w0.tv_nsec);
             double cpu = (c1.tv_sec - c0.tv_sec) * 1e9 + (c1.tv_nsec - c0.tv_nsec);
             printf("ok %.1f %.1f\n", wall / (double)n, cpu / (double)n);
+        } else if (!strcmp(c, "writefile")) {
+            /* rewrites <file> in place (the same inode: a bind mount of it follows) */
+            FILE *f = fopen(argv[i + 1], "w");
+            if (f && strcmp(argv[i + 2], "-")) fprintf(f, "%s\n", argv[i + 2]);
+            rc = !f || fclose(f);
+            i += 2;
+            printf(rc ? "err %d\n" : "ok\n", rc);
         } else if (!strcmp(c, "lookup")) {
             void *(*direct)(const char *, int, u64) = (void *(*)(const char *, int, u64))dlsym(lib, "fakecuda_lookup");
             const char *(*name_of)(const void *) = (const char *(*)(const void *))dlsym(lib, "fakecuda_symbol_of");

@@ -36,6 +36,8 @@
  *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate and cuDevicePrimaryCtxRetain after
  *                             taking the context's memory (outside the fake's lock)
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
+ *   FAKE_CUDA_RELEASE_FAIL_MS cuMemRelease sleeps this long, then fails (999) releasing
+ *                             nothing: a refusal racing with the tenant's other calls
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
  *                             from its first retain to its last release or a reset (a
@@ -890,6 +892,12 @@ static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, un
     return rc;
 }
 static CUresult i_cuMemRelease(u64 handle) {
+    const char *fail = getenv("FAKE_CUDA_RELEASE_FAIL_MS");
+    if (fail && *fail) {
+        /* fault injection: a release that takes its time and is then refused */
+        usleep((useconds_t)atoi(fail) * 1000);
+        return 999; /* CUDA_ERROR_UNKNOWN */
+    }
     pthread_mutex_lock(&mu);
     struct vmm *v = handle ? vmm_find(handle) : NULL;
     CUresult rc = v && v->refs > 0 ? OK : INVALID_VALUE;

@@ -151,6 +151,9 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
         NvmlBackend::new(Some(nvml.lib.clone()), "/proc".into(), "/sys".into()).expect("fake NVML"),
     );
     let mut svc = ComputeService::new(backend, PathBuf::from("/proc"), vec![(0, GPU.into())]);
+    // The fixtures (library, fake driver, clients) are built at their first use: before
+    // the clock starts, or the first scenario of a run would lose its first seconds.
+    let client = sim_client();
     let t0 = support::timeline::now_ns();
     let mut children: Vec<Child> = Vec::new();
     for (i, sb) in boxes.iter().enumerate() {
@@ -169,7 +172,7 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
             let args = sim_args(wl, client_seed, sc.secs + 1.0);
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let child = sb
-                .command(&opts, &sim_client(), &argv)
+                .command(&opts, &client, &argv)
                 .stdout(Stdio::null())
                 .spawn()
                 .expect("spawn sim client");

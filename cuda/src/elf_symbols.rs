@@ -1,0 +1,402 @@
+//! Finding a versioned function in the loaded objects without libdl: the objects'
+//! dynamic symbol tables read as ld.so reads them (GNU or SysV hash table, version
+//! definitions). The release build's glibc shims use it (`glibc_shims.rs`); it
+//! allocates nothing and calls nothing but `dl_iterate_phdr` (in libc).
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// A lookup in progress: the NUL-terminated name and version, the name's GNU and
+/// SysV hashes, and what it found (address, the object's name).
+struct Query {
+    name: &'static [u8],
+    ver: &'static [u8],
+    gnu_hash: u32,
+    sysv_hash: u32,
+    found: usize,
+    object: *const c_char,
+}
+
+/// The address of the function `name` defined at version `ver` by a loaded object
+/// (0 if none) and that object's name. Reads the objects' dynamic symbol tables (GNU
+/// or SysV hash, version definitions) as ld.so does; allocates nothing and calls
+/// nothing that could be a shim.
+pub fn find(name: &'static [u8], ver: &'static [u8]) -> (usize, *const c_char) {
+    let bare = name.strip_suffix(b"\0").unwrap_or(name);
+    let mut q = Query {
+        name,
+        ver,
+        gnu_hash: gnu_hash(bare),
+        sysv_hash: sysv_hash(bare),
+        found: 0,
+        object: std::ptr::null(),
+    };
+    // SAFETY: the callback reads only what ld.so mapped, and stops at the first match.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut q).cast()) };
+    (q.found, q.object)
+}
+
+/// The GNU hash of a symbol name (DT_GNU_HASH).
+fn gnu_hash(name: &[u8]) -> u32 {
+    name.iter().fold(5381u32, |h, &c| {
+        h.wrapping_mul(33).wrapping_add(u32::from(c))
+    })
+}
+
+/// The System V ELF hash of a symbol name (DT_HASH).
+fn sysv_hash(name: &[u8]) -> u32 {
+    name.iter().fold(0u32, |h, &c| {
+        let h = (h << 4).wrapping_add(u32::from(c));
+        let g = h & 0xf000_0000;
+        (h ^ (g >> 24)) & !g
+    })
+}
+
+const DT_NULL: i64 = 0;
+const DT_HASH: i64 = 4;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
+const DT_VERSYM: i64 = 0x6fff_fff0;
+const DT_VERDEF: i64 = 0x6fff_fffc;
+const DT_VERDEFNUM: i64 = 0x6fff_fffd;
+const STT_FUNC: u8 = 2;
+
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    val: u64,
+}
+
+#[repr(C)]
+struct Sym {
+    name: u32,
+    info: u8,
+    other: u8,
+    shndx: u16,
+    value: u64,
+    size: u64,
+}
+
+#[repr(C)]
+struct Verdef {
+    version: u16,
+    flags: u16,
+    ndx: u16,
+    cnt: u16,
+    hash: u32,
+    aux: u32,
+    next: u32,
+}
+
+/// One object's tables, as addresses in the process.
+struct Tables {
+    strtab: usize,
+    symtab: usize,
+    versym: usize,
+    verdef: usize,
+    verdefnum: u64,
+}
+
+impl Tables {
+    /// Whether symbol `idx` is the defined function `q.name` at version `q.ver`.
+    ///
+    /// # Safety
+    /// `idx` must be a symbol index of the object.
+    unsafe fn matches(&self, idx: usize, q: &Query) -> Option<u64> {
+        // SAFETY: per the caller, and the object's own tables.
+        unsafe {
+            let sym = &*(self.symtab as *const Sym).add(idx);
+            (sym.shndx != 0
+                && sym.info & 0xf == STT_FUNC
+                && cstr_is(self.strtab + sym.name as usize, q.name)
+                && version_is(
+                    *(self.versym as *const u16).add(idx) & 0x7fff,
+                    self.verdef,
+                    self.verdefnum,
+                    self.strtab,
+                    q.ver,
+                ))
+            .then_some(sym.value)
+        }
+    }
+}
+
+/// One object: its symbol `q.name` with version `q.ver`, through its GNU hash table,
+/// or its SysV one if it has no GNU table.
+///
+/// # Safety
+/// Called by `dl_iterate_phdr` with a valid `info` and `data` = a `Query`.
+unsafe extern "C" fn visit(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: per the caller.
+    let (info, q) = unsafe { (&*info, &mut *data.cast::<Query>()) };
+    let base = info.dlpi_addr as usize;
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: ld.so's program headers for this object.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) else {
+        return 0;
+    };
+    // glibc relocates the dynamic section's addresses in place where it is writable;
+    // the vDSO's (and a read-only one) stay relative to the base.
+    let addr = |v: u64| -> usize {
+        let v = v as usize;
+        if v < base { v + base } else { v }
+    };
+    let mut t = Tables {
+        strtab: 0,
+        symtab: 0,
+        versym: 0,
+        verdef: 0,
+        verdefnum: 0,
+    };
+    let (mut gnu, mut sysv) = (0usize, 0usize);
+    let mut d = (base + dynamic.p_vaddr as usize) as *const Dyn;
+    // SAFETY: the dynamic section, ended by DT_NULL.
+    unsafe {
+        while (*d).tag != DT_NULL {
+            let v = (*d).val;
+            match (*d).tag {
+                DT_STRTAB => t.strtab = addr(v),
+                DT_SYMTAB => t.symtab = addr(v),
+                DT_GNU_HASH => gnu = addr(v),
+                DT_HASH => sysv = addr(v),
+                DT_VERSYM => t.versym = addr(v),
+                DT_VERDEF => t.verdef = addr(v),
+                DT_VERDEFNUM => t.verdefnum = v,
+                _ => {}
+            }
+            d = d.add(1);
+        }
+    }
+    if t.strtab == 0 || t.symtab == 0 || t.versym == 0 || t.verdef == 0 {
+        return 0;
+    }
+    // SAFETY: the hash tables ld.so itself reads for this object.
+    let value = unsafe {
+        if gnu != 0 {
+            gnu_lookup(gnu, &t, q)
+        } else if sysv != 0 {
+            sysv_lookup(sysv, &t, q)
+        } else {
+            None
+        }
+    };
+    match value {
+        Some(v) => {
+            q.found = base + v as usize;
+            q.object = info.dlpi_name;
+            1
+        }
+        None => 0,
+    }
+}
+
+/// # Safety
+/// `table` must be the object's DT_GNU_HASH table.
+unsafe fn gnu_lookup(table: usize, t: &Tables, q: &Query) -> Option<u64> {
+    // SAFETY: per the caller.
+    unsafe {
+        let ht = table as *const u32;
+        let (nbuckets, symoffset, bloom_words) = (*ht, *ht.add(1), *ht.add(2));
+        if nbuckets == 0 {
+            return None;
+        }
+        let buckets = ht
+            .add(4)
+            .cast::<u64>()
+            .add(bloom_words as usize)
+            .cast::<u32>();
+        let chain = buckets.add(nbuckets as usize);
+        let mut idx = *buckets.add((q.gnu_hash % nbuckets) as usize);
+        if idx < symoffset {
+            return None;
+        }
+        loop {
+            let h = *chain.add((idx - symoffset) as usize);
+            if h | 1 == q.gnu_hash | 1
+                && let Some(v) = t.matches(idx as usize, q)
+            {
+                return Some(v);
+            }
+            if h & 1 != 0 {
+                return None;
+            }
+            idx += 1;
+        }
+    }
+}
+
+/// # Safety
+/// `table` must be the object's DT_HASH table.
+unsafe fn sysv_lookup(table: usize, t: &Tables, q: &Query) -> Option<u64> {
+    // SAFETY: per the caller.
+    unsafe {
+        let ht = table as *const u32;
+        let (nbucket, nchain) = (*ht, *ht.add(1));
+        if nbucket == 0 {
+            return None;
+        }
+        let chain = ht.add(2 + nbucket as usize);
+        let mut idx = *ht.add(2 + (q.sysv_hash % nbucket) as usize);
+        // Bounded by the chain's length: a corrupt table cannot loop.
+        for _ in 0..nchain {
+            if idx == 0 || idx >= nchain {
+                return None;
+            }
+            if let Some(v) = t.matches(idx as usize, q) {
+                return Some(v);
+            }
+            idx = *chain.add(idx as usize);
+        }
+        None
+    }
+}
+
+/// Whether the NUL-terminated string at `p` is `want` (NUL included).
+///
+/// # Safety
+/// `p` must point to a NUL-terminated string.
+unsafe fn cstr_is(p: usize, want: &[u8]) -> bool {
+    let p = p as *const c_char;
+    for (k, &w) in want.iter().enumerate() {
+        // SAFETY: stops at the string's NUL at the latest (`want` ends with one).
+        if unsafe { *p.add(k) } as u8 != w {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether version index `ndx` of the object is named `want`.
+///
+/// # Safety
+/// `verdef`/`strtab` must be the object's tables.
+unsafe fn version_is(ndx: u16, verdef: usize, count: u64, strtab: usize, want: &[u8]) -> bool {
+    let mut v = verdef;
+    for _ in 0..count {
+        // SAFETY: the version definitions chain, `count` long.
+        let d = unsafe { &*(v as *const Verdef) };
+        if d.ndx == ndx {
+            // SAFETY: the first auxiliary entry names the version.
+            let name = unsafe { *((v + d.aux as usize) as *const u32) };
+            // SAFETY: a string of the object's table.
+            return unsafe { cstr_is(strtab + name as usize, want) };
+        }
+        if d.next == 0 {
+            break;
+        }
+        v += d.next as usize;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::process::Command;
+
+    #[test]
+    fn hashes_match_the_elf_definitions() {
+        // Reference values from the GNU hash and System V ABI definitions.
+        assert_eq!(gnu_hash(b""), 5381);
+        assert_eq!(gnu_hash(b"printf"), 0x156b_2bb8);
+        assert_eq!(sysv_hash(b""), 0);
+        assert_eq!(sysv_hash(b"printf"), 0x0779_05a6);
+    }
+
+    fn dlvsym(handle: *mut c_void, name: &[u8], ver: &[u8]) -> usize {
+        // SAFETY: NUL-terminated names.
+        unsafe { libc::dlvsym(handle, name.as_ptr().cast(), ver.as_ptr().cast()) as usize }
+    }
+
+    /// Every function the release build's shims look up, found where glibc's own
+    /// `dlvsym` finds it (on this host's glibc).
+    #[test]
+    fn finds_what_dlvsym_finds_for_the_shimmed_functions() {
+        let wanted: &[(&'static [u8], &'static [u8])] = &[
+            (b"dlopen\0", b"GLIBC_2.2.5\0"),
+            (b"dlvsym\0", b"GLIBC_2.2.5\0"),
+            (b"dladdr\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_attr_getguardsize\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_attr_getstack\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_attr_setstacksize\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_create\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_detach\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_getattr_np\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_key_create\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_key_delete\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_rwlock_rdlock\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_rwlock_unlock\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_rwlock_wrlock\0", b"GLIBC_2.2.5\0"),
+            (b"pthread_setname_np\0", b"GLIBC_2.12\0"),
+            (b"pthread_setspecific\0", b"GLIBC_2.2.5\0"),
+        ];
+        for &(name, ver) in wanted {
+            let (got, object) = find(name, ver);
+            let want = dlvsym(libc::RTLD_DEFAULT, name, ver);
+            assert_ne!(want, 0, "{}", String::from_utf8_lossy(name));
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(name));
+            assert!(!object.is_null());
+        }
+        assert_eq!(
+            find(b"pthread_create\0", b"GLIBC_9.99\0").0,
+            0,
+            "no such version"
+        );
+        assert_eq!(find(b"tessera_no_such_function\0", b"GLIBC_2.2.5\0").0, 0);
+    }
+
+    /// An object with only a SysV hash table (`--hash-style=sysv`), and one with only
+    /// a GNU one: the versioned function is found in each, a wrong version in neither.
+    #[test]
+    fn reads_sysv_and_gnu_hash_tables() {
+        let dir = std::env::temp_dir().join(format!("tessera-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("probe.c"), "int PROBE(void) { return 1; }\n").expect("write");
+        std::fs::write(
+            dir.join("probe.map"),
+            "TESSERA_PROBE_1 { global: tessera_probe_*; local: *; };\n",
+        )
+        .expect("write");
+        for style in ["sysv", "gnu"] {
+            let lib = dir.join(format!("libprobe-{style}.so"));
+            let ok = Command::new("cc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&lib)
+                .arg(dir.join("probe.c"))
+                .arg(format!("-DPROBE=tessera_probe_{style}"))
+                .arg(format!(
+                    "-Wl,--hash-style={style},--version-script={}",
+                    dir.join("probe.map").display()
+                ))
+                .status()
+                .expect("cc");
+            assert!(ok.success());
+            let path = CString::new(lib.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: a library with no constructors.
+            let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            assert!(!h.is_null(), "{style}: dlopen");
+            let name: &'static [u8] = if style == "sysv" {
+                b"tessera_probe_sysv\0"
+            } else {
+                b"tessera_probe_gnu\0"
+            };
+            let want = dlvsym(h, name, b"TESSERA_PROBE_1\0");
+            assert_ne!(want, 0);
+            assert_eq!(find(name, b"TESSERA_PROBE_1\0").0, want, "{style}");
+            assert_eq!(
+                find(name, b"TESSERA_PROBE_2\0").0,
+                0,
+                "{style}: wrong version"
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
