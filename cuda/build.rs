@@ -13,7 +13,10 @@ fn main() {
     // process the library is preloaded into, paging in text it otherwise never touches
     // (about 20 µs of each `/bin/true` here). The library needs none of them: it has no
     // C++ constructors, the unwinder finds its frames through PT_GNU_EH_FRAME, and the
-    // linker (lld) defines `__dso_handle` itself.
+    // linker defines `__dso_handle` itself (at the image base): rustc's bundled
+    // rust-lld for the plain build, zig's linker for the release one. (GNU ld would
+    // not; glibc's weak references would then pass NULL, which still works for a
+    // library that is never unloaded.)
     println!("cargo::rustc-cdylib-link-arg=-nostartfiles");
     println!("cargo::rustc-check-cfg=cfg(tessera_glibc_shims)");
     if zig {

@@ -255,15 +255,18 @@ fn main() {
     // 20 with and without the preload line (the client rewrites the host file that is
     // the sandbox's read-only /etc/ld.so.preload between them; its overlays cost the
     // same either way). This machine's speed drifts over seconds, so the figure is the
-    // median of the paired differences, not a difference of minimums.
+    // median of the paired differences, not a difference of minimums; the pairs
+    // alternate which goes first, so that a steady drift cancels too.
     let pairs = 50 * rounds;
     let host_preload = sb.dir.path().join("ld.so.preload");
     let host_preload = host_preload.to_str().expect("utf-8 path");
     let mut spawn = Vec::new();
-    for _ in 0..pairs {
-        spawn.extend_from_slice(&["writefile", host_preload, "-", "spawn", "20", "/bin/true"]);
-        spawn.extend_from_slice(&["writefile", host_preload, PRELOAD_PATH]);
-        spawn.extend_from_slice(&["spawn", "20", "/bin/true"]);
+    for k in 0..pairs {
+        for with in [k % 2 == 1, k % 2 == 0] {
+            let line = if with { PRELOAD_PATH } else { "-" };
+            spawn.extend_from_slice(&["writefile", host_preload, line]);
+            spawn.extend_from_slice(&["spawn", "20", "/bin/true"]);
+        }
     }
     let out = run(&sb, &o, true, &spawn);
     let walls: Vec<f64> = out
@@ -276,8 +279,18 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let direct: Vec<f64> = walls.iter().step_by(2).copied().collect();
-    let preloaded: Vec<f64> = walls.iter().skip(1).step_by(2).copied().collect();
+    // Pair k: direct first when k is even.
+    let (direct, preloaded): (Vec<f64>, Vec<f64>) = walls
+        .chunks(2)
+        .enumerate()
+        .map(|(k, w)| {
+            if k % 2 == 0 {
+                (w[0], w[1])
+            } else {
+                (w[1], w[0])
+            }
+        })
+        .unzip();
     let added: Vec<f64> = direct.iter().zip(&preloaded).map(|(d, p)| p - d).collect();
     if std::env::var_os("TESSERA_BENCH_VERBOSE").is_some() {
         let q = |mut v: Vec<f64>| {
@@ -301,7 +314,7 @@ fn main() {
     }
     let (base, with, diff) = (median(direct), median(preloaded), median(added));
     println!(
-        "/bin/true fork+exec+wait, medians of {pairs} paired batches: {:.1} us direct, {:.1} us preloaded: {:+.1} us x{:.2} (target < +100 us)",
+        "/bin/true posix_spawn+wait, medians of {pairs} paired batches: {:.1} us direct, {:.1} us preloaded: {:+.1} us x{:.2} (target < +100 us)",
         base / 1e3,
         with / 1e3,
         diff / 1e3,

@@ -18,8 +18,8 @@
 //! up again at its next call. An object a function was found in other than libc is
 //! pinned (`RTLD_NODELETE`): libdl is not, and the stored address must outlive
 //! whichever library brought it in. `pthread_atfork` is not a shim: it is glibc's
-//! `__register_atfork` (in libc.so.6 since 2.3.2) with this library's `__dso_handle`,
-//! as libc_nonshared's own does. Only the zig build uses this (`build.rs` sets
+//! `__register_atfork` (in libc.so.6 since 2.3.2, so never missing), given the
+//! library's image base as its DSO handle. Only the zig build uses this (`build.rs` sets
 //! `tessera_glibc_shims`); the ordinary build links glibc's own.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -105,8 +105,9 @@ macro_rules! shims {
             "jmp rax",
             ".cfi_endproc",
             // pthread_atfork(prepare, parent, child) is
-            // __register_atfork(prepare, parent, child, &__dso_handle): glibc then
-            // drops the handlers if the library is unloaded.
+            // __register_atfork(prepare, parent, child, &__dso_handle), the address
+            // lld gives `__dso_handle` being the image base. (Nothing would drop the
+            // handlers if the library were unloaded: it is preloaded, never unloaded.)
             ".globl pthread_atfork",
             ".hidden pthread_atfork",
             ".type pthread_atfork,@function",

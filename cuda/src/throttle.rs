@@ -455,8 +455,8 @@ fn start_flusher() {
     // Once per process: a forked child inherits the registration.
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     AT_EXIT.call_once(|| {
-        // SAFETY: registers a function of the library; glibc runs it at exit, or
-        // when the library is unloaded.
+        // SAFETY: registers a function of the library; glibc runs it at exit (the
+        // library is preloaded and never unloaded).
         unsafe { libc::atexit(flush_at_exit) };
     });
     let spawned = std::thread::Builder::new()
@@ -492,7 +492,7 @@ fn flusher() {
     }
 }
 
-/// At exit (`exit`, or the library unloaded): the last counts reach the region. A
+/// At exit (`exit`): the last counts reach the region. A
 /// process killed outright loses at most [`FLUSH_EVERY`] of them. Registered when the
 /// flusher first starts (not in `.fini_array`), so that a process that never launches
 /// has nothing of the library's to run, or page in, at exit. It therefore runs before

@@ -625,7 +625,8 @@ fn scrubbing_waits_for_a_retained_reference() {
 
 /// A release the driver refuses keeps the handle's charge, even when the handle's
 /// last mapping is unmapped in another thread while the release is under way (the
-/// library takes the reference off before the driver call).
+/// library takes the reference off before the driver call); the next release, which
+/// the driver accepts, returns it.
 #[test]
 fn a_refused_release_racing_an_unmap_keeps_the_charge() {
     if !require("release-race") {
@@ -639,21 +640,90 @@ fn a_refused_release_racing_an_unmap_keeps_the_charge() {
     let out = sb.client(
         &o,
         &[
-            "ctx", "0", "vmm", "2097152", "vreserve", "2097152", "vmap", "1", "0", "2097152",
-            "meminfo", "bgunmap", "1", "2097152", "100", "release", "0", "sleep", "100", "meminfo",
+            "ctx", "0", "meminfo", "vmm", "2097152", "vreserve", "2097152", "vmap", "1", "0",
+            "2097152", "meminfo", "bgunmap", "1", "2097152", "100", "release", "0", "sleep", "100",
+            "meminfo", "vunmap", "1", "2097152", "release", "0", "meminfo",
         ],
     );
-    assert_eq!(
-        out[..7],
-        ["ok", "ok 0", "ok 1", "ok", out[4].as_str(), "ok", "err 999"]
+    let (empty, charged) = (out[1].clone(), out[5].clone());
+    assert!(
+        empty.starts_with("ok ") && charged.starts_with("ok "),
+        "{out:?}"
     );
-    assert!(out[4].starts_with("ok "), "{out:?}");
+    assert_ne!(empty, charged, "the mapped handle is charged");
     assert_eq!(
-        out[8], out[4],
-        "the refused release and the unmap leave the handle charged: same free memory"
+        out,
+        [
+            "ok",
+            empty.as_str(),
+            "ok 0",
+            "ok 1",
+            "ok",
+            charged.as_str(),
+            "ok",
+            "err 999",
+            "ok",
+            charged.as_str(),
+            "err 1",
+            "ok",
+            empty.as_str(),
+        ],
+        "refused while the other thread unmapped (a second unmap finds nothing): still \
+         charged; released: the charge is back"
     );
-    let l = sb.ledger();
-    assert!(l.peak[0] <= 64 * MIB);
+    assert_eq!(sb.ledger().live[0], 0);
+}
+
+/// A handle value the driver frees and gives out again while the call that freed it
+/// has not returned yet: the new handle gets a record of its own, the old charge goes,
+/// and the returning call does not touch the new record.
+#[test]
+fn a_reused_handle_value_is_a_new_record() {
+    if !require("handle-reuse") {
+        return;
+    }
+    let sb = one_gpu(64 * MIB);
+    let o = RunOpts {
+        env: vec![
+            ("FAKE_CUDA_REUSE_HANDLES".into(), "1".into()),
+            ("FAKE_CUDA_UNMAP_DELAY_MS".into(), "400".into()),
+        ],
+        ..opts()
+    };
+    let out = sb.client(
+        &o,
+        &[
+            "ctx", "0", "meminfo", "vmm", "2097152", "vreserve", "2097152", "vmap", "1", "0",
+            "2097152", "release", "0", "meminfo", "bgunmap", "1", "2097152", "0", "sleep", "150",
+            "vmm", "2097152", "sleep", "500", "meminfo", "release", "2", "meminfo",
+        ],
+    );
+    let (empty, one) = (out[1].clone(), out[6].clone());
+    assert!(
+        empty.starts_with("ok ") && one.starts_with("ok "),
+        "{out:?}"
+    );
+    assert_ne!(empty, one);
+    assert_eq!(
+        out,
+        [
+            "ok",
+            empty.as_str(),
+            "ok 0",
+            "ok 1",
+            "ok",
+            "ok",
+            one.as_str(),
+            "ok",
+            "ok",
+            "ok 2",
+            "ok",
+            one.as_str(),
+            "ok",
+            empty.as_str(),
+        ],
+        "the old handle freed and its value reused: one handle's charge, then none"
+    );
 }
 
 /// None of these tenant changes turns enforcement off: an empty or different

@@ -10,6 +10,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -251,8 +252,10 @@ impl Deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
             if !d.load(Ordering::Relaxed) {
-                // SAFETY: signalling the test's own child.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                // SAFETY: signalling the test's own child's process group (the child
+                // leads it: `run` starts it with `process_group(0)`), so that a hung
+                // grandchild holding its pipes goes too.
+                unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
             }
         });
         Deadline(done)
@@ -268,6 +271,7 @@ impl Drop for Deadline {
 /// `c`'s output, the process killed (and the output cut short) after 2 minutes.
 fn output_within(mut c: Command) -> Output {
     let child = c
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -388,7 +392,8 @@ fn the_release_library_works_on_glibc_2_31() {
     script += &format!("echo {PRELOAD_PATH} > {rr}/etc/ld.so.preload\nexec chroot {rr} \"$@\"\n");
     let run = |args: &[&str]| {
         let mut c = Command::new("unshare");
-        c.args(["-m", "sh", "-c", &script, "sh"])
+        c.process_group(0)
+            .args(["-m", "sh", "-c", &script, "sh"])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -451,6 +456,7 @@ fn the_release_library_works_on_glibc_2_31() {
         "1000",
         "hold",
     ])
+    .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .spawn()
     .expect("client");

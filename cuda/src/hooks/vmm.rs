@@ -30,6 +30,10 @@ struct Handle {
     /// `cuMemRelease` calls under way, their reference already taken off: until they
     /// return, the record stays (a refused release puts its reference back).
     releasing: u32,
+    /// Which record this is: a handle value the driver freed can come back from a
+    /// later `cuMemCreate`, and a driver call that counted on the old record must not
+    /// change the new one when it returns.
+    generation: u64,
 }
 
 impl Handle {
@@ -46,10 +50,18 @@ impl Handle {
 }
 
 /// Applies `change` to the handle's counts (a reference or mapping counted ahead of a
-/// driver call that refused, or a release that returned): its charge, if the driver
-/// has now freed the handle.
-fn recount(b: &mut Book, handle: u64, change: impl FnOnce(&mut Handle)) -> Option<Charge> {
-    let h = b.handles.get_mut(&handle)?;
+/// driver call that refused, or a release that returned), if its record is still the
+/// `generation` the call counted on: its charge, if the driver has now freed the handle.
+fn recount(
+    b: &mut Book,
+    handle: u64,
+    generation: u64,
+    change: impl FnOnce(&mut Handle),
+) -> Option<Charge> {
+    let h = b
+        .handles
+        .get_mut(&handle)
+        .filter(|h| h.generation == generation)?;
     change(h);
     if h.gone() {
         b.handles.remove(&handle).map(|h| h.entry.charge)
@@ -61,8 +73,11 @@ fn recount(b: &mut Book, handle: u64, change: impl FnOnce(&mut Handle)) -> Optio
 #[derive(Default)]
 struct Book {
     handles: HashMap<u64, Handle>,
-    /// Mapping start address -> (handle, mapped bytes); charged handles only.
-    maps: BTreeMap<u64, (u64, u64)>,
+    /// Mapping start address -> (handle, mapped bytes, the handle's generation);
+    /// charged handles only.
+    maps: BTreeMap<u64, (u64, u64, u64)>,
+    /// The last generation given to a record.
+    generations: u64,
 }
 
 static BOOK: ForkLock<Option<Book>> = ForkLock::new(None);
@@ -123,20 +138,29 @@ pub unsafe extern "C" fn cuMemCreate(
             owner: 0,
         };
         let kept = with_book(|b| {
-            b.handles.insert(
-                h,
-                Handle {
-                    entry,
-                    dev: dev.unwrap_or(0),
-                    size: size as u64,
-                    maps: 0,
-                    refs: 1,
-                    releasing: 0,
-                },
-            );
+            b.generations += 1;
+            let generation = b.generations;
+            // A record already there is a handle the driver has freed (it gave the
+            // value out again) before the call that freed it returned: its charge goes.
+            b.handles
+                .insert(
+                    h,
+                    Handle {
+                        entry,
+                        dev: dev.unwrap_or(0),
+                        size: size as u64,
+                        maps: 0,
+                        refs: 1,
+                        releasing: 0,
+                        generation,
+                    },
+                )
+                .map(|old| old.entry.charge)
         });
-        if kept.is_none() {
-            st.release(c);
+        match kept {
+            None => st.release(c),
+            Some(Some(old)) => st.release(old),
+            Some(None) => {}
         }
     }
     rc
@@ -157,12 +181,11 @@ pub unsafe extern "C" fn cuMemMap(
     // mapping keeps the memory alive. (Such a race can skip a scrub: the memory then
     // goes back to the device unzeroed.)
     let counted = with_book(|b| {
-        b.handles
-            .get_mut(&handle)
-            .map(|h| h.maps = h.maps.saturating_add(1))
-            .is_some()
+        let h = b.handles.get_mut(&handle)?;
+        h.maps = h.maps.saturating_add(1);
+        Some(h.generation)
     })
-    .unwrap_or(false);
+    .flatten();
     let rc = call_real!(
         Hook::cuMemMap,
         unsafe extern "C" fn(
@@ -178,13 +201,13 @@ pub unsafe extern "C" fn cuMemMap(
         handle,
         flags
     );
-    if counted {
+    if let Some(generation) = counted {
         let freed = with_book(|b| {
             if rc == CUDA_SUCCESS {
-                b.maps.insert(ptr, (handle, size as u64));
+                b.maps.insert(ptr, (handle, size as u64, generation));
                 None
             } else {
-                recount(b, handle, |h| h.maps = h.maps.saturating_sub(1))
+                recount(b, handle, generation, |h| h.maps = h.maps.saturating_sub(1))
             }
         })
         .flatten();
@@ -204,30 +227,27 @@ pub unsafe extern "C" fn cuMemMap(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let end = ptr.saturating_add(size as u64);
-    let ending: Vec<(u64, u64, u64, bool)> = with_book(|b| {
+    // (address, handle, bytes, generation, zero it first)
+    let ending: Vec<(u64, u64, u64, u64, bool)> = with_book(|b| {
         let mut per_handle: HashMap<u64, u32> = HashMap::new();
-        let hits: Vec<(u64, u64, u64)> = b
-            .maps
-            .range(ptr..end)
-            .map(|(&va, &(h, n))| (va, h, n))
-            .collect();
-        for &(_, h, _) in &hits {
+        let hits: Vec<(u64, (u64, u64, u64))> =
+            b.maps.range(ptr..end).map(|(&va, &m)| (va, m)).collect();
+        for &(_, (h, _, _)) in &hits {
             *per_handle.entry(h).or_default() += 1;
         }
         hits.into_iter()
-            .map(|(va, h, n)| {
+            .map(|(va, (h, n, g))| {
                 let here = per_handle.get(&h).copied().unwrap_or(0);
                 // The handle's last mappings end here, after its release: zero them.
-                let scrub_it = b
-                    .handles
-                    .get(&h)
-                    .is_some_and(|x| x.released() && x.maps <= here && x.entry.scrub_bytes > 0);
-                (va, h, n, scrub_it)
+                let scrub_it = b.handles.get(&h).is_some_and(|x| {
+                    x.generation == g && x.released() && x.maps <= here && x.entry.scrub_bytes > 0
+                });
+                (va, h, n, g, scrub_it)
             })
             .collect()
     })
     .unwrap_or_default();
-    for &(va, _, n, scrub_it) in &ending {
+    for &(va, _, n, _, scrub_it) in &ending {
         if scrub_it {
             scrub_range(va, n, "cuMemUnmap");
         }
@@ -241,13 +261,13 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     if rc == CUDA_SUCCESS && !ending.is_empty() {
         let freed: Vec<Charge> = with_book(|b| {
             let mut freed = Vec::new();
-            for (va, h, n, _) in ending {
+            for (va, h, n, g, _) in ending {
                 // Only the mapping this call ended: a cuMemMap racing in another
                 // thread may already have mapped something else at `va`.
-                if b.maps.get(&va) == Some(&(h, n)) {
+                if b.maps.get(&va) == Some(&(h, n, g)) {
                     b.maps.remove(&va);
                 }
-                freed.extend(recount(b, h, |x| x.maps = x.maps.saturating_sub(1)));
+                freed.extend(recount(b, h, g, |x| x.maps = x.maps.saturating_sub(1)));
             }
             freed
         })
@@ -275,10 +295,13 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     // return the charge of memory this reference keeps.
     let a = addr as u64;
     let ahead = with_book(|b| {
-        let (&va, &(h, n)) = b.maps.range(..=a).next_back()?;
-        let x = b.handles.get_mut(&h).filter(|_| a < va.saturating_add(n))?;
+        let (&va, &(h, n, g)) = b.maps.range(..=a).next_back()?;
+        let x = b
+            .handles
+            .get_mut(&h)
+            .filter(|x| x.generation == g && a < va.saturating_add(n))?;
         x.refs = x.refs.saturating_add(1);
-        Some(h)
+        Some((h, g))
     })
     .flatten();
     let rc = call_real!(
@@ -289,7 +312,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     );
     // SAFETY: on success the driver wrote *handle.
     let got = (rc == CUDA_SUCCESS && !handle.is_null()).then(|| unsafe { *handle });
-    if ahead == got {
+    if ahead.map(|(h, _)| h) == got {
         return rc;
     }
     // Counted on another handle than the driver's (the mapping changed meanwhile), or
@@ -300,7 +323,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
         {
             x.refs = x.refs.saturating_add(1);
         }
-        ahead.and_then(|h| recount(b, h, |x| x.refs = x.refs.saturating_sub(1)))
+        ahead.and_then(|(h, g)| recount(b, h, g, |x| x.refs = x.refs.saturating_sub(1)))
     })
     .flatten();
     if let Some(c) = freed {
@@ -331,10 +354,11 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
             h.entry.scrub_bytes > 0 && h.refs == 0 && h.maps == 0,
             h.dev,
             h.size,
+            h.generation,
         ))
     })
     .flatten();
-    if let Some((true, dev, size)) = known {
+    if let Some((true, dev, size, _)) = known {
         scrub_handle(handle, dev, size);
     }
     let rc = call_real!(
@@ -342,10 +366,10 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult,
         handle
     );
-    if known.is_some() {
+    if let Some((_, _, _, generation)) = known {
         // The record is still there: `releasing` kept a racing unmap from removing it.
         let freed = with_book(|b| {
-            recount(b, handle, |h| {
+            recount(b, handle, generation, |h| {
                 h.releasing = h.releasing.saturating_sub(1);
                 if rc != CUDA_SUCCESS {
                     h.refs = h.refs.saturating_add(1);

@@ -36,8 +36,11 @@
  *   FAKE_CUDA_CTX_DELAY_MS    sleep inside cuCtxCreate and cuDevicePrimaryCtxRetain after
  *                             taking the context's memory (outside the fake's lock)
  *   FAKE_CUDA_CHECK_SCRUB     1: on free, count whether the memory was all zero
- *   FAKE_CUDA_RELEASE_FAIL_MS cuMemRelease sleeps this long, then fails (999) releasing
- *                             nothing: a refusal racing with the tenant's other calls
+ *   FAKE_CUDA_REUSE_HANDLES   1: cuMemCreate gives a freed handle's value out again
+ *   FAKE_CUDA_UNMAP_DELAY_MS  cuMemUnmap sleeps this long after unmapping (and freeing)
+ *   FAKE_CUDA_RELEASE_FAIL_MS the process's first cuMemRelease sleeps this long, then
+ *                             fails (999) releasing nothing: a refusal racing with the
+ *                             tenant's other calls
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
  *                             from its first retain to its last release or a reset (a
@@ -884,7 +887,11 @@ static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, un
             give(p->loc_id, size);
             rc = OUT_OF_MEMORY;
         } else {
-            *v = (struct vmm){next++, size, p->loc_id, fd, phys, 0, 1};
+            /* FAKE_CUDA_REUSE_HANDLES: a freed handle's value comes back (as a real
+             * driver's handles, pointers to its own records, can) */
+            const char *reuse = getenv("FAKE_CUDA_REUSE_HANDLES");
+            u64 h = reuse && *reuse == '1' ? 0x100000 + (u64)(v - vmms) : next++;
+            *v = (struct vmm){h, size, p->loc_id, fd, phys, 0, 1};
             *handle = v->handle;
         }
     }
@@ -893,8 +900,9 @@ static CUresult i_cuMemCreate(u64 *handle, size_t size, const struct prop *p, un
 }
 static CUresult i_cuMemRelease(u64 handle) {
     const char *fail = getenv("FAKE_CUDA_RELEASE_FAIL_MS");
-    if (fail && *fail) {
-        /* fault injection: a release that takes its time and is then refused */
+    static int failed;
+    if (fail && *fail && !__atomic_exchange_n(&failed, 1, __ATOMIC_SEQ_CST)) {
+        /* fault injection: the first release takes its time and is then refused */
         usleep((useconds_t)atoi(fail) * 1000);
         return 999; /* CUDA_ERROR_UNKNOWN */
     }
@@ -981,6 +989,8 @@ static CUresult i_cuMemUnmap(CUdeviceptr ptr, size_t size) {
         }
     }
     pthread_mutex_unlock(&mu);
+    const char *delay = getenv("FAKE_CUDA_UNMAP_DELAY_MS");
+    if (found && delay) usleep((useconds_t)atoi(delay) * 1000); /* freed, not yet returned */
     return found ? OK : INVALID_VALUE;
 }
 /* CUmemAccessDesc: {location {type, id}, flags}. */
