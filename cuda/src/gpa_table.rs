@@ -108,11 +108,14 @@ pub fn resolve(base: &[u8], cuda_version: i32, flags: u64) -> Resolution {
     Resolution::Variant(plain)
 }
 
-/// The exported symbol a lookup resolves to, or `None`.
+/// The exported symbol a lookup resolves to, or `None`. A hooked entry point the
+/// B4.1 table does not list ([`BEYOND_TABLE`]) has one variant, named as looked up
+/// (the caller asks only once the driver has answered, so the version is sufficient).
 pub fn resolve_symbol(base: &[u8], cuda_version: i32, flags: u64) -> Option<&'static str> {
     match resolve(base, cuda_version, flags) {
         Resolution::Variant(v) => Some(v.symbol()),
-        _ => None,
+        Resolution::Unknown => BEYOND_TABLE.iter().copied().find(|b| b.as_bytes() == base),
+        Resolution::VersionNotSufficient => None,
     }
 }
 
@@ -146,6 +149,12 @@ mod tests {
             ("cuMemAlloc_v2", 3020, 0, None),
             ("cuNoSuchThing", 13000, 0, None),
             ("cuMemAlloc", 99999, 0, Some("cuMemAlloc_v2")),
+            (
+                "cuMemRetainAllocationHandle",
+                11000,
+                0,
+                Some("cuMemRetainAllocationHandle"),
+            ),
         ];
         for &(name, ver, flags, want) in cases {
             assert_eq!(

@@ -427,6 +427,19 @@ fn two_claims_merge_by_uuid_and_an_unbudgeted_gpu_stays_free() {
     assert_eq!(out, ["ok", "ok 0", "ok", OOM]);
 }
 
+/// A 64 MiB claim with scrubOnFree on or off, and a fake driver that checks whether
+/// each free finds the memory zeroed.
+fn scrub_checked(scrub: bool) -> (Sandbox, RunOpts) {
+    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
+    c.scrub = scrub;
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
+    let o = RunOpts {
+        env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
+        ..opts()
+    };
+    (sb, o)
+}
+
 /// With scrubOnFree the freed memory is zero when the driver gets it back, on every
 /// path the library scrubs: linear memory; a VMM handle unmapped then released (zeroed
 /// through a temporary mapping), and one released while mapped and written again
@@ -439,13 +452,7 @@ fn scrub_on_free_zeroes_freed_memory() {
         return;
     }
     for scrub in [true, false] {
-        let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
-        c.scrub = scrub;
-        let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
-        let o = RunOpts {
-            env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
-            ..opts()
-        };
+        let (sb, o) = scrub_checked(scrub);
         let out = sb.client(
             &o,
             &[
@@ -529,13 +536,7 @@ fn scrubbing_leaves_a_released_but_mapped_handle_intact_until_its_last_unmap() {
     if !require("scrub-mapped") {
         return;
     }
-    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
-    c.scrub = true;
-    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
-    let o = RunOpts {
-        env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
-        ..opts()
-    };
+    let (sb, o) = scrub_checked(true);
     let out = sb.client(
         &o,
         &[
@@ -580,13 +581,7 @@ fn scrubbing_waits_for_a_retained_reference() {
     if !require("scrub-retained") {
         return;
     }
-    let mut c = ClaimSpec::new("claim-a", &[(GPU0, 64 * MIB)]);
-    c.scrub = true;
-    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![c]);
-    let o = RunOpts {
-        env: vec![("FAKE_CUDA_CHECK_SCRUB".into(), "1".into())],
-        ..opts()
-    };
+    let (sb, o) = scrub_checked(true);
     let out = sb.client(
         &o,
         &[

@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -447,29 +446,24 @@ fn the_release_library_works_on_glibc_2_31() {
         );
     }
     // Launches start the flusher thread, named by the library.
-    let mut child = run(&[
-        "/cuda_client",
-        "gpa",
-        "ctx",
-        "0",
-        "bench-launch",
-        "1000",
-        "hold",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("client");
+    let mut child = Running::new(
+        run(&[
+            "/cuda_client",
+            "gpa",
+            "ctx",
+            "0",
+            "bench-launch",
+            "1000",
+            "hold",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("client"),
+    );
     let watchdog = Deadline::new(child.id(), 120);
-    let mut got = Vec::new();
-    let mut rd = BufReader::new(child.stdout.take().expect("stdout"));
-    while got.last().is_none_or(|l: &String| l != "holding") {
-        let mut l = String::new();
-        if rd.read_line(&mut l).unwrap_or(0) == 0 {
-            break;
-        }
-        got.push(l.trim().to_string());
-    }
+    // "ok" (ctx), "ok <wall> <cpu>" (the launches), "holding".
+    let got = child.read_lines(3);
     // The new thread names itself: wait up to 2 s for the name.
     let pid = child.id();
     let threads = || -> Vec<String> {
@@ -487,8 +481,7 @@ fn the_release_library_works_on_glibc_2_31() {
         std::thread::sleep(Duration::from_millis(20));
         names = threads();
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill_now();
     drop(watchdog);
     assert_eq!(got.last().map(String::as_str), Some("holding"), "{got:?}");
     assert!(

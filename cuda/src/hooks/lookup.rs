@@ -20,18 +20,8 @@ unsafe fn patch_lookup(symbol: *const c_char, pfn: *mut *mut c_void, version: c_
     }
     // SAFETY: NUL-terminated per the caller.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    let sym = match gpa_table::resolve(name, version, flags) {
-        gpa_table::Resolution::Variant(v) => v.symbol(),
-        // A hooked entry point the B4.1 table does not list has one variant, named
-        // as looked up (the driver answered, so the version is sufficient).
-        gpa_table::Resolution::Unknown => match gpa_table::BEYOND_TABLE
-            .iter()
-            .find(|b| b.as_bytes() == name)
-        {
-            Some(b) => b,
-            None => return,
-        },
-        gpa_table::Resolution::VersionNotSufficient => return,
+    let Some(sym) = gpa_table::resolve_symbol(name, version, flags) else {
+        return;
     };
     if let Some(h) = crate::interpose::find_hook(sym.as_bytes()) {
         remember(h, p);

@@ -411,15 +411,12 @@ impl Sandbox {
     ) -> (Running, Vec<String>) {
         let mut args = vec![opts.mode.unwrap_or("gpa")];
         args.extend_from_slice(commands);
-        let mut child = self
+        let child = self
             .command(opts, &artifacts().client, &args)
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn client");
-        // The pipe stays open as long as the client (a closed pipe would kill a later
-        // print).
-        let out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut running = Running(child, out);
+        let mut running = Running::new(child);
         let got = running.read_lines(wait_for);
         (running, got)
     }
@@ -469,6 +466,18 @@ impl Sandbox {
 pub struct Running(Child, BufReader<std::process::ChildStdout>);
 
 impl Running {
+    /// Takes over a client spawned with its stdout piped. The pipe stays open as long
+    /// as the client (a closed pipe would kill a later print).
+    pub fn new(mut child: Child) -> Self {
+        let out = BufReader::new(child.stdout.take().expect("stdout piped"));
+        Running(child, out)
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
     /// The client's next `n` lines of output (fewer if it exits first).
     pub fn read_lines(&mut self, n: usize) -> Vec<String> {
         let mut got = Vec::new();
