@@ -31,6 +31,7 @@ fn main() {
         // not take the flag.)
         println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     }
+    front_library();
     let src = "data/gpa-variants.tsv";
     println!("cargo::rerun-if-changed={src}");
     let text = std::fs::read_to_string(src).unwrap_or_else(|e| panic!("{src}: {e}"));
@@ -110,3 +111,73 @@ fn static_unwinder() {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     println!("cargo::rustc-link-search=native={}", dir.display());
 }
+
+/// Builds the front library (`front/lib.rs`, `libtessera_preload.so`) with the same
+/// rustc, target and linker, and puts it beside this package's own library, where the
+/// plugin and the tests look for it. Not a package of its own: a library without std
+/// must be built with `-C panic=abort`, which cargo sets per profile for the whole
+/// workspace only.
+fn front_library() {
+    for f in ["front/lib.rs", "src/elf_symbols.rs", "src/hook_names.rs"] {
+        println!("cargo::rerun-if-changed={f}");
+    }
+    println!("cargo::rerun-if-env-changed=RUSTC_LINKER");
+    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
+        // Its stubs are x86-64 assembly. Without it the plugin refuses shared claims
+        // (it installs the library only with its front).
+        println!("cargo::warning=the front library is x86-64 only: not built for this target");
+        return;
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let target = std::env::var("TARGET").expect("TARGET");
+    let built = out.join(FRONT_FILE);
+    let mut cmd = Command::new(&rustc);
+    cmd.args([
+        "--crate-name",
+        "tessera_preload",
+        "--crate-type",
+        "cdylib",
+        "--edition",
+        "2024",
+        "-D",
+        "warnings",
+        "-C",
+        "panic=abort",
+        "-C",
+        "opt-level=2",
+        "-C",
+        "debuginfo=0",
+        "-C",
+        "strip=debuginfo",
+        "-C",
+        "link-arg=-nostartfiles",
+        "--target",
+        &target,
+        "-o",
+    ])
+    .arg(&built)
+    .arg("front/lib.rs");
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        cmd.arg("-C").arg(format!("linker={linker}"));
+    }
+    let res = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+    assert!(
+        res.status.success(),
+        "building the front library (front/lib.rs) failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    // OUT_DIR is <target dir>/[<triple>/]<profile>/build/<package>-<hash>/out; the
+    // package's library lands in <target dir>/[<triple>/]<profile>.
+    let Some(dest) = out.ancestors().nth(3) else {
+        panic!("unexpected OUT_DIR {}", out.display());
+    };
+    let tmp = dest.join(format!(".{FRONT_FILE}.tmp"));
+    std::fs::copy(&built, &tmp)
+        .and_then(|_| std::fs::rename(&tmp, dest.join(FRONT_FILE)))
+        .unwrap_or_else(|e| panic!("installing {FRONT_FILE} in {}: {e}", dest.display()));
+}
+
+const FRONT_FILE: &str = "libtessera_preload.so";

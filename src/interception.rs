@@ -1,6 +1,9 @@
 //! Installing the interception library into the run dir, which containers of shared
-//! claims mount: `<run-dir>/lib/<version>/libtessera_cuda.so` and the one-line
-//! `<run-dir>/ld.so.preload` naming its container path.
+//! claims mount: `<run-dir>/lib/<version>/` holding `libtessera_cuda.so` and the front
+//! library `libtessera_preload.so` (built beside it), and the one-line
+//! `<run-dir>/ld.so.preload` naming the front's container path. The front is what
+//! every process of the container loads; it loads the interception library at the
+//! first CUDA call (`cuda/front/lib.rs`).
 //!
 //! The version is the crate version plus a content hash, so an upgraded plugin installs
 //! beside the old library instead of replacing a file that running containers have
@@ -17,6 +20,9 @@ use sha2::{Digest, Sha256};
 
 /// The library's file name, in the run dir and in containers.
 pub const LIB_FILE: &str = "libtessera_cuda.so";
+/// The front library's file name: beside `--interception-lib`, in the run dir and in
+/// containers; what `ld.so.preload` names.
+pub const FRONT_FILE: &str = "libtessera_preload.so";
 /// Where the library directory is mounted in containers (read-only).
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/tessera/lib";
 /// `lib/` under the run dir.
@@ -43,32 +49,48 @@ pub struct InstallError {
 
 /// The contents of `ld.so.preload`.
 pub fn preload_contents() -> String {
-    format!("{CONTAINER_LIB_DIR}/{LIB_FILE}\n")
+    format!("{CONTAINER_LIB_DIR}/{FRONT_FILE}\n")
 }
 
-/// The version name of a library with these bytes.
-pub fn version_of(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
+/// The version name of the pair of libraries with these bytes.
+pub fn version_of(lib: &[u8], front: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update((lib.len() as u64).to_le_bytes());
+    h.update(lib);
+    h.update(front);
+    let digest = h.finalize();
     let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
     format!("{}-{hex}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Installs `source` (an ELF shared object) into `<run_dir>/lib/<version>/` unless that
-/// version is already there, and (re)writes `ld.so.preload`. Both atomic.
+/// Installs `source` (an ELF shared object) and the front library beside it into
+/// `<run_dir>/lib/<version>/` unless that version is already there, and (re)writes
+/// `ld.so.preload`. Both atomic.
 pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallError> {
     let fail = |what: String| InstallError {
         source_path: source.to_path_buf(),
         what,
     };
+    let front_path = source.with_file_name(FRONT_FILE);
     let bytes = fs::read(source).map_err(|e| fail(e.to_string()))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(fail("not an ELF file".into()));
     }
-    let version = version_of(&bytes);
+    let front = fs::read(&front_path).map_err(|e| {
+        fail(format!(
+            "the front library {} (built beside it): {e}",
+            front_path.display()
+        ))
+    })?;
+    if !front.starts_with(b"\x7fELF") {
+        return Err(fail(format!("{}: not an ELF file", front_path.display())));
+    }
+    let version = version_of(&bytes, &front);
     let libs = run_dir.join(LIB_DIR);
     fs::create_dir_all(&libs).map_err(|e| fail(format!("{}: {e}", libs.display())))?;
     let dir = libs.join(&version);
-    let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes);
+    let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes)
+        && fs::read(dir.join(FRONT_FILE)).is_ok_and(|b| b == front);
     if !installed {
         // Per process: two installers never share a temp dir (callers also hold the
         // node lock); `gc` removes leftovers of dead ones.
@@ -78,10 +100,12 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
         let r = (|| -> std::io::Result<()> {
             fs::create_dir(&tmp)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
-            let mut f = fs::File::create_new(tmp.join(LIB_FILE))?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::set_permissions(tmp.join(LIB_FILE), fs::Permissions::from_mode(0o755))?;
+            for (file, content) in [(LIB_FILE, &bytes), (FRONT_FILE, &front)] {
+                let mut f = fs::File::create_new(tmp.join(file))?;
+                f.write_all(content)?;
+                f.sync_all()?;
+                fs::set_permissions(tmp.join(file), fs::Permissions::from_mode(0o755))?;
+            }
             tessera_cdi::atomic::sync_dir(&tmp)?;
             fs::rename(&tmp, &dir)?;
             tessera_cdi::atomic::sync_dir(&libs)
@@ -150,11 +174,16 @@ pub fn default_source() -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    /// A library build in a directory of its own, with its front beside it.
     fn fake_lib(dir: &Path, tag: &[u8]) -> PathBuf {
-        let p = dir.join(format!("lib-{}.so", tag[0]));
+        let d = dir.join(format!("build-{}", tag[0]));
+        fs::create_dir_all(&d).unwrap();
+        let p = d.join(LIB_FILE);
         let mut b = b"\x7fELF".to_vec();
         b.extend_from_slice(tag);
-        fs::write(&p, b).unwrap();
+        fs::write(&p, &b).unwrap();
+        b.extend_from_slice(b"front");
+        fs::write(d.join(FRONT_FILE), b).unwrap();
         p
     }
 
@@ -168,10 +197,17 @@ mod tests {
         assert_eq!(install(run.path(), &fake_lib(src.path(), b"a")).unwrap(), a);
         let b = install(run.path(), &fake_lib(src.path(), b"b")).unwrap();
         assert_ne!(a.version, b.version);
-        assert!(a.dir.join(LIB_FILE).is_file() && b.dir.join(LIB_FILE).is_file());
+        for f in [LIB_FILE, FRONT_FILE] {
+            assert!(a.dir.join(f).is_file() && b.dir.join(f).is_file(), "{f}");
+        }
+        assert_eq!(
+            fs::read(a.dir.join(FRONT_FILE)).unwrap(),
+            b"\x7fELFafront",
+            "the front beside the library is installed with it"
+        );
         assert_eq!(
             fs::read_to_string(run.path().join(PRELOAD_FILE)).unwrap(),
-            "/usr/local/tessera/lib/libtessera_cuda.so\n"
+            "/usr/local/tessera/lib/libtessera_preload.so\n"
         );
         fs::create_dir(run.path().join("lib/.x.tmp-1")).unwrap();
         let removed = gc(run.path(), &BTreeSet::from([b.version.clone()])).unwrap();
@@ -187,5 +223,17 @@ mod tests {
         let e = install(tempfile::tempdir().unwrap().path(), &p).unwrap_err();
         assert!(e.to_string().contains("not an ELF"), "{e}");
         assert!(install(src.path(), &src.path().join("missing.so")).is_err());
+    }
+
+    /// A library without its front is refused, and nothing is installed.
+    #[test]
+    fn refuses_a_library_without_its_front() {
+        let src = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let lib = fake_lib(src.path(), b"a");
+        fs::remove_file(lib.with_file_name(FRONT_FILE)).unwrap();
+        let e = install(run.path(), &lib).unwrap_err();
+        assert!(e.to_string().contains("libtessera_preload.so"), "{e}");
+        assert!(!run.path().join(LIB_DIR).exists() && !run.path().join(PRELOAD_FILE).exists());
     }
 }

@@ -67,7 +67,8 @@ struct DemoArgs {
     /// Keep the demo's temp directory (specs, checkpoint, sockets) for inspection.
     #[arg(long)]
     keep: bool,
-    /// The interception library; default: next to the binary.
+    /// The interception library (with libtessera_preload.so beside it); default: next
+    /// to the binary.
     #[arg(long)]
     interception_lib: Option<PathBuf>,
 }
@@ -122,7 +123,8 @@ struct PluginArgs {
     /// /proc (for /proc/driver/nvidia* and /proc/devices).
     #[arg(long, default_value = "/proc")]
     proc_root: PathBuf,
-    /// The interception library to install into the run dir; default: next to the binary.
+    /// The interception library to install into the run dir, with the front library
+    /// libtessera_preload.so from the same directory; default: next to the binary.
     #[arg(long)]
     interception_lib: Option<PathBuf>,
     /// Rolling updates (kubelet >=1.33): this pod's UID, for per-pod socket names.

@@ -236,7 +236,7 @@ async fn shared_claim_files(n: &Node) {
     let base = format!("/run/tessera/claims/{}", c.uid);
     let script = format!(
         "cat /etc/ld.so.preload | sed 's/^/PRELOAD=/'; \
-         test -f /usr/local/tessera/lib/libtessera_cuda.so && echo LIB=present; \
+         test -f /usr/local/tessera/lib/libtessera_cuda.so && test -f /usr/local/tessera/lib/libtessera_preload.so && echo LIB=present; \
          head -1 {base}/limits | sed 's/^/LIMITS=/'; \
          echo forged > {base}/limits 2>/dev/null || echo LIMITS_WRITE=refused; \
          echo forged > {base}/control 2>/dev/null || echo CONTROL_WRITE=refused; \
@@ -248,7 +248,7 @@ async fn shared_claim_files(n: &Node) {
     );
     let out = n.run_ok(&ids(&r, &c.uid), &script);
     assert!(
-        out.has_line("PRELOAD=/usr/local/tessera/lib/libtessera_cuda.so"),
+        out.has_line("PRELOAD=/usr/local/tessera/lib/libtessera_preload.so"),
         "{}",
         out.stdout
     );

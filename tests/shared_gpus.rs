@@ -692,9 +692,12 @@ async fn library_versions_stay_while_a_claim_references_them() {
     // A new build of the library: same file, other bytes.
     let newer = h.dir.path().join("newer/libtessera_cuda.so");
     std::fs::create_dir_all(newer.parent().unwrap()).unwrap();
-    let mut bytes = std::fs::read(h.opts.interception_lib.as_ref().unwrap()).unwrap();
+    let current = h.opts.interception_lib.clone().unwrap();
+    let mut bytes = std::fs::read(&current).unwrap();
     bytes.extend_from_slice(b"v2");
     std::fs::write(&newer, bytes).unwrap();
+    let front = tessera::interception::FRONT_FILE;
+    std::fs::copy(current.with_file_name(front), newer.with_file_name(front)).unwrap();
     h.opts.interception_lib = Some(newer);
     let (p, _) = published(&h).await;
     let k = h.kubelet().await;

@@ -1,9 +1,44 @@
 //! Finding a versioned function in the loaded objects without libdl: the objects'
 //! dynamic symbol tables read as ld.so reads them (GNU or SysV hash table, version
-//! definitions). The release build's glibc shims use it (`glibc_shims.rs`); it
-//! allocates nothing and calls nothing but `dl_iterate_phdr` (in libc).
+//! definitions). The release build's glibc shims use it (`glibc_shims.rs`), and so
+//! does the front library (`front/lib.rs`, built without std, which includes this
+//! file): it allocates nothing, uses only `core`, and calls nothing but
+//! `dl_iterate_phdr` (in libc, declared here).
 
-use std::ffi::{c_char, c_int, c_void};
+use core::ffi::{c_char, c_int, c_void};
+
+/// `ElfW(Phdr)` on a 64-bit target.
+#[repr(C)]
+pub struct Phdr {
+    pub p_type: u32,
+    pub p_flags: u32,
+    pub p_offset: u64,
+    pub p_vaddr: u64,
+    pub p_paddr: u64,
+    pub p_filesz: u64,
+    pub p_memsz: u64,
+    pub p_align: u64,
+}
+
+/// The head of glibc's `struct dl_phdr_info` (the fields every version has).
+#[repr(C)]
+pub struct DlPhdrInfo {
+    pub dlpi_addr: u64,
+    pub dlpi_name: *const c_char,
+    pub dlpi_phdr: *const Phdr,
+    pub dlpi_phnum: u16,
+}
+
+pub type PhdrCallback = unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int;
+
+#[link(name = "c")]
+unsafe extern "C" {
+    /// In libc.so.6 since glibc 2.2.4 (`GLIBC_2.2.5` on x86-64).
+    pub fn dl_iterate_phdr(callback: Option<PhdrCallback>, data: *mut c_void) -> c_int;
+}
+
+const PT_LOAD: u32 = 1;
+const PT_DYNAMIC: u32 = 2;
 
 /// A lookup in progress: the NUL-terminated name and version, the name's GNU and
 /// SysV hashes, and what it found (address, the object's name).
@@ -28,10 +63,10 @@ pub fn find(name: &'static [u8], ver: &'static [u8]) -> (usize, *const c_char) {
         gnu_hash: gnu_hash(bare),
         sysv_hash: sysv_hash(bare),
         found: 0,
-        object: std::ptr::null(),
+        object: core::ptr::null(),
     };
     // SAFETY: the callback reads only what ld.so mapped, and stops at the first match.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut q).cast()) };
+    unsafe { dl_iterate_phdr(Some(visit), (&raw mut q).cast()) };
     (q.found, q.object)
 }
 
@@ -126,11 +161,7 @@ impl Tables {
 ///
 /// # Safety
 /// Called by `dl_iterate_phdr` with a valid `info` and `data` = a `Query`.
-unsafe extern "C" fn visit(
-    info: *mut libc::dl_phdr_info,
-    _size: usize,
-    data: *mut c_void,
-) -> c_int {
+unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
     // SAFETY: per the caller.
     let (info, q) = unsafe { (&*info, &mut *data.cast::<Query>()) };
     let base = info.dlpi_addr as usize;
@@ -138,8 +169,9 @@ unsafe extern "C" fn visit(
         return 0;
     }
     // SAFETY: ld.so's program headers for this object.
-    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) else {
+    let phdrs =
+        unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
         return 0;
     };
     // glibc relocates the dynamic section's addresses in place where it is writable;
@@ -296,6 +328,46 @@ unsafe fn version_is(ndx: u16, verdef: usize, count: u64, strtab: usize, want: &
     false
 }
 
+/// The loaded object whose segments hold `addr`: its name as ld.so has it (the path
+/// it was loaded by; empty for the main program) and the range its `PT_LOAD`
+/// segments span. The front library uses it to find itself (the release build of this
+/// library, which includes this module too, does not).
+#[allow(dead_code)]
+pub fn object_containing(addr: usize) -> Option<(*const c_char, usize, usize)> {
+    struct Find {
+        addr: usize,
+        found: Option<(*const c_char, usize, usize)>,
+    }
+    unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: per dl_iterate_phdr, with `data` = a `Find`.
+        let (info, f) = unsafe { (&*info, &mut *data.cast::<Find>()) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: ld.so's program headers for this object.
+        let phdrs =
+            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
+        let (mut lo, mut hi, mut inside) = (usize::MAX, 0usize, false);
+        for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
+            let start = base.wrapping_add(p.p_vaddr as usize);
+            let end = start.wrapping_add(p.p_memsz as usize);
+            inside |= (start..end).contains(&f.addr);
+            lo = lo.min(start);
+            hi = hi.max(end);
+        }
+        if inside {
+            f.found = Some((info.dlpi_name, lo, hi));
+            return 1;
+        }
+        0
+    }
+    let mut f = Find { addr, found: None };
+    // SAFETY: the callback reads only what ld.so mapped.
+    unsafe { dl_iterate_phdr(Some(visit), (&raw mut f).cast()) };
+    f.found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +381,30 @@ mod tests {
         assert_eq!(gnu_hash(b"printf"), 0x156b_2bb8);
         assert_eq!(sysv_hash(b""), 0);
         assert_eq!(sysv_hash(b"printf"), 0x0779_05a6);
+    }
+
+    /// The object holding an address: libc for one of its functions, the test program
+    /// (named "") for one of ours, none for an address nothing maps.
+    #[test]
+    fn object_containing_names_the_object_and_its_range() {
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        let getpid = libc::getpid as *const () as usize;
+        // SAFETY: valid out pointer.
+        assert_ne!(
+            unsafe { libc::dladdr(getpid as *const c_void, &mut info) },
+            0
+        );
+        let (name, lo, hi) = object_containing(getpid).expect("libc");
+        // SAFETY: ld.so's names are NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        assert!(name.contains("libc.so.6"), "{name}");
+        assert_eq!(lo, info.dli_fbase as usize);
+        assert!(lo < getpid && getpid < hi);
+        let here = object_containing_names_the_object_and_its_range as *const () as usize;
+        let (name, _, _) = object_containing(here).expect("the test program");
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes(), b"");
+        assert!(object_containing(8).is_none());
     }
 
     fn dlvsym(handle: *mut c_void, name: &[u8], ver: &[u8]) -> usize {
@@ -337,6 +433,10 @@ mod tests {
             (b"pthread_rwlock_wrlock\0", b"GLIBC_2.2.5\0"),
             (b"pthread_setname_np\0", b"GLIBC_2.12\0"),
             (b"pthread_setspecific\0", b"GLIBC_2.2.5\0"),
+            // The front library's, on glibc 2.34 and later.
+            (b"dlopen\0", b"GLIBC_2.34\0"),
+            (b"dlsym\0", b"GLIBC_2.34\0"),
+            (b"dlerror\0", b"GLIBC_2.34\0"),
         ];
         for &(name, ver) in wanted {
             let (got, object) = find(name, ver);

@@ -24,7 +24,7 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 /// glibc's `dlsym`, resolved with `dlvsym` (never with `dlsym`, which is ours).
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
-macro_rules! hook_table {
+macro_rules! hook_names {
     ($($sym:ident),* $(,)?) => {
         /// The driver and NVML entry points the library intercepts, by exported name.
         #[allow(non_camel_case_types)]
@@ -44,64 +44,7 @@ macro_rules! hook_table {
     };
 }
 
-hook_table!(
-    cuGetProcAddress,
-    cuGetProcAddress_v2,
-    cuInit,
-    cuMemAlloc_v2,
-    cuMemAllocPitch_v2,
-    cuMemAllocManaged,
-    cuMemFree_v2,
-    cuMemAllocAsync,
-    cuMemAllocAsync_ptsz,
-    cuMemAllocFromPoolAsync,
-    cuMemAllocFromPoolAsync_ptsz,
-    cuMemFreeAsync,
-    cuMemFreeAsync_ptsz,
-    cuMemPoolTrimTo,
-    cuMemPoolDestroy,
-    cuMemCreate,
-    cuMemRelease,
-    cuMemRetainAllocationHandle,
-    cuMemMap,
-    cuMemUnmap,
-    cuCtxCreate_v2,
-    cuCtxCreate_v3,
-    cuCtxCreate_v4,
-    cuCtxDestroy_v2,
-    cuDevicePrimaryCtxRetain,
-    cuDevicePrimaryCtxRelease_v2,
-    cuDevicePrimaryCtxReset_v2,
-    cuArrayCreate_v2,
-    cuArray3DCreate_v2,
-    cuArrayDestroy,
-    cuMipmappedArrayCreate,
-    cuMipmappedArrayDestroy,
-    cuCtxSetLimit,
-    cuGraphAddMemAllocNode,
-    cuGraphInstantiate,
-    cuGraphInstantiate_v2,
-    cuGraphInstantiateWithFlags,
-    cuGraphInstantiateWithParams,
-    cuGraphInstantiateWithParams_ptsz,
-    cuGraphUpload,
-    cuGraphUpload_ptsz,
-    cuGraphLaunch,
-    cuGraphLaunch_ptsz,
-    cuGraphExecDestroy,
-    cuDeviceGraphMemTrim,
-    cuLaunchKernel,
-    cuLaunchKernel_ptsz,
-    cuLaunchKernelEx,
-    cuLaunchKernelEx_ptsz,
-    cuLaunchCooperativeKernel,
-    cuLaunchCooperativeKernel_ptsz,
-    cuLaunchCooperativeKernelMultiDevice,
-    cuMemGetInfo_v2,
-    cuDeviceTotalMem_v2,
-    nvmlDeviceGetMemoryInfo,
-    nvmlDeviceGetMemoryInfo_v2,
-);
+include!("hook_names.rs");
 
 #[cfg(test)]
 pub fn hook_address(_h: Hook) -> usize {
@@ -130,11 +73,30 @@ pub fn find_hook(name: &[u8]) -> Option<Hook> {
         .find(|h| h.name().as_bytes() == name)
 }
 
-/// Records `p` as the driver's pointer for `h`, unless it is the hook itself (a
-/// lookup in the global scope finds the library's own export first).
+/// The address range of the front library (`libtessera_preload.so`) when it loaded
+/// this one: its exports have the hooks' names and come first in the global scope,
+/// so a lookup there finds them before the driver's. Empty when preloaded directly.
+static FRONT: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// Called once by the front library after it `dlopen`s this one, with the range its
+/// segments span.
+#[cfg(not(test))]
+#[unsafe(no_mangle)]
+pub extern "C" fn tessera_front_attach(lo: usize, hi: usize) {
+    FRONT[0].store(lo, Ordering::Release);
+    FRONT[1].store(hi, Ordering::Release);
+}
+
+/// Whether `p` is one of the front library's stubs (which jump back here).
+pub fn in_front(p: usize) -> bool {
+    (FRONT[0].load(Ordering::Acquire)..FRONT[1].load(Ordering::Acquire)).contains(&p)
+}
+
+/// Records `p` as the driver's pointer for `h`, unless it is the hook itself or the
+/// front's stub for it (a lookup in the global scope finds those first).
 pub fn remember(h: Hook, p: *mut c_void) {
     let p = p as usize;
-    if p != 0 && p != hook_address(h) {
+    if p != 0 && p != hook_address(h) && !in_front(p) {
         REAL[h as usize].store(p, Ordering::Release);
     }
 }
@@ -274,11 +236,30 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Looks up glibc's `dlsym` by version (2.34 moved it into libc; 2.2.5 is the x86-64
-/// base version) and stores it.
+/// base version) and stores it. Behind this library first (`RTLD_NEXT`: another
+/// interposer's `dlsym` stays in the chain); if that finds the front library's
+/// `dlsym` (unversioned, so any version matches it, and glibc before 2.34 searches
+/// the global scope, where the front comes first), in libc or libdl by handle.
 pub fn resolve_real_dlsym() -> usize {
     for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
         // SAFETY: dlvsym with valid C strings.
         let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
+        if !p.is_null() && !in_front(p as usize) {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            return p as usize;
+        }
+    }
+    for (lib, ver) in [
+        (c"libc.so.6", c"GLIBC_2.34"),
+        (c"libdl.so.2", c"GLIBC_2.2.5"),
+    ] {
+        // SAFETY: RTLD_NOLOAD only finds an object already loaded.
+        let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            continue;
+        }
+        // SAFETY: a handle and valid C strings.
+        let p = unsafe { libc::dlvsym(h, c"dlsym".as_ptr(), ver.as_ptr()) };
         if !p.is_null() {
             REAL_DLSYM.store(p as usize, Ordering::Release);
             return p as usize;
@@ -298,7 +279,7 @@ unsafe fn resolve_behind(name: *const c_char, lib: &CStr) -> *mut c_void {
     };
     // SAFETY: glibc dlsym with a valid name.
     let p = unsafe { dlsym(libc::RTLD_NEXT, name) };
-    if !p.is_null() {
+    if !p.is_null() && !in_front(p as usize) {
         return p;
     }
     for mode in [

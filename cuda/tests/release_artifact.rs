@@ -1,5 +1,6 @@
-//! The release artifact loads everywhere: built with cargo-zigbuild for glibc 2.17,
-//! it needs no symbol version above GLIBC_2.17, lists only libc and the loader as
+//! The release artifact (the interception library and the front library `build.rs`
+//! builds beside it) loads everywhere: built with cargo-zigbuild for glibc 2.17,
+//! each needs no symbol version above GLIBC_2.17, lists only libc and the loader as
 //! NEEDED (its libdl and libpthread functions are found at first use), still enforces
 //! in a root filesystem without libgcc_s (where ld.so would silently skip a preload
 //! that needs it), and works on a glibc older than 2.34, where libdl and libpthread
@@ -93,28 +94,42 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
     let Some(lib) = zig_library("glibc-2.17") else {
         return;
     };
-    let versions = readelf("-V", &lib);
-    let mut newest = (2, 0);
-    for v in versions.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
-        if let Some(n) = v.strip_prefix("GLIBC_") {
-            let mut it = n.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
-            let ver = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-            newest = newest.max(ver);
+    // Both objects: the front library (what ld.so.preload names) and the
+    // interception library it loads.
+    for lib in [lib.with_file_name(FRONT_FILE), lib] {
+        let versions = readelf("-V", &lib);
+        let mut newest = (2, 0);
+        for v in versions.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
+            if let Some(n) = v.strip_prefix("GLIBC_") {
+                let mut it = n.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+                let ver = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+                newest = newest.max(ver);
+            }
         }
-    }
-    assert!(newest <= (2, 17), "needs GLIBC_{}.{}", newest.0, newest.1);
-    let needed: Vec<String> = readelf("-d", &lib)
-        .lines()
-        .filter(|l| l.contains("(NEEDED)"))
-        .filter_map(|l| {
-            l.split('[')
-                .nth(1)
-                .map(|s| s.trim_end_matches(']').to_string())
-        })
-        .collect();
-    let allowed = ["libc.so.6", "ld-linux-x86-64.so.2"];
-    for n in &needed {
-        assert!(allowed.contains(&n.as_str()), "NEEDED {n}: {needed:?}");
+        assert!(
+            newest <= (2, 17),
+            "{}: needs GLIBC_{}.{}",
+            lib.display(),
+            newest.0,
+            newest.1
+        );
+        let needed: Vec<String> = readelf("-d", &lib)
+            .lines()
+            .filter(|l| l.contains("(NEEDED)"))
+            .filter_map(|l| {
+                l.split('[')
+                    .nth(1)
+                    .map(|s| s.trim_end_matches(']').to_string())
+            })
+            .collect();
+        let allowed = ["libc.so.6", "ld-linux-x86-64.so.2"];
+        for n in &needed {
+            assert!(
+                allowed.contains(&n.as_str()),
+                "{}: NEEDED {n}: {needed:?}",
+                lib.display()
+            );
+        }
     }
 }
 
@@ -132,8 +147,7 @@ fn the_release_library_enforces_without_libgcc_s() {
         vec![ClaimSpec::new("claim-a", &[(GPU0, 4 * MIB)])],
     );
     let dir = sb.dir.path().join("zig-lib");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    std::fs::copy(&lib, dir.join("libtessera_cuda.so")).expect("copy");
+    install_libs(&lib, &dir);
     // An overlay of the library directory with libgcc_s deleted (a whiteout); the
     // script (set -e) stops if it is still there.
     let d = sb.dir.path().display();
@@ -374,10 +388,11 @@ fn the_release_library_works_on_glibc_2_31() {
          mount -t overlay overlay -o lowerdir={rootfs},upperdir={dd}/up,workdir={dd}/work {rr}\n\
          mount -t proc proc {rr}/proc\n\
          mkdir -p {rr}/run/tessera/claims/claim-a {rr}/usr/local/tessera/lib {rr}/fake\n\
-         cp {lib} {rr}{PRELOAD_PATH}\ncp {fake} {rr}/fake/\ncp {client} {rr}/cuda_client\n\
+         cp {lib} {rr}{CORE_PATH}\ncp {front} {rr}{PRELOAD_PATH}\ncp {fake} {rr}/fake/\ncp {client} {rr}/cuda_client\n\
          touch {rr}/ledger\nmount --bind {dd}/ledger {rr}/ledger\n",
         rootfs = rootfs.display(),
         lib = lib.display(),
+        front = lib.with_file_name(FRONT_FILE).display(),
         fake = fake.display(),
         client = client.display(),
     );
@@ -418,9 +433,10 @@ fn the_release_library_works_on_glibc_2_31() {
         o.status.success() && err.is_empty(),
         "cat under the preload: {err}"
     );
+    // The front is mapped; the interception library waits for a CUDA call.
     assert!(
-        out.contains("libtessera_cuda.so"),
-        "the library is not mapped:\n{out}"
+        out.contains(FRONT_FILE) && !out.contains(CORE_FILE),
+        "the front library alone should be mapped:\n{out}"
     );
     assert!(!out.contains("libpthread"), "cat has libpthread:\n{out}");
     let o = output_within(run(&["/bin/true"]));

@@ -67,11 +67,13 @@ pub fn options(root: &Path) -> PluginOptions {
 
 /// A shared object standing in for the interception library where a test checks how
 /// the plugin installs and mounts it (enforcement is tested in the `cuda` crate):
-/// an empty ELF `.so` built with the C compiler, under `<root>/stand-in/`.
+/// an empty ELF `.so` built with the C compiler, under `<root>/stand-in/`, with a copy
+/// beside it standing in for the front library.
 pub fn interception_stand_in(root: &Path) -> PathBuf {
     let dir = root.join("stand-in");
     let out = dir.join("libtessera_cuda.so");
-    if out.is_file() {
+    let front = dir.join(tessera::interception::FRONT_FILE);
+    if out.is_file() && front.is_file() {
         return out;
     }
     std::fs::create_dir_all(&dir).unwrap();
@@ -85,6 +87,7 @@ pub fn interception_stand_in(root: &Path) -> PathBuf {
         .status()
         .expect("a C compiler (cc) builds the stand-in library");
     assert!(status.success(), "building the stand-in library failed");
+    std::fs::copy(&out, &front).unwrap();
     out
 }
 

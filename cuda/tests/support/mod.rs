@@ -5,7 +5,8 @@
 //! `limits` and `control` read-only, `region` read-write under
 //! `/run/tessera/claims/<uid>/`, the library directory read-only at
 //! `/usr/local/tessera/lib`, and `/etc/ld.so.preload` (in an overlay of `/etc`)
-//! naming the library. Nothing touches the host's paths, so cases run in parallel.
+//! naming the front library there, which loads the interception library beside it
+//! (as the plugin installs them). Nothing touches the host's paths, so cases run in parallel.
 //!
 //! Verdicts come from the fake driver's ledger (device memory it really handed
 //! out), not from the library's own counters.
@@ -26,7 +27,27 @@ use tessera_abi::region::{self, Snapshot};
 pub const MIB: u64 = 1 << 20;
 pub const GPU0: &str = "GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10";
 pub const GPU1: &str = "GPU-9a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9";
-pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
+/// What `/etc/ld.so.preload` names: the front library (`front/lib.rs`).
+pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_preload.so";
+/// The interception library, which the front loads at the first CUDA call.
+pub const CORE_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
+pub const CORE_FILE: &str = "libtessera_cuda.so";
+pub const FRONT_FILE: &str = "libtessera_preload.so";
+
+/// Copies a build of `libtessera_cuda.so` and the front library built beside it
+/// (`build.rs` puts it there) into `dir`, as the plugin installs them.
+pub fn install_libs(core: &Path, dir: &Path) {
+    let front = core.with_file_name(FRONT_FILE);
+    assert!(
+        front.is_file(),
+        "{} missing beside {}",
+        front.display(),
+        core.display()
+    );
+    fs::create_dir_all(dir).expect("mkdir");
+    fs::copy(core, dir.join(CORE_FILE)).expect("copy library");
+    fs::copy(&front, dir.join(FRONT_FILE)).expect("copy front library");
+}
 
 const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
 const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
@@ -74,7 +95,8 @@ fn prerequisites() -> Option<String> {
 
 /// The built fixtures, shared by all tests of one binary.
 pub struct Artifacts {
-    /// Directory holding only `libtessera_cuda.so` (mounted at /usr/local/tessera/lib).
+    /// Directory holding `libtessera_cuda.so` and the front library (mounted at
+    /// /usr/local/tessera/lib).
     pub lib_dir: PathBuf,
     /// Directory holding the fake `libcuda.so.1`.
     pub fake_dir: PathBuf,
@@ -159,7 +181,7 @@ pub fn artifacts() -> &'static Artifacts {
             "-lm",
         ]);
         let built = built_library();
-        fs::copy(&built, lib_dir.join("libtessera_cuda.so")).expect("copy library");
+        install_libs(&built, &lib_dir);
         Artifacts {
             lib_dir,
             fake_dir,
@@ -171,11 +193,11 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// Builds `libtessera_cuda.so` with the cargo running the tests, into a target
+/// Builds `libtessera_cuda.so` (and the front beside it) with the cargo running the tests, into a target
 /// directory of its own: integration tests do not link a cdylib, so cargo does not
 /// rebuild it for them, and the outer build directory stays locked while tests run.
 /// `TESSERA_CUDA_TEST_LIB=<file>` runs the tests against that build instead (CI
-/// passes the release artifact).
+/// passes the release artifact), with the front library of the same directory.
 pub fn built_library() -> PathBuf {
     match std::env::var_os("TESSERA_CUDA_TEST_LIB").filter(|v| !v.is_empty()) {
         Some(lib) => {
@@ -257,7 +279,8 @@ pub struct RunOpts {
     pub extra_script: String,
     /// The client's loading mode: gpa (default), gpa-ptds or dlsym.
     pub mode: Option<&'static str>,
-    /// A directory holding another build of `libtessera_cuda.so` to mount instead.
+    /// A directory holding another build of both libraries to mount instead
+    /// ([`install_libs`]).
     pub lib_dir: Option<PathBuf>,
 }
 
