@@ -140,8 +140,6 @@ fn front_library() {
         "cdylib",
         "--edition",
         "2024",
-        "-D",
-        "warnings",
         "-C",
         "panic=abort",
         "-C",
@@ -158,6 +156,12 @@ fn front_library() {
     ])
     .arg(&built)
     .arg("front/lib.rs");
+    // clippy does not see this file: its warnings fail CI (only: a lint a newer rustc
+    // adds must not break a user's build).
+    println!("cargo::rerun-if-env-changed=CI");
+    if std::env::var_os("CI").is_some() {
+        cmd.args(["-D", "warnings"]);
+    }
     if let Ok(linker) = std::env::var("RUSTC_LINKER") {
         cmd.arg("-C").arg(format!("linker={linker}"));
     }

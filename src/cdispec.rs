@@ -140,8 +140,9 @@ pub fn render_claim_spec(
 }
 
 /// The mounts of a claim with shared-GPU devices: the interception library's directory
-/// and `/etc/ld.so.preload` (identical in every shared claim's spec, so two claims in
-/// one container agree), and the claim's own three files, each mounted as a single
+/// and its version's `ld.so.preload` at `/etc/ld.so.preload` (identical in every
+/// shared claim's spec of one version, so two claims in one container agree; across
+/// versions, the last spec's pair wins whole), and the claim's own three files, each mounted as a single
 /// file under `/run/tessera/claims/<uid>/` (never a writable directory): `limits` and
 /// `control` read-only, `region` read-write.
 fn shared_claim_mounts(
@@ -160,7 +161,10 @@ fn shared_claim_mounts(
             lib::CONTAINER_LIB_DIR,
         ))
         .with_mount(Mount::bind_ro(
-            join_host(run, lib::PRELOAD_FILE),
+            join_host(
+                run,
+                &format!("{}/{version}/{}", lib::LIB_DIR, lib::PRELOAD_FILE),
+            ),
             "/etc/ld.so.preload",
         ));
     for (name, rw) in [

@@ -1,9 +1,15 @@
 //! Installing the interception library into the run dir, which containers of shared
-//! claims mount: `<run-dir>/lib/<version>/` holding `libtessera_cuda.so` and the front
-//! library `libtessera_preload.so` (built beside it), and the one-line
-//! `<run-dir>/ld.so.preload` naming the front's container path. The front is what
-//! every process of the container loads; it loads the interception library at the
-//! first CUDA call (`cuda/front/lib.rs`).
+//! claims mount: `<run-dir>/lib/<version>/` holding `libtessera_cuda.so`, the front
+//! library `libtessera_preload.so` (built beside it) and the one-line `ld.so.preload`
+//! naming the front's container path, which a claim's spec mounts at
+//! `/etc/ld.so.preload`. The front is what every process of the container loads; it
+//! loads the interception library at the first CUDA call (`cuda/front/lib.rs`).
+//!
+//! The preload file lives in the version directory so that a spec always mounts a pair
+//! that agrees. Specs written before the front existed mount `<run-dir>/ld.so.preload`
+//! beside an older library directory (no front): that file keeps naming
+//! `libtessera_cuda.so`, which every version has and which also works preloaded
+//! directly, so their new containers stay enforced after an upgrade.
 //!
 //! The version is the crate version plus a content hash, so an upgraded plugin installs
 //! beside the old library instead of replacing a file that running containers have
@@ -27,7 +33,8 @@ pub const FRONT_FILE: &str = "libtessera_preload.so";
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/tessera/lib";
 /// `lib/` under the run dir.
 pub const LIB_DIR: &str = "lib";
-/// `<run-dir>/ld.so.preload`, mounted at `/etc/ld.so.preload`.
+/// `<run-dir>/lib/<version>/ld.so.preload`, mounted at `/etc/ld.so.preload`; and the
+/// older plugins' `<run-dir>/ld.so.preload` ([`legacy_preload_contents`]).
 pub const PRELOAD_FILE: &str = "ld.so.preload";
 
 /// An installed library version.
@@ -47,9 +54,15 @@ pub struct InstallError {
     pub what: String,
 }
 
-/// The contents of `ld.so.preload`.
+/// The contents of a version's `ld.so.preload`: the front library.
 pub fn preload_contents() -> String {
     format!("{CONTAINER_LIB_DIR}/{FRONT_FILE}\n")
+}
+
+/// The contents of `<run-dir>/ld.so.preload`, which specs of plugins before the front
+/// library mount: the interception library itself, present in every version.
+pub fn legacy_preload_contents() -> String {
+    format!("{CONTAINER_LIB_DIR}/{LIB_FILE}\n")
 }
 
 /// The version name of the pair of libraries with these bytes.
@@ -63,9 +76,9 @@ pub fn version_of(lib: &[u8], front: &[u8]) -> String {
     format!("{}-{hex}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Installs `source` (an ELF shared object) and the front library beside it into
-/// `<run_dir>/lib/<version>/` unless that version is already there, and (re)writes
-/// `ld.so.preload`. Both atomic.
+/// Installs `source` (an ELF shared object), the front library beside it and their
+/// `ld.so.preload` into `<run_dir>/lib/<version>/` unless that version is already
+/// there, and (re)writes the legacy `<run_dir>/ld.so.preload`. Both atomic.
 pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallError> {
     let fail = |what: String| InstallError {
         source_path: source.to_path_buf(),
@@ -89,8 +102,10 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
     let libs = run_dir.join(LIB_DIR);
     fs::create_dir_all(&libs).map_err(|e| fail(format!("{}: {e}", libs.display())))?;
     let dir = libs.join(&version);
+    let preload = preload_contents();
     let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes)
-        && fs::read(dir.join(FRONT_FILE)).is_ok_and(|b| b == front);
+        && fs::read(dir.join(FRONT_FILE)).is_ok_and(|b| b == front)
+        && fs::read(dir.join(PRELOAD_FILE)).is_ok_and(|b| b == preload.as_bytes());
     if !installed {
         // Per process: two installers never share a temp dir (callers also hold the
         // node lock); `gc` removes leftovers of dead ones.
@@ -100,11 +115,15 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
         let r = (|| -> std::io::Result<()> {
             fs::create_dir(&tmp)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
-            for (file, content) in [(LIB_FILE, &bytes), (FRONT_FILE, &front)] {
+            for (file, content, mode) in [
+                (LIB_FILE, bytes.as_slice(), 0o755),
+                (FRONT_FILE, front.as_slice(), 0o755),
+                (PRELOAD_FILE, preload.as_bytes(), 0o644),
+            ] {
                 let mut f = fs::File::create_new(tmp.join(file))?;
                 f.write_all(content)?;
                 f.sync_all()?;
-                fs::set_permissions(tmp.join(file), fs::Permissions::from_mode(0o755))?;
+                fs::set_permissions(tmp.join(file), fs::Permissions::from_mode(mode))?;
             }
             tessera_cdi::atomic::sync_dir(&tmp)?;
             fs::rename(&tmp, &dir)?;
@@ -115,7 +134,7 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
             return Err(fail(format!("{}: {e}", dir.display())));
         }
     }
-    let preload = preload_contents();
+    let preload = legacy_preload_contents();
     if fs::read_to_string(run_dir.join(PRELOAD_FILE))
         .ok()
         .as_deref()
@@ -206,8 +225,14 @@ mod tests {
             "the front beside the library is installed with it"
         );
         assert_eq!(
-            fs::read_to_string(run.path().join(PRELOAD_FILE)).unwrap(),
+            fs::read_to_string(a.dir.join(PRELOAD_FILE)).unwrap(),
             "/usr/local/tessera/lib/libtessera_preload.so\n"
+        );
+        // What specs of plugins before the front mount, beside library directories
+        // without it: the library itself, which every version has.
+        assert_eq!(
+            fs::read_to_string(run.path().join(PRELOAD_FILE)).unwrap(),
+            "/usr/local/tessera/lib/libtessera_cuda.so\n"
         );
         fs::create_dir(run.path().join("lib/.x.tmp-1")).unwrap();
         let removed = gc(run.path(), &BTreeSet::from([b.version.clone()])).unwrap();

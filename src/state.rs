@@ -578,12 +578,11 @@ impl DeviceState {
     /// Makes sure a library version is installed and on disk before a spec mounts it.
     fn ensure_library(&self) -> Result<(), PrepareError> {
         let present = self.library().is_some_and(|v| {
-            self.cfg
-                .run_dir
-                .join(crate::interception::LIB_DIR)
-                .join(v)
-                .join(crate::interception::LIB_FILE)
-                .is_file()
+            use crate::interception as lib;
+            let dir = self.cfg.run_dir.join(lib::LIB_DIR).join(v);
+            [lib::LIB_FILE, lib::FRONT_FILE, lib::PRELOAD_FILE]
+                .iter()
+                .all(|f| dir.join(f).is_file())
         });
         if !present {
             self.install_library()?;

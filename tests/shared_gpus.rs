@@ -396,9 +396,15 @@ async fn claims_in_one_pod_do_not_collide() {
             }
         }
     }
+    // The preload file of the library version the spec mounts, naming its front.
+    let lib_dir = &ma["/usr/local/tessera/lib"].0;
     assert_eq!(
         ma["/etc/ld.so.preload"].0,
-        format!("{}/ld.so.preload", h.opts.paths.run_dir.display())
+        format!("{lib_dir}/ld.so.preload")
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{lib_dir}/ld.so.preload")).unwrap(),
+        "/usr/local/tessera/lib/libtessera_preload.so\n"
     );
     assert!(ma.contains_key("/usr/local/tessera/lib"));
     assert!(

@@ -5,7 +5,7 @@
 //! children), and a preloaded library costs each of them its load: the interception
 //! library itself (`libtessera_cuda.so`, built with std) costs about +90 µs per
 //! process start, mostly ld.so relocating and faulting in its pages. This library is
-//! the part every process pays for: no std, no relocations, one page of code. It
+//! the part every process pays for: no std, no relocation per hook, a few pages. It
 //! exports the interception library's hooks (the list in `src/hook_names.rs`) as jumps
 //! through a table, and `dlsym`. At the first call of a hook, or the first `dlsym` of a
 //! hooked name, it `dlopen`s `libtessera_cuda.so` from its own directory
@@ -26,8 +26,9 @@
 //!
 //! `dlopen`, `dlsym` and `dlerror` are found by name and version in the loaded objects
 //! (`src/elf_symbols.rs`): libc on glibc 2.34 and later, libdl before (which every
-//! process that can reach CUDA has). The only NEEDED object is libc, and the only
-//! function linked by name is `dl_iterate_phdr` (and `write`): `GLIBC_2.2.5`.
+//! process that can reach CUDA has). The only NEEDED object is libc; the functions
+//! linked by name are `dl_iterate_phdr`, `write`, `abort` and what `core` calls
+//! (`memcpy`, `memset`, `strlen`, `bcmp`), none newer than `GLIBC_2.14`.
 //!
 //! Built by `build.rs` with `rustc -C panic=abort` (a library without std cannot
 //! unwind), next to `libtessera_cuda.so`; see `cuda/README.md` for the figures.
@@ -122,8 +123,8 @@ const NOT_TRIED: u8 = 0;
 const LOADED: u8 = 1;
 const FAILED: u8 = 2;
 /// Whether the interception library is loaded. Two threads may both load it (the
-/// second `dlopen` returns the same handle and both fill the table alike); the first
-/// to finish sets the state.
+/// second `dlopen` returns the same handle and both fill the table alike); a success
+/// sets the state, a failure only if nothing did before (and says why, once).
 static STATE: AtomicU8 = AtomicU8::new(NOT_TRIED);
 
 /// A hook's first call: keeps the six argument registers and xmm0–7 across the load
@@ -354,8 +355,10 @@ fn loaded() -> bool {
         LOADED => true,
         FAILED => false,
         _ => {
-            let outcome = match load_core() {
-                Ok(()) => LOADED,
+            match load_core() {
+                // A full table is authoritative, even over another thread's failure
+                // (say a transient EMFILE).
+                Ok(()) => STATE.store(LOADED, Ordering::Release),
                 Err(why) => {
                     if STATE
                         .compare_exchange(NOT_TRIED, FAILED, Ordering::AcqRel, Ordering::Acquire)
@@ -363,10 +366,8 @@ fn loaded() -> bool {
                     {
                         say(why);
                     }
-                    FAILED
                 }
-            };
-            let _ = STATE.compare_exchange(NOT_TRIED, outcome, Ordering::AcqRel, Ordering::Acquire);
+            }
             STATE.load(Ordering::Acquire) == LOADED
         }
     }

@@ -87,9 +87,54 @@ pub extern "C" fn tessera_front_attach(lo: usize, hi: usize) {
     FRONT[1].store(hi, Ordering::Release);
 }
 
-/// Whether `p` is one of the front library's stubs (which jump back here).
+/// Whether `p` is one of the front library's stubs (which jump back here). Without an
+/// attach (this library preloaded directly, say by a tenant's `LD_PRELOAD`, ahead of
+/// the front), the front is looked for among the loaded objects, once, by file name.
 pub fn in_front(p: usize) -> bool {
+    if FRONT[1].load(Ordering::Acquire) == 0 {
+        find_front();
+    }
     (FRONT[0].load(Ordering::Acquire)..FRONT[1].load(Ordering::Acquire)).contains(&p)
+}
+
+/// Records the range of a loaded `libtessera_preload.so`, or an empty non-zero range
+/// if there is none (so that the search runs once). Cold: lookups only.
+fn find_front() {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        _data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: per dl_iterate_phdr.
+        let info = unsafe { &*info };
+        if info.dlpi_name.is_null() || info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: ld.so's name for the object.
+        let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        if !name.ends_with(b"/libtessera_preload.so") {
+            return 0;
+        }
+        // SAFETY: the object's program headers.
+        let phdrs =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for p in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
+            lo = lo.min(base + p.p_vaddr as usize);
+            hi = hi.max(base + (p.p_vaddr + p.p_memsz) as usize);
+        }
+        if hi > lo {
+            FRONT[0].store(lo, Ordering::Release);
+            FRONT[1].store(hi, Ordering::Release);
+            return 1;
+        }
+        0
+    }
+    // SAFETY: the callback reads only what ld.so mapped.
+    if unsafe { libc::dl_iterate_phdr(Some(visit), std::ptr::null_mut()) } == 0 {
+        let _ = FRONT[1].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
 
 /// Records `p` as the driver's pointer for `h`, unless it is the hook itself or the
@@ -236,8 +281,8 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Looks up glibc's `dlsym` by version (2.34 moved it into libc; 2.2.5 is the x86-64
-/// base version) and stores it. Behind this library first (`RTLD_NEXT`: another
-/// interposer's `dlsym` stays in the chain); if that finds the front library's
+/// base version) and stores it. Behind this library first (`RTLD_NEXT`: preloaded
+/// directly, another interposer's `dlsym` after it stays in the chain); if that finds the front library's
 /// `dlsym` (unversioned, so any version matches it, and glibc before 2.34 searches
 /// the global scope, where the front comes first), in libc or libdl by handle.
 pub fn resolve_real_dlsym() -> usize {

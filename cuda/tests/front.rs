@@ -184,3 +184,113 @@ fn without_the_interception_library_cuda_fails_and_says_why() {
     assert!(!out.status.success());
     assert!(lines(&out.stdout).is_empty());
 }
+
+/// Specs written before the front library existed mount the run dir's old
+/// `ld.so.preload`, which names `libtessera_cuda.so` itself (beside a library directory
+/// without a front): preloaded directly, it still enforces and still answers `dlsym`.
+#[test]
+fn the_interception_library_preloaded_directly_still_enforces() {
+    if !require("front-legacy") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    sb.set_preload(&format!("{CORE_PATH}\n"));
+    for mode in ["gpa", "dlsym"] {
+        let o = RunOpts {
+            mode: Some(mode),
+            ..opts()
+        };
+        let (client, got) = sb.spawn_client(&o, &["ctx", "0", "alloc", "6291456", "hold"], 3);
+        assert_eq!(got, ["ok", "err 2", "holding"], "{mode}");
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", client.id())).expect("maps");
+        assert!(maps.contains(CORE_PATH), "{mode}:\n{maps}");
+        assert!(
+            !maps.contains(PRELOAD_PATH),
+            "{mode}: the front was loaded:\n{maps}"
+        );
+        drop(client);
+    }
+    // A tenant's LD_PRELOAD of the library, ahead of the front that ld.so.preload
+    // names: the library finds the front's stubs by itself and never takes them for
+    // the driver (they would jump back into it).
+    sb.set_preload(&format!("{PRELOAD_PATH}\n"));
+    for mode in ["gpa", "dlsym"] {
+        let o = RunOpts {
+            mode: Some(mode),
+            env: vec![("LD_PRELOAD".into(), CORE_PATH.into())],
+            ..opts()
+        };
+        let out = sb.client(&o, &["ctx", "0", "alloc", "6291456", "alloc", "2097152"]);
+        assert_eq!(out, ["ok", "err 2", "ok 0"], "{mode} with LD_PRELOAD");
+    }
+}
+
+/// A program linked against `libcuda.so.1` (no `dlsym`, no `cuGetProcAddress`): its
+/// calls bind to the front's stubs, and the interception library finds the driver's
+/// functions behind it, never the stubs (which would jump back: endless recursion).
+/// Through the front alone, and with a tenant's `LD_PRELOAD` of the library ahead of
+/// the front (where the library finds the front by itself: no attach).
+#[test]
+fn a_program_linked_against_libcuda_is_enforced_through_the_front() {
+    if !require("front-linked") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    let src = sb.dir.path().join("linked.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <stddef.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(void **, int);
+CUresult cuCtxSetCurrent(void *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+static void say(CUresult rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
+int main(void) {
+    void *ctx = NULL;
+    CUdeviceptr p;
+    CUresult rc = cuInit(0);
+    if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (!rc) rc = cuCtxSetCurrent(ctx);
+    say(rc);
+    say(cuMemAlloc_v2(&p, 6291456));
+    say(cuMemAlloc_v2(&p, 2097152));
+    return 0;
+}
+"#,
+    )
+    .expect("write");
+    let bin = sb.dir.path().join("linked");
+    let fake = artifacts().fake_dir.join("libcuda.so.1");
+    let out = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .arg(&fake)
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for env in [
+        vec![],
+        vec![("LD_PRELOAD".to_string(), CORE_PATH.to_string())],
+    ] {
+        let o = RunOpts {
+            env: env.clone(),
+            ..opts()
+        };
+        let out = sb.command(&o, &bin, &[]).output().expect("linked");
+        assert!(
+            out.status.success(),
+            "{env:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(lines(&out.stdout), ["ok", "err 2", "ok"], "{env:?}");
+    }
+}
