@@ -121,7 +121,6 @@ fn front_library() {
     for f in ["front/lib.rs", "src/elf_symbols.rs", "src/hook_names.rs"] {
         println!("cargo::rerun-if-changed={f}");
     }
-    println!("cargo::rerun-if-env-changed=RUSTC_LINKER");
     if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
         // Its stubs are x86-64 assembly. Without it the plugin refuses shared claims
         // (it installs the library only with its front).

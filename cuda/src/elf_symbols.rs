@@ -1,9 +1,14 @@
 //! Finding a versioned function in the loaded objects without libdl: the objects'
 //! dynamic symbol tables read as ld.so reads them (GNU or SysV hash table, version
-//! definitions). The release build's glibc shims use it (`glibc_shims.rs`), and so
-//! does the front library (`front/lib.rs`, built without std, which includes this
-//! file): it allocates nothing, uses only `core`, and calls nothing but
-//! `dl_iterate_phdr` (in libc, declared here).
+//! definitions), and the loaded objects' address ranges. The release build's glibc
+//! shims use it (`glibc_shims.rs`), the interception library to find the front library
+//! (`interpose.rs`), and the front library itself (`front/lib.rs`, built without std,
+//! which includes this file): it allocates nothing, uses only `core`, and calls nothing
+//! but `dl_iterate_phdr` (in libc, declared here).
+
+// Each user takes part of it: the plain build of the interception library only
+// `find_object`, the front no test code.
+#![allow(dead_code)]
 
 use core::ffi::{c_char, c_int, c_void};
 
@@ -328,41 +333,50 @@ unsafe fn version_is(ndx: u16, verdef: usize, count: u64, strtab: usize, want: &
     false
 }
 
-/// The loaded object whose segments hold `addr`: its name as ld.so has it (the path
-/// it was loaded by; empty for the main program) and the range its `PT_LOAD`
-/// segments span. The front library uses it to find itself (the release build of this
-/// library, which includes this module too, does not).
-#[allow(dead_code)]
+/// The loaded object whose segments span `addr`: its name as ld.so has it (the path
+/// it was loaded by; empty for the main program) and that span. The front library
+/// uses it to find itself.
 pub fn object_containing(addr: usize) -> Option<(*const c_char, usize, usize)> {
-    struct Find {
-        addr: usize,
+    find_object(&mut |_, lo, hi| (lo..hi).contains(&addr))
+}
+
+/// The first loaded object `pick(name, lo, hi)` accepts, given ld.so's name for it
+/// and the range its `PT_LOAD` segments span: (name, lo, hi). The interception library
+/// finds the front library with it when nothing told it where the front is.
+pub fn find_object(
+    pick: &mut dyn FnMut(&core::ffi::CStr, usize, usize) -> bool,
+) -> Option<(*const c_char, usize, usize)> {
+    struct Find<'a> {
+        pick: &'a mut dyn FnMut(&core::ffi::CStr, usize, usize) -> bool,
         found: Option<(*const c_char, usize, usize)>,
     }
     unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: per dl_iterate_phdr, with `data` = a `Find`.
         let (info, f) = unsafe { (&*info, &mut *data.cast::<Find>()) };
-        if info.dlpi_phdr.is_null() {
+        if info.dlpi_phdr.is_null() || info.dlpi_name.is_null() {
             return 0;
         }
-        // SAFETY: ld.so's program headers for this object.
-        let phdrs =
-            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        // SAFETY: ld.so's program headers and name for this object.
+        let (phdrs, name) = unsafe {
+            (
+                core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)),
+                core::ffi::CStr::from_ptr(info.dlpi_name),
+            )
+        };
         let base = info.dlpi_addr as usize;
-        let (mut lo, mut hi, mut inside) = (usize::MAX, 0usize, false);
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
         for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
             let start = base.wrapping_add(p.p_vaddr as usize);
-            let end = start.wrapping_add(p.p_memsz as usize);
-            inside |= (start..end).contains(&f.addr);
             lo = lo.min(start);
-            hi = hi.max(end);
+            hi = hi.max(start.wrapping_add(p.p_memsz as usize));
         }
-        if inside {
+        if lo < hi && (f.pick)(name, lo, hi) {
             f.found = Some((info.dlpi_name, lo, hi));
             return 1;
         }
         0
     }
-    let mut f = Find { addr, found: None };
+    let mut f = Find { pick, found: None };
     // SAFETY: the callback reads only what ld.so mapped.
     unsafe { dl_iterate_phdr(Some(visit), (&raw mut f).cast()) };
     f.found

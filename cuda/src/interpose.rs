@@ -100,40 +100,17 @@ pub fn in_front(p: usize) -> bool {
 /// Records the range of a loaded `libtessera_preload.so`, or an empty non-zero range
 /// if there is none (so that the search runs once). Cold: lookups only.
 fn find_front() {
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        _data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: per dl_iterate_phdr.
-        let info = unsafe { &*info };
-        if info.dlpi_name.is_null() || info.dlpi_phdr.is_null() {
-            return 0;
-        }
-        // SAFETY: ld.so's name for the object.
-        let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
-        if !name.ends_with(b"/libtessera_preload.so") {
-            return 0;
-        }
-        // SAFETY: the object's program headers.
-        let phdrs =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let base = info.dlpi_addr as usize;
-        let (mut lo, mut hi) = (usize::MAX, 0usize);
-        for p in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
-            lo = lo.min(base + p.p_vaddr as usize);
-            hi = hi.max(base + (p.p_vaddr + p.p_memsz) as usize);
-        }
-        if hi > lo {
+    let front = crate::elf_symbols::find_object(&mut |name, _, _| {
+        name.to_bytes().ends_with(b"/libtessera_preload.so")
+    });
+    match front {
+        Some((_, lo, hi)) => {
             FRONT[0].store(lo, Ordering::Release);
             FRONT[1].store(hi, Ordering::Release);
-            return 1;
         }
-        0
-    }
-    // SAFETY: the callback reads only what ld.so mapped.
-    if unsafe { libc::dl_iterate_phdr(Some(visit), std::ptr::null_mut()) } == 0 {
-        let _ = FRONT[1].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+        None => {
+            let _ = FRONT[1].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 

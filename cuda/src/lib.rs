@@ -4,6 +4,8 @@
 //! every kernel launch by the claim's compute rate.
 //!
 //! * [`interpose`]: the `dlsym` trampoline and the real-function slots;
+//! * `elf_symbols`: functions and objects found among the loaded objects without libdl
+//!   (shared with the front library, `front/lib.rs`);
 //! * [`gpa_table`]: which variant `cuGetProcAddress` hands out (generated table);
 //! * [`budget`]: which claims bind the process and the budgets merged by GPU UUID;
 //! * [`accounting`]: the slots, reservations and the allocation table;
@@ -18,7 +20,6 @@
 
 pub mod accounting;
 pub mod budget;
-#[cfg(any(test, all(tessera_glibc_shims, target_arch = "x86_64")))]
 mod elf_symbols;
 pub mod ffi;
 pub mod forklock;

@@ -41,19 +41,18 @@ fn exports(lib: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-fn readelf(flag: &str, lib: &Path) -> String {
-    let out = Command::new("readelf")
-        .args(["-W", flag])
-        .arg(lib)
-        .output()
-        .expect("readelf (binutils)");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// Runs the client through an allocation over the 4 MiB budget and holds it: its
+/// result lines and its `/proc/<pid>/maps` while it holds.
+fn over_budget_and_held(sb: &Sandbox, o: &RunOpts) -> (Vec<String>, String) {
+    let (client, got) = sb.spawn_client(o, &["ctx", "0", "alloc", "6291456", "hold"], 3);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", client.id())).expect("maps");
+    drop(client);
+    (got, maps)
 }
 
 /// The front exports exactly the interception library's hooks and `dlsym` (the list
 /// both build from, `src/hook_names.rs`), and nothing ld.so must work for at load: no
-/// library but libc, no relocation per hook.
+/// library but libc, no relocation per hook, no code run at load or exit.
 #[test]
 fn the_front_exports_the_hooks_and_dlsym_and_needs_nothing_at_load() {
     if !require("front-exports") {
@@ -79,6 +78,16 @@ fn the_front_exports_the_hooks_and_dlsym_and_needs_nothing_at_load() {
     let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
     assert_eq!(needed.len(), 1, "{needed:?}");
     assert!(needed[0].contains("[libc.so.6]"), "{needed:?}");
+    // Nothing of its own runs at load or exit.
+    for tag in [
+        "(INIT)",
+        "(INIT_ARRAY)",
+        "(FINI)",
+        "(FINI_ARRAY)",
+        "(PREINIT_ARRAY)",
+    ] {
+        assert!(!dynamic.contains(tag), "the front has {tag}:\n{dynamic}");
+    }
     // The jump table is zero until the interception library is loaded; what ld.so
     // relocates is libc's functions and a few pointers in core's code, not the hooks.
     let relocs = readelf("-r", &front);
@@ -141,13 +150,11 @@ fn the_first_cuda_call_loads_the_interception_library() {
             mode: Some(mode),
             ..opts()
         };
-        let (client, got) = sb.spawn_client(&o, &["ctx", "0", "alloc", "6291456", "hold"], 3);
+        let (got, maps) = over_budget_and_held(&sb, &o);
         assert_eq!(got, ["ok", "err 2", "holding"], "{mode}");
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", client.id())).expect("maps");
         for (file, path) in [(FRONT_FILE, PRELOAD_PATH), (CORE_FILE, CORE_PATH)] {
             assert!(maps.contains(path), "{mode}: {file} not mapped:\n{maps}");
         }
-        drop(client);
     }
 }
 
@@ -200,15 +207,13 @@ fn the_interception_library_preloaded_directly_still_enforces() {
             mode: Some(mode),
             ..opts()
         };
-        let (client, got) = sb.spawn_client(&o, &["ctx", "0", "alloc", "6291456", "hold"], 3);
+        let (got, maps) = over_budget_and_held(&sb, &o);
         assert_eq!(got, ["ok", "err 2", "holding"], "{mode}");
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", client.id())).expect("maps");
         assert!(maps.contains(CORE_PATH), "{mode}:\n{maps}");
         assert!(
             !maps.contains(PRELOAD_PATH),
             "{mode}: the front was loaded:\n{maps}"
         );
-        drop(client);
     }
     // A tenant's LD_PRELOAD of the library, ahead of the front that ld.so.preload
     // names: the library finds the front's stubs by itself and never takes them for

@@ -75,16 +75,6 @@ fn zig_library(test: &str) -> Option<PathBuf> {
     Some(target_dir.join("x86_64-unknown-linux-gnu/release/libtessera_cuda.so"))
 }
 
-fn readelf(flag: &str, lib: &Path) -> String {
-    let out = Command::new("readelf")
-        .arg(flag)
-        .arg(lib)
-        .output()
-        .expect("readelf");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// No symbol version above GLIBC_2.17, and only libc and the loader as NEEDED. The
 /// issue allows libdl and libpthread too, but on glibc 2.34 and later they are empty
 /// stubs that ld.so would still open and map in every process of the container (about

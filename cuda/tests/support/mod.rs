@@ -93,6 +93,17 @@ fn prerequisites() -> Option<String> {
     .clone()
 }
 
+/// `readelf -W <flag> <lib>`'s output (binutils).
+pub fn readelf(flag: &str, lib: &Path) -> String {
+    let out = Command::new("readelf")
+        .args(["-W", flag])
+        .arg(lib)
+        .output()
+        .expect("readelf (binutils)");
+    assert!(out.status.success(), "readelf {flag} {}", lib.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The built fixtures, shared by all tests of one binary.
 pub struct Artifacts {
     /// Directory holding `libtessera_cuda.so` and the front library (mounted at
