@@ -1,7 +1,7 @@
 //! MIG benchmarks, three figures; a missed target is reported, never a failure.
 //!
 //! 1. Packing: a seeded stream of MIG requests and releases on 4× H100 replayed through
-//!    the scheduler model (`tessera::allocator`) twice, once with Tessera's device
+//!    the scheduler model (`k8s_model::allocator`) twice, once with Tessera's device
 //!    order (`slices::packing_order`) and once with each slice's devices sorted by name.
 //! 2. `build_pool` for 8× H100 with every placement, plus the publisher's no-change
 //!    check (two builds compared spec by spec).
@@ -18,22 +18,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_model::allocator::{AllocError, Allocator};
+use k8s_model::release::{FeatureGates, KubeVersion};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClaim, DeviceClass,
     DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest,
     ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tessera::allocator::{AllocError, Allocator};
-use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
-use tessera::backend::{BackendError, GpuBackend, MigInstance, MigStatus, NodeInventory};
-use tessera::cdispec::CdiContext;
 use tessera::config::{NodeConfig, SliceLayout};
-use tessera::kubever::{FeatureGates, KubeVersion};
+use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
+use tessera::inventory::{BackendError, GpuBackend, MigInstance, MigStatus, NodeInventory};
 use tessera::mig::GpuModel;
 use tessera::naming::{DeviceRef, parse_device_name};
-use tessera::slices::{PoolParams, ServerFeatures, build_pool};
-use tessera::state::{DeviceState, FailPoints, StateConfig, UnknownMig};
+use tessera::prepare::cdi_spec::CdiContext;
+use tessera::prepare::failpoints::FailPoints;
+use tessera::prepare::state::{DeviceState, StateConfig, UnknownMig};
+use tessera::publish::slices::{PoolParams, ServerFeatures, build_pool};
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "bench-node";
@@ -119,7 +120,7 @@ fn packing() {
             s
         })
         .collect();
-    let classes = tessera::plan::read_classes(None).expect("built-in classes");
+    let classes = tessera::device_classes::read(None).expect("built-in classes");
     let model = tessera::mig::model_for_product(H100).expect("H100 in the catalog");
 
     println!(

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use harness::{Harness, NODE};
-use tessera::kubelet::{DraClient, KubeletClaim};
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 const CLAIMS: usize = 1_000;
 const GPUS: usize = 4;

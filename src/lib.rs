@@ -1,38 +1,17 @@
-//! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map.
+//! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map: one
+//! folder per concern, in the order a claim meets them.
 
-pub mod allocator;
-pub mod backend;
-pub mod cdispec;
-pub mod cel;
-pub mod checkpoint;
-pub mod claimfiles;
-pub mod claims;
 pub mod compute;
-pub mod computesvc;
 pub mod config;
-pub mod conflicts;
-pub mod demo;
-pub mod devhealth;
-pub mod driver;
-pub mod fakeapi;
-pub mod gpuconfig;
-pub mod health;
-pub mod healthsvc;
-pub mod interception;
+pub mod device_classes;
+pub mod device_health;
+pub mod inventory;
 pub mod kubelet;
-pub mod kubever;
-pub mod metrics;
 pub mod mig;
 pub mod naming;
 pub mod node;
-pub mod plan;
 pub mod plugin;
-pub mod procmap;
-pub mod proto;
+pub mod prepare;
 pub mod publish;
-pub mod slices;
-pub mod state;
-pub mod typemeta;
-pub mod validation;
-pub mod versions;
+pub mod telemetry;
 pub mod watchdog;

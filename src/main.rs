@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use tessera::backend::mock::StateAccess;
-use tessera::kubever::{FeatureGates, KubeVersion};
+use k8s_model::release::{FeatureGates, KubeVersion};
+use tessera::inventory::mock::StateAccess;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin::{PluginOptions, PluginPaths};
-use tessera::state::FailPoints;
+use tessera::prepare::failpoints::FailPoints;
 
 #[derive(Parser)]
 #[command(
@@ -31,8 +31,6 @@ enum Command {
     Inventory(InventoryArgs),
     /// Allocate claims against slices offline, as the kube-scheduler would.
     Plan(PlanArgs),
-    /// Run the whole node path against a fake API server and the mock node, in seconds.
-    Demo(DemoArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -60,17 +58,6 @@ struct PlanArgs {
     /// Claim files or directories, allocated in order (Release documents free claims).
     #[arg(required = true)]
     claims: Vec<PathBuf>,
-}
-
-#[derive(Args)]
-struct DemoArgs {
-    /// Keep the demo's temp directory (specs, checkpoint, sockets) for inspection.
-    #[arg(long)]
-    keep: bool,
-    /// The interception library (with libtessera_preload.so beside it); default: next
-    /// to the binary.
-    #[arg(long)]
-    interception_lib: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -186,12 +173,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    // The demo prints its own summary; its logs would only interleave with it.
-    let default_level = if matches!(cli.command, Command::Demo(_)) {
-        "warn"
-    } else {
-        "info"
-    };
+    let default_level = "info";
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -202,10 +184,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Inventory(a) => inventory(a),
         Command::Plan(a) => plan(a),
-        Command::Demo(a) => {
-            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(demo(a))
-        }
         Command::Plugin(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let result = rt.block_on(plugin(*a));
@@ -242,7 +220,7 @@ fn inventory(a: InventoryArgs) -> Result<()> {
         &a.driver_name,
         &node_name,
         gates.version(),
-        tessera::slices::ServerFeatures::from_gates(&gates),
+        tessera::publish::slices::ServerFeatures::from_gates(&gates),
     );
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -260,49 +238,20 @@ fn inventory(a: InventoryArgs) -> Result<()> {
 
 fn plan(a: PlanArgs) -> Result<()> {
     let gates = FeatureGates::parse(a.k8s_version, &a.gates).context("--gates")?;
-    let slices = tessera::plan::read_slices(&a.slices)?;
-    let classes = tessera::plan::read_classes(a.classes.as_deref())?;
-    let steps = tessera::plan::read_steps(&a.claims)?;
-    let result = tessera::plan::run(&slices, &classes, &steps, &gates)?;
+    let slices = k8s_model::schedule::read_slices(&a.slices)?;
+    let classes = tessera::device_classes::read(a.classes.as_deref())?;
+    let steps = k8s_model::schedule::read_steps(&a.claims)?;
+    let result = k8s_model::schedule::run(&slices, &classes, &steps, &gates)?;
     match a.output {
-        PlanOutput::Table => print!("{}", tessera::plan::render_table(&result)),
-        PlanOutput::Yaml => print!("{}", tessera::plan::render_yaml(&result)?),
-    }
-    Ok(())
-}
-
-async fn demo(a: DemoArgs) -> Result<()> {
-    let dir = tempfile::Builder::new().prefix("tessera-demo-").tempdir()?;
-    let mut out = String::new();
-    let lib = a
-        .interception_lib
-        .clone()
-        .or_else(tessera::interception::default_source)
-        .filter(|p| p.is_file())
-        .context(
-            "the interception library libtessera_cuda.so is not built next to the binary \
-             (`cargo run` builds it with the workspace; or pass --interception-lib)",
-        )?;
-    let result = tessera::demo::run(dir.path(), &lib, &mut out).await;
-    print!("{out}");
-    let report = result?;
-    if !report.leftover_files.is_empty() {
-        bail!("files left in the CDI dir: {:?}", report.leftover_files);
-    }
-    if !report.leftover_claim_dirs.is_empty() {
-        bail!("claim directories left: {:?}", report.leftover_claim_dirs);
-    }
-    if a.keep {
-        let kept = dir.keep();
-        println!("kept {}", kept.display());
+        PlanOutput::Table => print!("{}", k8s_model::schedule::render_table(&result)),
+        PlanOutput::Yaml => print!("{}", k8s_model::schedule::render_yaml(&result)?),
     }
     Ok(())
 }
 
 async fn plugin(a: PluginArgs) -> Result<()> {
     tracing::debug!(args = ?a, "plugin configuration");
-    let fail_points = FailPoints::parse(&std::env::var("TESSERA_FAILPOINTS").unwrap_or_default())
-        .map_err(anyhow::Error::msg)?;
+    let fail_points = FailPoints::from_env().map_err(anyhow::Error::msg)?;
     let paths = BackendPaths {
         state_dir: a.state_dir.clone(),
         proc_root: a.proc_root.clone(),
@@ -360,10 +309,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         interception_lib: a
             .interception_lib
             .clone()
-            .or_else(tessera::interception::default_source),
+            .or_else(tessera::prepare::library::default_source),
         metrics_addr: match a.metrics_addr.as_str() {
             "off" | "" => None,
-            s => Some(tessera::health::parse_addr(s).map_err(anyhow::Error::msg)?),
+            s => Some(tessera::telemetry::http::parse_addr(s).map_err(anyhow::Error::msg)?),
         },
         watchdog: a.watchdog,
         watchdog_tolerance: a.watchdog_tolerance,

@@ -105,21 +105,14 @@ fn parse_num(s: &str) -> Option<u32> {
     s.parse().ok()
 }
 
-/// RFC 1123 DNS label: lower-case alphanumerics and `-`, starting and ending with an
-/// alphanumeric, at most 63 characters.
+/// RFC 1123 DNS label, by the API server's own rule (one copy, in the model crate).
 pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
+    k8s_model::validation::format::dns1123_label_errors(s).is_empty()
 }
 
-/// RFC 1123 DNS subdomain: dot-separated DNS labels, at most 253 characters.
+/// RFC 1123 DNS subdomain, by the API server's own rule.
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+    k8s_model::validation::format::dns1123_subdomain_errors(s).is_empty()
 }
 
 #[cfg(test)]

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tracing::warn;
 
-use crate::backend::mock::{MockBackend, MockNode, StateAccess};
-use crate::backend::nvml::NvmlBackend;
-use crate::backend::{BackendError, GpuBackend, MigStatus, NodeInventory};
 use crate::config::{ConfigError, GpuMode, ManagedGpu, NodeConfig};
-use crate::kubever::KubeVersion;
-use crate::slices::{self, PoolParams, ServerFeatures};
+use crate::inventory::mock::{MockBackend, MockNode, StateAccess};
+use crate::inventory::nvml::NvmlBackend;
+use crate::inventory::{BackendError, GpuBackend, MigStatus, NodeInventory};
+use crate::publish::slices::{self, PoolParams, ServerFeatures};
+use k8s_model::release::KubeVersion;
 
 /// The `--backend` flag: `nvml`, `nvml:LIBPATH`, `mock` or `mock:FILE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl NodeModel {
             node_name,
             version,
             features,
-            &crate::devhealth::NodeHealth::default(),
+            &crate::device_health::policy::NodeHealth::default(),
         )
     }
 
@@ -127,7 +127,7 @@ impl NodeModel {
         node_name: &str,
         version: KubeVersion,
         features: ServerFeatures,
-        health: &crate::devhealth::NodeHealth,
+        health: &crate::device_health::policy::NodeHealth,
     ) -> Vec<ResourceSlice> {
         slices::build_pool_with_health(
             &PoolParams {

@@ -17,13 +17,14 @@ use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
-use crate::cdispec::{self, CdiContext};
-use crate::driver::{DraV1, DraV1beta1, Driver, Registrar};
+use crate::kubelet::proto::{dra_v1, dra_v1beta1, registration};
+use crate::kubelet::{DraV1, DraV1beta1, Driver, Registrar};
 use crate::node::NodeModel;
-use crate::proto::{dra_v1, dra_v1beta1, registration};
+use crate::prepare::cdi_spec::{self, CdiContext};
+use crate::prepare::failpoints::FailPoints;
+use crate::prepare::state::{DeviceState, PrepareError, StateConfig, UnknownMig};
 use crate::publish::Publisher;
-use crate::slices::ServerFeatures;
-use crate::state::{DeviceState, FailPoints, PrepareError, StateConfig, UnknownMig};
+use crate::publish::slices::ServerFeatures;
 
 /// The plugin's directories (the CLI's path flags).
 #[derive(Debug, Clone)]
@@ -160,7 +161,7 @@ pub fn open_state(
     model: &NodeModel,
     unknown_mig: UnknownMig,
 ) -> Result<DeviceState, PluginError> {
-    let driver_files = cdispec::discover_driver_files(
+    let driver_files = cdi_spec::discover_driver_files(
         &opts.paths.driver_root,
         &opts.paths.host_driver_root,
         &model.inventory.driver_version,
@@ -185,7 +186,7 @@ pub fn open_state(
         cdi_dir: opts.paths.cdi_dir.clone(),
         plugin_dir: opts.paths.plugin_dir.clone(),
         state_dir: opts.paths.state_dir.clone(),
-        boot_id: crate::checkpoint::boot_id(&opts.paths.proc_root),
+        boot_id: crate::prepare::checkpoint::boot_id(&opts.paths.proc_root),
         fail_points: opts.fail_points.clone(),
         unknown_mig,
         run_dir: opts.paths.run_dir.clone(),
@@ -208,11 +209,11 @@ pub async fn run(
 ) -> Result<(), PluginError> {
     // Gate detection comes first: whether Tessera owns MIG state depends on whether
     // the server keeps counters.
-    let health = Arc::new(crate::health::Health::default());
+    let health = Arc::new(crate::telemetry::http::Health::default());
     let (health_stop_tx, health_stop_rx) = oneshot::channel::<()>();
     let health_task = match opts.metrics_addr {
         Some(addr) => {
-            let (bound, serve) = crate::health::bind(addr, health.clone(), async {
+            let (bound, serve) = crate::telemetry::http::bind(addr, health.clone(), async {
                 let _ = health_stop_rx.await;
             })
             .await
@@ -247,7 +248,7 @@ pub async fn run(
             kubernetes = %publisher.version(),
             shared_gpus,
             slots_per_gpu = model.config.shared_slots,
-            compute_per_slot = crate::slices::slot_compute(model.config.shared_slots),
+            compute_per_slot = crate::publish::slices::slot_compute(model.config.shared_slots),
             "the API server drops consumable capacity (DRAConsumableCapacity off; a dry-run create lost allowMultipleAllocations): shared GPUs are published as fallback slots gpu-<minor>-slot-<k>"
         );
     }
@@ -261,7 +262,7 @@ pub async fn run(
         .map_err(|e| PluginError::Join(e.to_string()))??,
     );
     let driver = Driver::new(state.clone(), client.clone());
-    let health_watcher = crate::healthsvc::HealthWatcher::new(
+    let health_watcher = crate::device_health::watcher::HealthWatcher::new(
         model.clone(),
         &opts.driver_name,
         &opts.node_name,
@@ -269,10 +270,10 @@ pub async fn run(
         features,
     );
     let (devices_tx, devices_rx) =
-        watch::channel(health_watcher.device_list(crate::devhealth::now_unix()));
+        watch::channel(health_watcher.device_list(crate::device_health::policy::now_unix()));
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
     health.set_scraper(Box::new(move || {
-        crate::metrics::render(&crate::metrics::gather(&scrape_state, &node))
+        crate::telemetry::metrics::render(&crate::telemetry::metrics::gather(&scrape_state, &node))
     }));
 
     let dra_path = dra_socket_path(&opts);
@@ -286,8 +287,8 @@ pub async fn run(
             DraV1beta1(driver.clone()),
         ))
         .add_service(
-            crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                crate::healthsvc::HealthService::new(devices_rx),
+            crate::kubelet::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                crate::device_health::watcher::HealthService::new(devices_rx),
             ),
         )
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), async {
@@ -329,7 +330,7 @@ pub async fn run(
     publisher.prevalidate(&slices)?;
     let (slices_tx, slices_rx) = watch::channel(slices);
     let devhealth_task = tokio::spawn(health_watcher.run(
-        crate::healthsvc::POLL_INTERVAL,
+        crate::device_health::watcher::POLL_INTERVAL,
         slices_tx,
         devices_tx,
         bg_stop_rx.clone(),
@@ -344,8 +345,8 @@ pub async fn run(
         .filter(|g| g.mode == crate::config::GpuMode::Shared)
         .map(|g| (g.gpu.minor, g.gpu.uuid.clone()))
         .collect();
-    let compute_task = tokio::spawn(crate::computesvc::run(
-        crate::computesvc::ComputeService::new(
+    let compute_task = tokio::spawn(crate::compute::service::run(
+        crate::compute::service::ComputeService::new(
             state.backend().clone(),
             opts.paths.proc_root.clone(),
             shared,

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_model::cel::{CelError, DeviceInput, DeviceSelector, MAX_EXPRESSION_LEN};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use tessera::cel::{CelError, DeviceInput, DeviceSelector, MAX_EXPRESSION_LEN};
 
 const DRIVER: &str = "gpu.tessera.dev";
 

@@ -6,9 +6,9 @@
 mod harness;
 
 use harness::{ChildPlugin, Harness, NODE};
-use tessera::kubelet::{DraClient, KubeletClaim};
-use tessera::proto::dra_v1::NodePrepareResourcesResponse;
-use tessera::state::FAIL_POINTS;
+use tessera::kubelet::proto::dra_v1::NodePrepareResourcesResponse;
+use tessera::prepare::failpoints::FAIL_POINTS;
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 /// The kubelet call that reaches a fail point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ const SHARED_DEVICE: &str = "gpu-1";
 const SHARE_A: &str = "0b9c1f57-5f0e-4d0a-9d36-3c2b8f7e6a10";
 const SHARE_B: &str = "7d4e2a91-3c6b-4f85-a0d2-91e7c5b3f486";
 
-/// Every fail point of `tessera::state::FAIL_POINTS`, with its crash scenario.
+/// Every fail point of `tessera::prepare::failpoints::FAIL_POINTS`, with its crash scenario.
 const CASES: &[CrashCase] = &[
     CrashCase {
         point: "prepare-after-started",
@@ -120,8 +120,8 @@ fn lib_versions(h: &Harness) -> Vec<String> {
 
 /// MIG devices alive on gpu-0 of the simulated node (read from its state file).
 fn live_mig(h: &Harness) -> Vec<(u32, u32)> {
-    use tessera::backend::GpuBackend;
-    use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
+    use tessera::inventory::GpuBackend;
+    use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
     let b = MockBackend::new(
         MockNode::embedded_default().unwrap(),
         h.opts.paths.state_dir.clone(),

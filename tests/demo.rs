@@ -11,7 +11,7 @@ async fn demo_allocates_the_contract_table_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut out = String::new();
     let lib = harness::interception_stand_in(dir.path());
-    let report = tessera::demo::run(&dir.path().join("demo"), &lib, &mut out)
+    let report = testkit::demo::run(&dir.path().join("demo"), &lib, &mut out)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{out}"));
     let table: Vec<(String, Vec<String>)> = report

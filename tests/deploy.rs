@@ -10,11 +10,11 @@ mod e2e;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::schedule::{self, Outcome};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use serde_json::{Value, json};
-use tessera::cel::admission::{AdmissionPolicy, Decision};
-use tessera::kubever::{FeatureGates, KubeVersion};
-use tessera::plan::{self, Outcome};
+use testkit::admission::{AdmissionPolicy, Decision};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -45,7 +45,7 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    plan::documents(
+    schedule::documents(
         &String::from_utf8_lossy(&out.stdout),
         &dir.display().to_string(),
     )
@@ -191,7 +191,7 @@ fn the_plugin_pods_ask_prometheus_to_scrape_them() {
 fn every_example_object_keeps_every_field() {
     for f in examples() {
         let text = std::fs::read_to_string(&f).unwrap();
-        for d in plan::documents(&text, &f.display().to_string()).unwrap() {
+        for d in schedule::documents(&text, &f.display().to_string()).unwrap() {
             assert_eq!(round_trip(&d), d, "{}: {}", f.display(), d["kind"]);
         }
     }
@@ -253,7 +253,7 @@ fn policy(name: &str) -> AdmissionPolicy {
         _ => "deploy/base/admission-gpuconfig.yaml",
     };
     let text = std::fs::read_to_string(root().join(file)).unwrap();
-    let doc = plan::documents(&text, file)
+    let doc = schedule::documents(&text, file)
         .unwrap()
         .into_iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
@@ -401,7 +401,7 @@ fn gpuconfig_policy_agrees_with_the_decoder() {
             "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}});
         let template = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": {"devices": devices}}});
-        let decoder_ok = tessera::gpuconfig::decode(&c.parameters).is_ok();
+        let decoder_ok = tessera::prepare::gpu_config::decode(&c.parameters).is_ok();
         assert_eq!(
             decoder_ok,
             c.error.is_none(),
@@ -469,7 +469,7 @@ fn pool(
             state_dir: dir.path().to_path_buf(),
             ..Default::default()
         },
-        tessera::backend::mock::StateAccess::ReadOnly,
+        tessera::inventory::mock::StateAccess::ReadOnly,
     )
     .unwrap();
     let gates = FeatureGates::defaults(version);
@@ -477,7 +477,7 @@ fn pool(
         "gpu.tessera.dev",
         "node-a",
         version,
-        tessera::slices::ServerFeatures::from_gates(&gates),
+        tessera::publish::slices::ServerFeatures::from_gates(&gates),
     );
     (slices, gates)
 }
@@ -485,8 +485,14 @@ fn pool(
 /// `(claim, devices)` allocated by `tessera plan`, failures as `Err(reason)`.
 fn plan_file(f: &Path, version: KubeVersion) -> Vec<(String, Result<Vec<String>, String>)> {
     let (slices, gates) = pool(version);
-    let steps = plan::read_steps(&[f.to_path_buf()]).unwrap();
-    let r = plan::run(&slices, &plan::read_classes(None).unwrap(), &steps, &gates).unwrap();
+    let steps = schedule::read_steps(&[f.to_path_buf()]).unwrap();
+    let r = schedule::run(
+        &slices,
+        &tessera::device_classes::read(None).unwrap(),
+        &steps,
+        &gates,
+    )
+    .unwrap();
     r.outcomes
         .into_iter()
         .filter_map(|o| match o {

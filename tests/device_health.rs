@@ -9,20 +9,20 @@ mod harness;
 
 use std::collections::BTreeMap;
 
-use tessera::backend::mock::MockNode;
-use tessera::backend::{GpuInfo, HealthEvent, HealthEventKind};
+use k8s_model::release::KubeVersion;
 use tessera::config::{GpuMode, ManagedGpu, SliceLayout};
-use tessera::devhealth::{NodeHealth, TAINT_KEY};
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::KubeVersion;
+use tessera::device_health::policy::{NodeHealth, TAINT_KEY};
+use tessera::inventory::mock::MockNode;
+use tessera::inventory::{GpuInfo, HealthEvent, HealthEventKind};
 use tessera::publish::Publisher;
-use tessera::slices::{PoolParams, build_pool_with_health};
+use tessera::publish::slices::{PoolParams, build_pool_with_health};
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 use harness::{DRIVER, Harness, NODE};
-use tessera::backend::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
-use tessera::devhealth::Quiet;
-use tessera::kubelet;
-use tessera::proto::health_v1alpha1 as pb;
+use tessera::device_health::policy::Quiet;
+use tessera::inventory::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
+use tessera::kubelet::proto::health_v1alpha1 as pb;
+use testkit::kubelet_standin;
 
 fn health(events: &[(u32, HealthEventKind)]) -> NodeHealth {
     let mut h = NodeHealth::default();
@@ -34,14 +34,14 @@ fn health(events: &[(u32, HealthEventKind)]) -> NodeHealth {
                 gi_id: None,
                 kind: *kind,
             },
-            tessera::devhealth::At::now(),
+            tessera::device_health::policy::At::now(),
         );
     }
     h
 }
 
 /// `n` exclusive T4s, minors 0..n.
-fn exclusive_node(n: u32) -> (tessera::backend::NodeInventory, Vec<ManagedGpu>) {
+fn exclusive_node(n: u32) -> (tessera::inventory::NodeInventory, Vec<ManagedGpu>) {
     let mut inv = MockNode::embedded_default().unwrap().inventory();
     let template = inv.gpus[2].clone();
     inv.gpus = (0..n)
@@ -172,7 +172,7 @@ async fn without_taints_the_unhealthy_gpu_is_left_out() {
     assert_eq!(names, ["gpu-0", "gpu-1", "gpu-3"]);
     // Had Tessera sent the taint, the server would have dropped it: the dry run agrees.
     let with_taint_params = PoolParams {
-        features: tessera::slices::ServerFeatures {
+        features: tessera::publish::slices::ServerFeatures {
             device_taints: true,
             ..features
         },
@@ -235,14 +235,14 @@ fn status_of(devices: &[pb::DeviceHealth], name: &str) -> (pb::HealthStatus, Str
 async fn injected_xid_and_loss_reach_the_slice_and_the_health_stream() {
     let h = Harness::new().await;
     let plugin = h.start_plugin().await;
-    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+    let (info, _) = kubelet_standin::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
         .unwrap();
     assert_eq!(
         info.supported_versions.last().map(String::as_str),
-        Some(kubelet::HEALTH_SERVICE)
+        Some(kubelet_standin::HEALTH_SERVICE)
     );
-    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+    let mut stream = kubelet_standin::watch_health(std::path::Path::new(&info.endpoint))
         .await
         .unwrap();
     let first = stream.message().await.unwrap().unwrap().devices;
@@ -329,10 +329,10 @@ async fn injected_xid_and_loss_reach_the_slice_and_the_health_stream() {
 async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
     let h = Harness::with_config(FakeApiConfig::new(KubeVersion::new(35).unwrap())).await;
     let plugin = h.start_plugin().await;
-    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+    let (info, _) = kubelet_standin::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
         .unwrap();
-    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+    let mut stream = kubelet_standin::watch_health(std::path::Path::new(&info.endpoint))
         .await
         .unwrap();
     harness::wait_until("slices published", || {
@@ -374,10 +374,10 @@ async fn a_noschedule_xid_clears_after_the_quiet_period() {
     let mut h = Harness::new().await;
     h.model.config.health.xid_clear_after = Some(Quiet::After(QUIET.as_secs()));
     let plugin = h.start_plugin().await;
-    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+    let (info, _) = kubelet_standin::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
         .unwrap();
-    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+    let mut stream = kubelet_standin::watch_health(std::path::Path::new(&info.endpoint))
         .await
         .unwrap();
     harness::wait_until("slices published", || {
@@ -432,10 +432,10 @@ async fn an_xid_on_a_mig_device_taints_only_the_devices_it_overlaps() {
     let h = Harness::new().await;
     let plugin = h.start_plugin().await;
     let k = h.kubelet().await;
-    let (info, _) = kubelet::register(&h.registration_socket(), &["v1.DRAPlugin"])
+    let (info, _) = kubelet_standin::register(&h.registration_socket(), &["v1.DRAPlugin"])
         .await
         .unwrap();
-    let mut stream = kubelet::watch_health(std::path::Path::new(&info.endpoint))
+    let mut stream = kubelet_standin::watch_health(std::path::Path::new(&info.endpoint))
         .await
         .unwrap();
     let claim = h
@@ -523,13 +523,18 @@ async fn an_xid_on_a_mig_instance_destroyed_before_the_poll_taints_only_its_over
     assert!(model.mig.contains_key(&0), "gpu-0 is a mig-mode GPU");
     backend.set_mig_mode(0, true).unwrap();
     let inst = backend.create_mig(0, 19, 5).unwrap();
-    let features = tessera::slices::ServerFeatures {
+    let features = tessera::publish::slices::ServerFeatures {
         partitionable: true,
         consumable_capacity: true,
         device_taints: true,
     };
-    let mut watcher =
-        tessera::healthsvc::HealthWatcher::new(model, DRIVER, NODE, KubeVersion::NEWEST, features);
+    let mut watcher = tessera::device_health::watcher::HealthWatcher::new(
+        model,
+        DRIVER,
+        NODE,
+        KubeVersion::NEWEST,
+        features,
+    );
     assert!(!watcher.poll().await.unwrap(), "nothing happened yet");
     // The XID, then the instance's destruction, both before the next poll.
     inject_mig_xid(&dir.path().join("state"), 0, inst.gi_id, 48).unwrap();

@@ -21,8 +21,8 @@ use std::time::Instant;
 use cri::{Containerd, Cri};
 use e2e::{Run, assert_nodes, assert_open_allowed, ids, node_script, open_script};
 use harness::{Harness, InProcess, NODE};
-use tessera::kubelet::{DraClient, KubeletClaim};
-use tessera::proto::dra_v1::NodePrepareResourcesResponse;
+use tessera::kubelet::proto::dra_v1::NodePrepareResourcesResponse;
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 /// A plugin on the mock node with real device nodes, a stand-in libcuda, and containerd
 /// with one pod sandbox. Fields drop in order: containerd goes before the temp dir.

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use e2e::{Podman, Run, assert_nodes, assert_open_allowed, ids, node_script, open_script};
 use harness::{Harness, InProcess, NODE};
-use tessera::kubelet::{DraClient, KubeletClaim};
-use tessera::proto::dra_v1::NodePrepareResourcesResponse;
+use tessera::kubelet::proto::dra_v1::NodePrepareResourcesResponse;
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 /// A plugin on the mock node with real device nodes, a driver library and podman.
 struct Node {

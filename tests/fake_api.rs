@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_model::release::KubeVersion;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
@@ -15,8 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
 };
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::KubeVersion;
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 fn slice(generate_name: &str, node: &str) -> ResourceSlice {
     ResourceSlice {

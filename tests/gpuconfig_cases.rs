@@ -1,7 +1,7 @@
 //! The GpuConfig decoder against the shared case table `tests/data/gpuconfig-cases.yaml`.
 
 use serde::Deserialize;
-use tessera::gpuconfig::{GpuConfig, decode};
+use tessera::prepare::gpu_config::{GpuConfig, decode};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

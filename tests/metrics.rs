@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use harness::{Harness, NODE};
-use tessera::backend::{
+use tessera::inventory::{
     BackendError, GpuBackend, GpuProcess, GpuUsage, MigInstance, MigStatus, NodeInventory,
     ProcessSample,
 };
@@ -223,12 +223,12 @@ async fn metrics_show_budgets_usage_and_allocation() {
     let r = k.prepare_v1(std::slice::from_ref(&bad)).await.unwrap();
     assert!(!r.claims[&bad.uid].error.is_empty());
     // Claims the GET cannot deliver: gone, and replaced (another UID).
-    let gone = tessera::kubelet::KubeletClaim {
+    let gone = testkit::kubelet_standin::KubeletClaim {
         namespace: harness::NS.into(),
         uid: "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9".into(),
         name: "gone".into(),
     };
-    let replaced = tessera::kubelet::KubeletClaim {
+    let replaced = testkit::kubelet_standin::KubeletClaim {
         uid: "7a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d".into(),
         ..whole.clone()
     };
@@ -521,7 +521,7 @@ fn metrics_match_the_processes_of_shared_claims() {
     {
         return;
     }
-    fake_nvml::with_fake_host(name, tessera::backend::mock::DEFAULT_NODE_YAML, |host| {
+    fake_nvml::with_fake_host(name, tessera::inventory::mock::DEFAULT_NODE_YAML, |host| {
         let tmp = tempfile::tempdir().unwrap();
         let ledger = tmp.path().join("ledger");
         std::fs::write(&ledger, vec![0u8; 65536]).unwrap();
@@ -559,7 +559,7 @@ fn metrics_match_the_processes_of_shared_claims() {
                     proc_root: host.proc_root(),
                     sys_root: host.sys_root(),
                 },
-                tessera::backend::mock::StateAccess::ReadWrite,
+                tessera::inventory::mock::StateAccess::ReadWrite,
             )
             .expect("NVML backend over the fake library");
             h.opts.interception_lib = Some(library.clone());
@@ -613,8 +613,8 @@ fn metrics_match_the_processes_of_shared_claims() {
             let text = scrape(addr).await;
             eprintln!("{text}");
             let v = |name: &str, l: &[(&str, &str)]| value(&text, name, l);
-            let of = |c: &tessera::kubelet::KubeletClaim| [("uid", c.uid.clone())];
-            let check = |c: &tessera::kubelet::KubeletClaim,
+            let of = |c: &testkit::kubelet_standin::KubeletClaim| [("uid", c.uid.clone())];
+            let check = |c: &testkit::kubelet_standin::KubeletClaim,
                          budget: u64,
                          used: u64,
                          processes: f64,

@@ -10,17 +10,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use tessera::backend::mock::StateAccess;
-use tessera::backend::{
+use k8s_model::release::{FeatureGates, KubeVersion};
+use tessera::inventory::mock::StateAccess;
+use tessera::inventory::{
     BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
 };
-use tessera::kubever::{FeatureGates, KubeVersion};
 use tessera::mig::MigError;
 use tessera::mig::{all_models, geometry};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
-use tessera::slices::ServerFeatures;
-use tessera::state::UnknownMig;
+use tessera::prepare::state::UnknownMig;
+use tessera::publish::slices::ServerFeatures;
 
 fn node_yaml(product: &str, arch: &str, mig_enabled: bool) -> String {
     format!(
@@ -201,7 +201,7 @@ fn in_use_mig_device_fails_unprepare_until_idle() {
         .unwrap();
     let gi = devs[0].mig.as_ref().unwrap().gi_id;
     let set_busy = |busy: bool| {
-        tessera::backend::state::update(&opts.paths.state_dir, |st| {
+        tessera::inventory::mock::state::update(&opts.paths.state_dir, |st| {
             let m = st.mig.entry(0).or_default();
             if busy {
                 m.busy.insert(gi);
@@ -453,8 +453,8 @@ fn a_busy_claim_does_not_stop_the_stale_claim_clean_up() {
         .insert(devs[0].mig.as_ref().unwrap().gi_id);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let api = rt
-        .block_on(tessera::fakeapi::FakeApiServer::start(
-            tessera::fakeapi::FakeApiConfig::new(KubeVersion::NEWEST),
+        .block_on(testkit::fakeapi::FakeApiServer::start(
+            testkit::fakeapi::FakeApiConfig::new(KubeVersion::NEWEST),
         ))
         .unwrap();
     let client = {

@@ -5,15 +5,15 @@
 
 use std::collections::BTreeMap;
 
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::validation::validate_pool_for;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
-use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
-use tessera::backend::{GpuBackend, MigStatus};
 use tessera::config::{NodeConfig, SliceLayout};
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::{FeatureGates, KubeVersion};
-use tessera::slices::{PoolParams, ServerFeatures, build_pool};
-use tessera::validation::validate_pool_for;
+use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
+use tessera::inventory::{GpuBackend, MigStatus};
+use tessera::publish::slices::{PoolParams, ServerFeatures, build_pool};
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 const DRIVER: &str = "gpu.tessera.dev";
 
@@ -239,7 +239,7 @@ fn mig_claim(
     .unwrap()
 }
 
-fn default_allocator() -> tessera::allocator::Allocator {
+fn default_allocator() -> k8s_model::allocator::Allocator {
     let root = tempfile::tempdir().unwrap();
     let model = tessera::node::load_node(
         &tessera::node::BackendSpec::Mock(None),
@@ -258,9 +258,9 @@ fn default_allocator() -> tessera::allocator::Allocator {
         v,
         ServerFeatures::from_gates(&FeatureGates::defaults(v)),
     );
-    tessera::allocator::Allocator::new(
+    k8s_model::allocator::Allocator::new(
         &slices,
-        &tessera::plan::read_classes(None).unwrap(),
+        &tessera::device_classes::read(None).unwrap(),
         &FeatureGates::defaults(v),
     )
     .unwrap()

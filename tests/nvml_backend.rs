@@ -14,10 +14,10 @@ use std::path::Path;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
-use tessera::backend::mock::{DEFAULT_NODE_YAML, MockBackend};
-use tessera::backend::nvml::NvmlBackend;
-use tessera::backend::state::{self, NodeState, STATE_FILE};
-use tessera::backend::{BackendError, ComputeInstance, GpuBackend, MigInstance, MigStatus};
+use tessera::inventory::mock::state::{self, NodeState, STATE_FILE};
+use tessera::inventory::mock::{DEFAULT_NODE_YAML, MockBackend};
+use tessera::inventory::nvml::NvmlBackend;
+use tessera::inventory::{BackendError, ComputeInstance, GpuBackend, MigInstance, MigStatus};
 use tessera::mig::mig_uuid;
 
 use fake_nvml::{FakeHost, with_fake_host};
@@ -826,16 +826,16 @@ fn fake_nvml_mig_calls_keep_the_nvml_contract() {
 /// fake's MIG writes keep the `health-event` lines.
 #[test]
 fn nvml_reports_injected_xids_loss_and_recovery() {
-    use tessera::backend::HealthEventKind;
-    use tessera::backend::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
-    use tessera::devhealth::{HealthConfig, NodeHealth};
+    use tessera::device_health::policy::{HealthConfig, NodeHealth};
+    use tessera::inventory::HealthEventKind;
+    use tessera::inventory::mock::{inject_clear, inject_lost, inject_mig_xid, inject_xid};
     with_fake_host(
         "nvml_reports_injected_xids_loss_and_recovery",
         DEFAULT_NODE_YAML,
         |host| {
             let nvml = open_nvml(host).expect("the fake NVML initialises");
             let mock = host.mock_backend();
-            let kinds = |events: &[tessera::backend::HealthEvent]| {
+            let kinds = |events: &[tessera::inventory::HealthEvent]| {
                 events
                     .iter()
                     .map(|e| (e.minor, e.gi_id, e.kind))
@@ -847,7 +847,7 @@ fn nvml_reports_injected_xids_loss_and_recovery() {
                 let events = nvml.health_events(since).expect("poll");
                 for e in &events {
                     since = since.max(e.seq);
-                    health.apply(e, tessera::devhealth::At::now());
+                    health.apply(e, tessera::device_health::policy::At::now());
                 }
                 kinds(&events)
             };

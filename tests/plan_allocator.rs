@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_model::allocator::{AllocError, Allocator};
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::schedule;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, CapacityRequirements, Counter, CounterSet,
     Device, DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceConstraint,
@@ -12,9 +15,6 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tessera::allocator::{AllocError, Allocator};
-use tessera::kubever::{FeatureGates, KubeVersion};
-use tessera::plan;
 
 const D: &str = "gpu.tessera.dev";
 
@@ -70,7 +70,7 @@ fn gates(v: u32) -> FeatureGates {
 }
 
 fn classes() -> Vec<k8s_openapi::api::resource::v1::DeviceClass> {
-    plan::read_classes(None).unwrap()
+    tessera::device_classes::read(None).unwrap()
 }
 
 fn request(name: &str, class: &str, count: i64, selectors: &[&str]) -> DeviceRequest {
@@ -638,22 +638,22 @@ fn default_inventory_allocates_the_demo_table() {
         String::from_utf8_lossy(&out.stderr)
     );
     let slices: Vec<ResourceSlice> =
-        plan::documents(&String::from_utf8_lossy(&out.stdout), "inventory")
+        schedule::documents(&String::from_utf8_lossy(&out.stdout), "inventory")
             .unwrap()
             .into_iter()
             .map(|v| serde_json::from_value(v).unwrap())
             .collect();
-    let steps: Vec<plan::Step> = tessera::demo::phases()[0]
+    let steps: Vec<schedule::Step> = testkit::demo::phases()[0]
         .claims
         .iter()
-        .map(|c| plan::Step::Allocate(Box::new(tessera::demo::claim_object(c))))
+        .map(|c| schedule::Step::Allocate(Box::new(testkit::demo::claim_object(c))))
         .collect();
-    let result = plan::run(&slices, &classes(), &steps, &gates(37)).unwrap();
+    let result = schedule::run(&slices, &classes(), &steps, &gates(37)).unwrap();
     let got: Vec<Vec<String>> = result
         .outcomes
         .iter()
         .map(|o| match o {
-            plan::Outcome::Allocated(c) => {
+            schedule::Outcome::Allocated(c) => {
                 names(c.status.as_ref().unwrap().allocation.as_ref().unwrap())
             }
             other => panic!("{other:?}"),

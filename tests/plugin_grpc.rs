@@ -15,8 +15,8 @@ use harness::{DRIVER, Harness, NODE, NS};
 use kube::api::DeleteParams;
 use serde::Deserialize;
 use serde_json::json;
-use tessera::kubelet::{self, DraClient, KubeletClaim};
 use tessera::plugin::{self, registration_socket_path};
+use testkit::kubelet_standin::{self, DraClient, KubeletClaim};
 
 fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
     h.opts
@@ -31,7 +31,7 @@ fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
 async fn registration_advertises_v1_then_v1beta1() {
     let h = Harness::new().await;
     let p = h.start_plugin().await;
-    let (info, version) = kubelet::register(
+    let (info, version) = kubelet_standin::register(
         &h.registration_socket(),
         &["v1.DRAPlugin", "v1beta1.DRAPlugin"],
     )
@@ -58,11 +58,11 @@ async fn registration_advertises_v1_then_v1beta1() {
             "v1alpha1.DRAResourceHealth"
         ]
     );
-    assert_eq!(version, kubelet::DraVersion::V1);
-    let (_, old) = kubelet::register(&h.registration_socket(), &["v1beta1.DRAPlugin"])
+    assert_eq!(version, kubelet_standin::DraVersion::V1);
+    let (_, old) = kubelet_standin::register(&h.registration_socket(), &["v1beta1.DRAPlugin"])
         .await
         .unwrap();
-    assert_eq!(old, kubelet::DraVersion::V1beta1);
+    assert_eq!(old, kubelet_standin::DraVersion::V1beta1);
     p.stop().await;
     assert!(
         !h.registration_socket().exists(),
@@ -312,7 +312,12 @@ async fn stale_claims_are_cleaned_up() {
         .await;
 
     let state = std::sync::Arc::new(
-        plugin::open_state(&h.opts, &h.model, tessera::state::UnknownMig::Destroy).unwrap(),
+        plugin::open_state(
+            &h.opts,
+            &h.model,
+            tessera::prepare::state::UnknownMig::Destroy,
+        )
+        .unwrap(),
     );
     let mut removed = plugin::cleanup_once(&state, &h.api.client().unwrap(), Duration::ZERO)
         .await
@@ -534,7 +539,12 @@ async fn plugin_requests_stay_within_its_cluster_role() {
     k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
     let state = std::sync::Arc::new(
-        plugin::open_state(&h.opts, &h.model, tessera::state::UnknownMig::Destroy).unwrap(),
+        plugin::open_state(
+            &h.opts,
+            &h.model,
+            tessera::prepare::state::UnknownMig::Destroy,
+        )
+        .unwrap(),
     );
     plugin::cleanup_once(&state, &h.api.client().unwrap(), Duration::ZERO)
         .await

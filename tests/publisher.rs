@@ -4,20 +4,20 @@
 
 use std::time::Duration;
 
+use k8s_model::release::FeatureGates;
+use k8s_model::release::KubeVersion;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
-use tessera::backend::GpuInfo;
-use tessera::backend::mock::StateAccess;
 use tessera::config::{GpuMode, ManagedGpu, NodeConfig};
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::FeatureGates;
-use tessera::kubever::KubeVersion;
+use tessera::inventory::GpuInfo;
+use tessera::inventory::mock::StateAccess;
 use tessera::node::{BackendPaths, BackendSpec, NodeModel, load_node};
 use tessera::publish::Publisher;
-use tessera::slices::ServerFeatures;
+use tessera::publish::slices::ServerFeatures;
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";

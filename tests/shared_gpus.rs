@@ -10,15 +10,15 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use harness::{Harness, InProcess, NODE};
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::schedule::{self, Outcome, Step};
 use k8s_openapi::api::resource::v1::{
     DeviceConstraint, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };
 use serde_json::Value;
-use tessera::fakeapi::FakeApiConfig;
-use tessera::kubelet::{DraClient, KubeletClaim};
-use tessera::kubever::{FeatureGates, KubeVersion};
-use tessera::plan::{self, Outcome, Step};
 use tessera_abi::limits::Limits;
+use testkit::fakeapi::FakeApiConfig;
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
 /// gpu-1's memory: 81559 MiB.
@@ -156,12 +156,12 @@ async fn plan_fits_shares_until_memory_or_compute_runs_out() {
     let h = Harness::new().await;
     let (p, slices) = published(&h).await;
     p.stop().await;
-    let steps = plan::read_steps(&[
+    let steps = schedule::read_steps(&[
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/claims/shared-gpus.yaml")
     ])
     .unwrap();
-    let classes = plan::read_classes(None).unwrap();
-    let r = plan::run(
+    let classes = tessera::device_classes::read(None).unwrap();
+    let r = schedule::run(
         &slices,
         &classes,
         &steps,
@@ -227,9 +227,9 @@ async fn plan_and_create(
     claim: ResourceClaim,
 ) -> (KubeletClaim, Vec<DeviceRequestAllocationResult>) {
     let name = claim.metadata.name.clone().unwrap();
-    let r = plan::run(
+    let r = schedule::run(
         slices,
-        &plan::read_classes(None).unwrap(),
+        &tessera::device_classes::read(None).unwrap(),
         &[Step::Allocate(Box::new(claim))],
         &h.api_gates(),
     )
@@ -505,9 +505,9 @@ spec:
     )
     .unwrap();
     let claim_a: ResourceClaim = serde_yaml::from_str(yaml).unwrap();
-    let r = plan::run(
+    let r = schedule::run(
         &slices,
-        &plan::read_classes(None).unwrap(),
+        &tessera::device_classes::read(None).unwrap(),
         &[
             Step::Allocate(Box::new(claim_a)),
             Step::Allocate(Box::new(more)),
@@ -702,7 +702,7 @@ async fn library_versions_stay_while_a_claim_references_them() {
     let mut bytes = std::fs::read(&current).unwrap();
     bytes.extend_from_slice(b"v2");
     std::fs::write(&newer, bytes).unwrap();
-    let front = tessera::interception::FRONT_FILE;
+    let front = tessera::prepare::library::FRONT_FILE;
     std::fs::copy(current.with_file_name(front), newer.with_file_name(front)).unwrap();
     h.opts.interception_lib = Some(newer);
     let (p, _) = published(&h).await;

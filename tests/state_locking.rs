@@ -7,7 +7,7 @@ mod harness;
 use std::sync::Arc;
 
 use tessera::plugin;
-use tessera::state::UnknownMig;
+use tessera::prepare::state::UnknownMig;
 
 fn claim(uid: &str, device: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
     harness::allocated_claim_object(uid, "gpu", device)
@@ -25,7 +25,7 @@ fn two_instances_never_lose_each_others_updates() {
     let a = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
     let b = Arc::new(plugin::open_state(&opts, &model, UnknownMig::Destroy).unwrap());
     let rounds = 40;
-    let run = |state: Arc<tessera::state::DeviceState>, device: &'static str, tag: u32| {
+    let run = |state: Arc<tessera::prepare::state::DeviceState>, device: &'static str, tag: u32| {
         std::thread::spawn(move || {
             for i in 0..rounds {
                 let uid = format!("00000000-0000-4000-8{tag:03}-{i:012}");

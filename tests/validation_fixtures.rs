@@ -1,10 +1,16 @@
-//! Fixtures for the Kubernetes API rules in `tessera::validation`: each case states on
+//! Fixtures for the Kubernetes API rules in `k8s_model::validation`: each case states on
 //! which releases an object is accepted or refused, and with which field path and kind.
 //! Slice fixtures are checked twice: by the pure validator and by the fake API server
 //! over HTTP (Status 422 with the cause's field path).
 
 use std::collections::BTreeMap;
 
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::validation::{
+    FieldError, FieldErrorKind, PoolProblem, drop_disabled_fields, dropped_fields,
+    dropped_fields_with_gates, validate_pool, validate_pool_for, validate_resource_claim,
+    validate_resource_claim_status, validate_resource_slice,
+};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet,
     Device, DeviceAllocationResult, DeviceAttribute, DeviceCapacity, DeviceClaim,
@@ -15,13 +21,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::{FeatureGates, KubeVersion};
-use tessera::validation::{
-    FieldError, FieldErrorKind, PoolProblem, drop_disabled_fields, dropped_fields,
-    dropped_fields_with_gates, validate_pool, validate_pool_for, validate_resource_claim,
-    validate_resource_claim_status, validate_resource_slice,
-};
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 const DRIVER: &str = "gpu.tessera.dev";
 

@@ -36,23 +36,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fake_nvml::{FakeHost, with_fake_host};
+use k8s_model::release::KubeVersion;
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
     ResourceClaimSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tessera::backend::mock::{DEFAULT_NODE_YAML, StateAccess};
-use tessera::backend::{
+use tessera::inventory::mock::{DEFAULT_NODE_YAML, StateAccess};
+use tessera::inventory::{
     BackendError, GpuBackend, GpuProcess, MigInstance, MigStatus, NodeInventory,
 };
-use tessera::checkpoint::PodRef;
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubever::KubeVersion;
 use tessera::mig::MigError;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
-use tessera::state::{DeviceState, UnknownMig};
+use tessera::prepare::checkpoint::PodRef;
+use tessera::prepare::state::{DeviceState, UnknownMig};
 use tessera::watchdog::{EventSink, Finding, KubeEvents, KubePods, Mode, Watchdog, WatchdogConfig};
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
 const GPU1_UUID: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
 const GPU1_MEMORY: u64 = 85_520_809_984;
@@ -210,7 +210,7 @@ exec "$@"
             .env("CLAIM_UID", &self.claim)
             .env(
                 "CLAIM_SRC",
-                tessera::claimfiles::claim_dir(&self.run_dir, &self.claim),
+                tessera::prepare::claim_files::claim_dir(&self.run_dir, &self.claim),
             )
             .env("TENANT_PRELOAD", preload.join(" "));
         self.start(cmd, Some(pod))
@@ -426,7 +426,10 @@ fn zombie_memory_after_unprepare() {
                 }
             )]
         );
-        let text = tessera::metrics::render(&tessera::metrics::gather(&n.state, harness::NODE));
+        let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+            &n.state,
+            harness::NODE,
+        ));
         let line = text
             .lines()
             .find(|l| l.starts_with("tessera_gpu_memory_zombie_bytes") && l.contains(GPU1_UUID))
@@ -1185,7 +1188,10 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
         watchdog(&state).tick(),
         vec![(gpu0.clone(), zombie.clone())]
     );
-    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+        &state,
+        harness::NODE,
+    ));
     let series = |name: &str, extra: &str| {
         text.lines()
             .find(|l| {
@@ -1234,7 +1240,10 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
     backend.procs.lock().unwrap().clear();
     state.unprepare(uid).unwrap();
     assert_eq!(watchdog(&state).tick(), vec![]);
-    let text = tessera::metrics::render(&tessera::metrics::gather(&state, harness::NODE));
+    let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+        &state,
+        harness::NODE,
+    ));
     assert!(!text.contains("tessera_mig_memory_zombie_bytes{"), "{text}");
     assert!(events.0.lock().unwrap().is_empty(), "zombies post no Event");
 }

@@ -2,7 +2,7 @@
 //!
 //! Real pieces end to end: the interception library in every client process (claim
 //! files bind-mounted read-only as the plugin mounts them, `/etc/ld.so.preload`), the
-//! plugin's compute controller (`tessera::computesvc`) reading the fake
+//! plugin's compute controller (`tessera::compute::service`) reading the fake
 //! `libnvidia-ml.so.1` through the production NVML backend, and the fake driver's
 //! simulated GPU (`tests/fakes/fake_cuda.c`: one kernel at a time, round-robin between
 //! processes at kernel boundaries, heavy-tailed kernels). Ground truth is the

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::checkpoint::{ClaimRecord, ClaimState, PodRef};
+use crate::prepare::checkpoint::{ClaimRecord, ClaimState, PodRef};
 
 /// A ResourceClaim a live pod uses, with its UID as the API server has it now (a claim
 /// whose UID could not be read is left out: a name alone may be a stale record's).
@@ -347,7 +347,7 @@ impl PodLookup for KubePods {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::ClaimRecord;
+    use crate::prepare::checkpoint::ClaimRecord;
     use serde_json::json;
     use std::sync::Mutex;
 

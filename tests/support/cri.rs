@@ -20,7 +20,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use tessera::proto::cri::{self, runtime_service_client::RuntimeServiceClient};
+use tessera::kubelet::proto::cri::{self, runtime_service_client::RuntimeServiceClient};
 use tonic::transport::Channel;
 
 use crate::e2e::Run;
@@ -535,7 +535,7 @@ fn host_network() -> cri::NamespaceOption {
 impl Cri {
     /// Connects over containerd's socket and runs the pod sandbox.
     pub async fn connect(c: &Containerd) -> Cri {
-        let ch = tessera::kubelet::connect_unix(&c.socket)
+        let ch = testkit::kubelet_standin::connect_unix(&c.socket)
             .await
             .expect("connect to containerd's socket");
         let mut rt = RuntimeServiceClient::new(ch);

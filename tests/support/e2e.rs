@@ -185,7 +185,7 @@ pub fn mknod(dev_root: &Path, path: &str, major: u32, minor: u32) {
 /// The mock node's device nodes, as a real node has them (majors from its
 /// description): `nvidia<minor>` per GPU, `nvidiactl`, the two uvm nodes, and every
 /// MIG capability node of the MIG-capable GPUs (what nvidia-modprobe creates).
-pub fn make_dev_root(dev_root: &Path, inv: &tessera::backend::NodeInventory) {
+pub fn make_dev_root(dev_root: &Path, inv: &tessera::inventory::NodeInventory) {
     let m = inv.char_majors;
     for g in &inv.gpus {
         mknod(
@@ -380,7 +380,10 @@ impl Podman {
 }
 
 /// The CDI IDs the plugin returned for a claim.
-pub fn ids(r: &tessera::proto::dra_v1::NodePrepareResourcesResponse, uid: &str) -> Vec<String> {
+pub fn ids(
+    r: &tessera::kubelet::proto::dra_v1::NodePrepareResourcesResponse,
+    uid: &str,
+) -> Vec<String> {
     r.claims[uid]
         .devices
         .iter()

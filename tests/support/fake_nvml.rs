@@ -17,10 +17,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tessera::backend::GpuBackend;
-use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
-use tessera::backend::state::STATE_FILE;
-use tessera::backend::{GpuInfo, NodeInventory};
+use tessera::inventory::GpuBackend;
+use tessera::inventory::mock::state::STATE_FILE;
+use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
+use tessera::inventory::{GpuInfo, NodeInventory};
 
 /// Read by the fake library at `nvmlInit`: the directory holding `mock-node.state`.
 pub const STATE_DIR_ENV: &str = "TESSERA_FAKE_NVML_STATE_DIR";

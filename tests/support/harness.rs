@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_model::release::KubeVersion;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClaim,
     DeviceRequest, DeviceRequestAllocationResult, DeviceSubRequest, ExactDeviceRequest,
@@ -18,13 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, PostParams};
 use tempfile::TempDir;
-use tessera::backend::mock::StateAccess;
-use tessera::fakeapi::{FakeApiConfig, FakeApiServer};
-use tessera::kubelet::{self, DraClient, KubeletClaim};
-use tessera::kubever::KubeVersion;
+use tessera::inventory::mock::StateAccess;
 use tessera::node::{BackendPaths, BackendSpec, NodeModel, load_node};
 use tessera::plugin::{self, PluginOptions, PluginPaths};
-use tessera::state::FailPoints;
+use tessera::prepare::failpoints::FailPoints;
+use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
+use testkit::kubelet_standin::{self, DraClient, KubeletClaim};
 
 pub const DRIVER: &str = "gpu.tessera.dev";
 pub const NODE: &str = "node-a";
@@ -72,7 +72,7 @@ pub fn options(root: &Path) -> PluginOptions {
 pub fn interception_stand_in(root: &Path) -> PathBuf {
     let dir = root.join("stand-in");
     let out = dir.join("libtessera_cuda.so");
-    let front = dir.join(tessera::interception::FRONT_FILE);
+    let front = dir.join(tessera::prepare::library::FRONT_FILE);
     if out.is_file() && front.is_file() {
         return out;
     }
@@ -232,7 +232,7 @@ impl Harness {
 
     /// Registers as the kubelet would and connects to the plugin's endpoint.
     pub async fn kubelet(&self) -> DraClient {
-        let (info, _) = kubelet::register(
+        let (info, _) = kubelet_standin::register(
             &self.registration_socket(),
             &["v1.DRAPlugin", "v1beta1.DRAPlugin"],
         )

@@ -1,7 +1,7 @@
 //! Running compute-share scenarios on the simulated GPU: claims' files in sandboxes
 //! (the interception library preloaded, claim files bind-mounted read-only as the
 //! plugin mounts them), `sim_client` workloads, the plugin's compute controller
-//! (`tessera::computesvc`) over the fake `libnvidia-ml.so.1` through the production
+//! (`tessera::compute::service`) over the fake `libnvidia-ml.so.1` through the production
 //! NVML backend, and achieved shares from the simulator's own timeline. Used by the
 //! `compute_shares` benchmark and the `compute_limit` test; include it next to
 //! `support` with `#[path = "../tests/support/shares.rs"] mod shares;`.
@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::support::{self, ClaimSpec, RunOpts, Sandbox};
-use tessera::backend::GpuBackend;
-use tessera::backend::mock::{MockBackend, MockNode, StateAccess};
-use tessera::backend::nvml::NvmlBackend;
-use tessera::computesvc::{ComputeService, ControlledClaim};
+use tessera::compute::service::{ComputeService, ControlledClaim};
+use tessera::inventory::GpuBackend;
+use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
+use tessera::inventory::nvml::NvmlBackend;
 use tessera_abi::control::{self, GpuControl};
 
 pub const GPU: &str = "GPU-5c0de000-0000-4000-8000-00000000c0de";
@@ -203,7 +203,7 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
                 }
             }
         }
-        std::thread::sleep(tessera::computesvc::INTERVAL);
+        std::thread::sleep(tessera::compute::service::INTERVAL);
     }
     for c in &mut children {
         let _ = c.kill();
@@ -260,7 +260,7 @@ fn sim_args(workload: &str, seed: u64, secs: f64) -> Vec<String> {
 }
 
 pub fn targets(sc: &Scenario) -> Vec<f64> {
-    tessera::compute::targets(
+    tessera::compute::controller::targets(
         &sc.shares
             .iter()
             .zip(&sc.limits)

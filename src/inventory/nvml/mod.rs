@@ -1,0 +1,1728 @@
+//! The production GPU backend: whole-GPU discovery through NVML (nvml-wrapper's safe
+//! API), plus what NVML does not know, read from the host's `/proc` and `/sys`:
+//! character-device majors, the PCIe root complex, and the NUMA node when NVML has none;
+//! and the MIG operations (status, mode, create, destroy) through NVML's MIG API.
+//!
+//! This module is a thin edge: [`NvmlBackend`] makes the calls and maps their errors,
+//! and the decisions (bus-ID normalisation, CUDA cores per SM, `/proc/devices` parsing,
+//! PCIe-root extraction, which compute-instance profile spans a GPU instance) are pure
+//! functions with table tests below. NVML itself judges every MIG request; its refusals
+//! (codes 2, 3, 6, 19, 23) become [`MigError`]s, any other failure `NvmlCall`.
+//! `/proc` and `/sys` are constructor parameters so that tests point them at a temp dir;
+//! the library path is one too, so that tests load the fake `libnvidia-ml.so.1` from
+//! `tests/fakes/fake_nvml.c`.
+//!
+//! nvml-wrapper 0.13 wraps only part of the MIG API (and its `possible_placements`
+//! always returns nothing), so the rest is called through the raw symbols of
+//! nvml-wrapper-sys, reached through `Nvml::lib()`'s `Result` fields (never the
+//! `NvmlLib` helper methods, which panic on a symbol an older driver lacks). The crate
+//! does not depend on nvml-wrapper-sys directly, so its types are not nameable here:
+//! handles are kept type-erased (`DeviceHandle`, `GiHandle`, `CiHandle`) and structs
+//! are `#[repr(C)]` mirrors of nvml.h whose size is checked against the symbol's
+//! parameter type at every call (`out_ptr`). This is the only `unsafe` in the crate;
+//! every block says why it holds.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::{OsStr, c_void};
+use std::path::{Component, Path, PathBuf};
+use std::ptr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::struct_wrappers::device::ProfileInfo;
+use nvml_wrapper::{Device, Nvml};
+
+use super::{
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, GpuProcess, GpuUsage,
+    HealthEvent, HealthEventKind, MigInstance, MigStatus, NodeInventory, ProcessSample,
+};
+use crate::mig::MigError;
+use crate::mig::geometry::NVML_GPU_INSTANCE_PROFILE_COUNT;
+
+/// What `Nvml::init()` dlopens when no library path is given.
+const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+
+/// `NVML_DEVICE_MIG_ENABLE` (nvml.h): the value of `MigMode::current` when MIG is on.
+const NVML_DEVICE_MIG_ENABLE: u32 = 1;
+/// `NVML_DEVICE_MIG_DISABLE` (nvml.h).
+const NVML_DEVICE_MIG_DISABLE: u32 = 0;
+/// `NVML_COMPUTE_INSTANCE_PROFILE_COUNT` of nvml.h API 13 (facts A1.0: `7_SLICE_NVL` is
+/// 8). nvml-wrapper-sys 0.10 predates it and says 8.
+const NVML_COMPUTE_INSTANCE_PROFILE_COUNT: u32 = 9;
+/// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`: the only engine profile.
+const NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: u32 = 0;
+/// `NVML_ERROR_INSUFFICIENT_RESOURCES`, which nvml-wrapper has no variant for: it
+/// arrives as `NvmlError::UnexpectedVariant(23)`.
+const NVML_ERROR_INSUFFICIENT_RESOURCES: u32 = 23;
+
+/// The NVIDIA driver seen through NVML. Holds one initialised NVML for its whole life
+/// (NVML is reference counted; `Drop` shuts it down).
+pub struct NvmlBackend {
+    nvml: Nvml,
+    proc_root: PathBuf,
+    sys_root: PathBuf,
+    /// GPU handles by minor, filled by one enumeration on the first MIG operation (and
+    /// again only for a minor it did not find). NVML handles stay valid until shutdown.
+    gpus: Mutex<HashMap<u32, CachedGpu>>,
+    /// Health monitoring: the XID event set (created on the first poll) and the events
+    /// seen so far.
+    health: Mutex<HealthPoll>,
+}
+
+/// `nvmlEventTypeXidCriticalError` (nvml.h).
+const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 8;
+
+/// The state of [`GpuBackend::health_events`] on NVML.
+#[derive(Default)]
+struct HealthPoll {
+    set: Option<EventSetHandle>,
+    /// GPUs registered for XID events (minor, handle); also checked for loss.
+    gpus: Vec<(u32, DeviceHandle)>,
+    /// Every event reported so far, numbered from 1.
+    log: Vec<HealthEvent>,
+    /// GPUs currently answering `GPU_IS_LOST`.
+    lost: BTreeSet<u32>,
+}
+
+impl HealthPoll {
+    fn push(&mut self, minor: u32, gi_id: Option<u32>, kind: HealthEventKind) {
+        let seq = self.log.len() as u64 + 1;
+        self.log.push(HealthEvent {
+            seq,
+            minor,
+            gi_id,
+            kind,
+        });
+    }
+}
+
+/// `gpuInstanceId` of an event that is not about one MIG GPU instance.
+const NVML_NO_GPU_INSTANCE: u32 = 0xFFFF_FFFF;
+
+/// The GPU instance an event names, if it names one.
+fn gpu_instance(id: u32) -> Option<u32> {
+    (id != NVML_NO_GPU_INSTANCE).then_some(id)
+}
+
+/// `nvmlEventData_t` (32 bytes).
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawEventData {
+    device: *mut c_void,
+    event_type: u64,
+    event_data: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+/// A GPU's handle and NVML index (for error reports), as cached by minor.
+#[derive(Debug, Clone, Copy)]
+struct CachedGpu {
+    index: u32,
+    handle: DeviceHandle,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("proc_root", &self.proc_root)
+            .field("sys_root", &self.sys_root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlBackend {
+    /// Loads and initialises NVML from `lib_path` (or the loader's default search for
+    /// `libnvidia-ml.so.1`). `proc_root` and `sys_root` stand for `/proc` and `/sys`.
+    ///
+    /// # Errors
+    /// [`BackendError::NvmlUnavailable`] when the library cannot be loaded or
+    /// `nvmlInit_v2` fails (no driver, driver not loaded, no permission); its message
+    /// points at `--backend mock`.
+    pub fn new(
+        lib_path: Option<PathBuf>,
+        proc_root: PathBuf,
+        sys_root: PathBuf,
+    ) -> Result<Self, BackendError> {
+        let init = match &lib_path {
+            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+            None => Nvml::init(),
+        };
+        let nvml = init.map_err(|e| BackendError::NvmlUnavailable {
+            lib: lib_path
+                .as_deref()
+                .map_or_else(|| DEFAULT_LIB.to_string(), |p| p.display().to_string()),
+            // NvmlError's Display already includes its libloading cause.
+            reason: e.to_string(),
+        })?;
+        Ok(NvmlBackend {
+            nvml,
+            proc_root,
+            sys_root,
+            gpus: Mutex::new(HashMap::new()),
+            health: Mutex::new(HealthPoll::default()),
+        })
+    }
+
+    /// One GPU by NVML index. Side effects: NVML calls and sysfs reads only.
+    fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
+        let call = |call: &'static str| nvml_call(call, index);
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(call("nvmlDeviceGetHandleByIndex_v2"))?;
+        let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
+        let product_name = dev.name().map_err(call("nvmlDeviceGetName"))?;
+        let brand = dev.brand().map_err(call("nvmlDeviceGetBrand"))?;
+        let architecture = dev
+            .architecture()
+            .map_err(call("nvmlDeviceGetArchitecture"))?;
+        let memory = dev
+            .memory_info()
+            .map_err(call("nvmlDeviceGetMemoryInfo_v2"))?;
+        let minor = dev
+            .minor_number()
+            .map_err(call("nvmlDeviceGetMinorNumber"))?;
+        let pci = dev.pci_info().map_err(call("nvmlDeviceGetPciInfo_v3"))?;
+        let pci_bus_id = normalize_bus_id(&pci.bus_id)
+            .ok_or_else(|| call("nvmlDeviceGetPciInfo_v3")(NvmlError::GetPciInfoFailed))?;
+        let cc = dev
+            .cuda_compute_capability()
+            .map_err(call("nvmlDeviceGetCudaComputeCapability"))?;
+        let per_sm = cuda_cores_per_sm(cc.major, cc.minor).ok_or_else(|| {
+            // BackendError has no variant for "capability missing from the table";
+            // report it as an unexpected NVML value, packed as major*10+minor (e.g.
+            // 130 for 13.0).
+            let packed = cc.major.saturating_mul(10).saturating_add(cc.minor);
+            call("nvmlDeviceGetCudaComputeCapability")(NvmlError::UnexpectedVariant(
+                u32::try_from(packed).unwrap_or(u32::MAX),
+            ))
+        })?;
+        let cores = dev.num_cores().map_err(call("nvmlDeviceGetNumGpuCores"))?;
+        let (mig_capable, mig_enabled) = match dev.mig_mode() {
+            Ok(mode) => (true, mode.current == NVML_DEVICE_MIG_ENABLE),
+            Err(e) if is_unsupported(&e) => (false, false),
+            Err(e) => return Err(call("nvmlDeviceGetMigMode")(e)),
+        };
+        // sysfs first: `resource.kubernetes.io/numaNode` means the CPU-side node of the
+        // PCI device, which is what sysfs reports. NVML's answer is a fallback: it is
+        // documented for GPUs that are NUMA nodes themselves (Grace Hopper/Blackwell),
+        // where it names the GPU memory's node.
+        let numa_node = match sysfs_numa_node(&self.sys_root, &pci_bus_id) {
+            Some(node) => Some(node),
+            None => match dev.numa_node_id() {
+                Ok(node) => Some(i64::from(node)),
+                Err(e) if is_unsupported(&e) => None,
+                Err(e) => return Err(call("nvmlDeviceGetNumaNodeId")(e)),
+            },
+        };
+        Ok(GpuInfo {
+            index,
+            minor,
+            pcie_root: sysfs_pcie_root(&self.sys_root, &pci_bus_id),
+            uuid,
+            product_name,
+            brand: format!("{brand:?}"),
+            architecture: format!("{architecture:?}"),
+            memory_bytes: memory.total,
+            multiprocessors: cores / per_sm,
+            cuda_compute_capability: format!("{}.{}", cc.major, cc.minor),
+            pci_bus_id,
+            numa_node,
+            mig_capable,
+            mig_enabled,
+        })
+    }
+}
+
+/// Calls the raw NVML entry point `$sym` as `$call` (an `unsafe` call of `$f`), turning
+/// a missing symbol or a failure code into [`CallFailed`] named after the symbol. Uses
+/// `NvmlLib`'s `Result` field, never its helper method (which panics on a missing
+/// symbol). Must be used in a function returning `Result<_, CallFailed>`.
+macro_rules! nvml_call {
+    ($nvml:expr, $sym:ident, |$f:ident| $call:expr) => {{
+        let failed = |source| CallFailed::new(stringify!($sym), source);
+        let $f = nvml_sym($nvml.lib().$sym.as_ref())
+            .copied()
+            .map_err(failed)?;
+        nvml_try($call).map_err(failed)
+    }};
+}
+
+/// Declares a type-erased NVML handle: the pointer NVML gave, cast back to the
+/// symbol's parameter type at each call.
+macro_rules! opaque_handle {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        struct $name(*mut c_void);
+
+        impl $name {
+            fn of<T>(handle: *mut T) -> Self {
+                Self(handle.cast())
+            }
+            fn raw<T>(self) -> *mut T {
+                self.0.cast()
+            }
+        }
+    };
+}
+
+opaque_handle!(
+    /// `nvmlDevice_t`: a GPU or a MIG device.
+    DeviceHandle
+);
+opaque_handle!(
+    /// `nvmlGpuInstance_t`.
+    GiHandle
+);
+opaque_handle!(
+    /// `nvmlComputeInstance_t`.
+    CiHandle
+);
+opaque_handle!(
+    /// `nvmlEventSet_t`.
+    EventSetHandle
+);
+
+// SAFETY: as for DeviceHandle: an opaque token only NVML dereferences; NVML is
+// thread-safe, and the set is only used under the `health` mutex.
+unsafe impl Send for EventSetHandle {}
+// SAFETY: as for Send.
+unsafe impl Sync for EventSetHandle {}
+
+// SAFETY: an NVML device handle is an opaque token that only the library dereferences,
+// and NVML is thread-safe: any thread may pass it to any NVML call. (nvml-wrapper's
+// `Device` is Send + Sync for the same reason.)
+unsafe impl Send for DeviceHandle {}
+// SAFETY: as for Send; the handle is never written through on our side.
+unsafe impl Sync for DeviceHandle {}
+
+/// `nvmlGpuInstancePlacement_t` (8 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct RawPlacement {
+    start: u32,
+    size: u32,
+}
+
+/// `nvmlGpuInstanceInfo_t` (24 bytes): `device` is the parent GPU.
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawGpuInstanceInfo {
+    device: *mut c_void,
+    id: u32,
+    profile_id: u32,
+    placement: RawPlacement,
+}
+
+/// `nvmlComputeInstanceProfileInfo_t` (36 bytes).
+#[repr(C)]
+#[derive(Default)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawComputeInstanceProfileInfo {
+    id: u32,
+    slice_count: u32,
+    instance_count: u32,
+    multiprocessor_count: u32,
+    shared_copy_engine_count: u32,
+    shared_decoder_count: u32,
+    shared_encoder_count: u32,
+    shared_jpeg_count: u32,
+    shared_ofa_count: u32,
+}
+
+/// `nvmlComputeInstanceInfo_t` (32 bytes): `device` is the MIG device of this compute
+/// instance, whose UUID is the `MIG-...` one (facts A2, as the NVIDIA DRA driver reads it).
+#[repr(C)]
+#[allow(dead_code, reason = "mirrors nvml.h, which fills every field")]
+struct RawComputeInstanceInfo {
+    device: *mut c_void,
+    gpu_instance: *mut c_void,
+    id: u32,
+    profile_id: u32,
+    placement: RawPlacement,
+}
+
+/// `mirror` as the pointer type an NVML symbol takes (`T`, inferred from the symbol).
+///
+/// # Panics
+/// When `M` and `T` differ in size: the mirror does not match nvml-wrapper-sys, a bug
+/// that the first test calling the symbol catches.
+fn out_ptr<T, M>(mirror: &mut M) -> *mut T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    ptr::from_mut(mirror).cast()
+}
+
+/// As [`out_ptr`], for an array NVML fills: a pointer to the first element.
+fn out_slice<T, M>(mirrors: &mut [M]) -> *mut T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    mirrors.as_mut_ptr().cast()
+}
+
+/// As [`out_ptr`], for an input struct.
+fn in_ptr<T, M>(mirror: &M) -> *const T {
+    assert_eq!(
+        size_of::<T>(),
+        size_of::<M>(),
+        "{} does not mirror {}",
+        std::any::type_name::<M>(),
+        std::any::type_name::<T>()
+    );
+    ptr::from_ref(mirror).cast()
+}
+
+/// An NVML call that failed during a MIG operation, before [`MigOp::judge`] decides
+/// whether it is a MIG refusal.
+#[derive(Debug)]
+struct CallFailed {
+    call: &'static str,
+    source: NvmlError,
+}
+
+impl CallFailed {
+    fn new(call: &'static str, source: NvmlError) -> Self {
+        CallFailed { call, source }
+    }
+}
+
+/// One MIG operation on one GPU, for turning NVML failures into `BackendError`s.
+struct MigOp {
+    op: &'static str,
+    minor: u32,
+    index: u32,
+    /// What the operation was about, for messages: `profile 19 at memory slice 6`.
+    subject: String,
+}
+
+impl MigOp {
+    fn new(op: &'static str, minor: u32, index: u32, subject: String) -> Self {
+        MigOp {
+            op,
+            minor,
+            index,
+            subject,
+        }
+    }
+
+    fn refused(&self, source: MigError) -> BackendError {
+        BackendError::Mig {
+            op: self.op,
+            minor: self.minor,
+            source,
+        }
+    }
+
+    /// NVML's MIG refusals (codes 2, 3, 6, 19, 23) as `BackendError::Mig`; any other
+    /// failure (including a symbol the driver lacks) as `BackendError::NvmlCall`.
+    fn judge(&self, failed: CallFailed) -> BackendError {
+        let CallFailed { call, source } = failed;
+        let what = format!("{call} refused {}", self.subject);
+        let refusal = match source {
+            NvmlError::InvalidArg => MigError::InvalidArgument(what),
+            NvmlError::NotSupported => MigError::NotSupported(what),
+            NvmlError::NotFound => MigError::NotFound(what),
+            NvmlError::InUse => MigError::InUse(what),
+            NvmlError::UnexpectedVariant(NVML_ERROR_INSUFFICIENT_RESOURCES) => {
+                MigError::InsufficientResources(what)
+            }
+            source => {
+                return BackendError::NvmlCall {
+                    call,
+                    index: self.index,
+                    source,
+                };
+            }
+        };
+        self.refused(refusal)
+    }
+}
+
+/// MIG mode of a GPU: `None` when it cannot do MIG, else whether MIG is on.
+fn mig_enabled(dev: &Device<'_>) -> Result<Option<bool>, CallFailed> {
+    match dev.mig_mode() {
+        Ok(mode) => Ok(Some(mode.current == NVML_DEVICE_MIG_ENABLE)),
+        Err(e) if is_unsupported(&e) => Ok(None),
+        Err(source) => Err(CallFailed::new("nvmlDeviceGetMigMode", source)),
+    }
+}
+
+/// Every GPU-instance profile the GPU has: NVML profile indices
+/// 0..`NVML_GPU_INSTANCE_PROFILE_COUNT`, skipping those NVML answers NOT_SUPPORTED
+/// (the GPU lacks it) or INVALID_ARGUMENT (beyond this driver's count).
+fn gi_profiles(dev: &Device<'_>) -> Result<Vec<ProfileInfo>, CallFailed> {
+    (0..NVML_GPU_INSTANCE_PROFILE_COUNT)
+        .filter_map(|index| match dev.profile_info(index) {
+            Ok(profile) => Some(Ok(profile)),
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => None,
+            Err(source) => Some(Err(CallFailed::new(
+                "nvmlDeviceGetGpuInstanceProfileInfo",
+                source,
+            ))),
+        })
+        .collect()
+}
+
+/// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of the compute instance spanning a whole
+/// GPU instance of `sm_slices` compute slices (its profile's `sliceCount`): 1g→0,
+/// 2g→1, 3g→2, 4g→3, 7g→4, 8g→5, 6g→6 (facts A1.0). `None` for other counts.
+/// Deterministic.
+pub fn full_gi_ci_profile(sm_slices: u32) -> Option<u32> {
+    match sm_slices {
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+/// Whether MIG mode switches without a GPU reset (Hopper and later, as the NVIDIA DRA
+/// driver decides with `arch >= HOPPER`; an architecture nvml-wrapper does not know is
+/// newer). Deterministic.
+fn switches_mig_without_reset(arch: &DeviceArchitecture) -> bool {
+    matches!(
+        arch,
+        DeviceArchitecture::Hopper | DeviceArchitecture::Blackwell | DeviceArchitecture::Unknown
+    )
+}
+
+/// The MIG implementation: NVML calls only, errors as [`CallFailed`] for the caller's
+/// [`MigOp`] to judge.
+impl NvmlBackend {
+    fn cached_gpus(&self) -> MutexGuard<'_, HashMap<u32, CachedGpu>> {
+        // The map is valid whatever a panicking holder did: entries are only inserted.
+        self.gpus.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached handle of GPU `minor`. Enumerates all GPUs (NVML calls, without the
+    /// cache lock) when it is not cached yet.
+    ///
+    /// # Errors
+    /// `NoSuchGpu`, or `NvmlSystem`/`NvmlCall` when enumeration fails.
+    fn gpu(&self, minor: u32) -> Result<CachedGpu, BackendError> {
+        if let Some(gpu) = self.cached_gpus().get(&minor) {
+            return Ok(*gpu);
+        }
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|source| BackendError::NvmlSystem {
+                call: "nvmlDeviceGetCount_v2",
+                source,
+            })?;
+        let mut found = Vec::new();
+        for index in 0..count {
+            let call = |call: &'static str| nvml_call(call, index);
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(call("nvmlDeviceGetHandleByIndex_v2"))?;
+            let gpu_minor = dev
+                .minor_number()
+                .map_err(call("nvmlDeviceGetMinorNumber"))?;
+            // SAFETY: `handle` only copies the pointer out; it is unsafe to discourage
+            // use, not because reading it can go wrong.
+            let handle = DeviceHandle::of(unsafe { dev.handle() });
+            found.push((gpu_minor, CachedGpu { index, handle }));
+        }
+        let mut cache = self.cached_gpus();
+        cache.extend(found);
+        cache
+            .get(&minor)
+            .copied()
+            .ok_or(BackendError::NoSuchGpu(minor))
+    }
+
+    /// The wrapper's view of a cached GPU (or MIG device) handle.
+    fn device(&self, gpu: CachedGpu) -> Device<'_> {
+        self.wrap(gpu.handle)
+    }
+
+    fn wrap(&self, handle: DeviceHandle) -> Device<'_> {
+        // SAFETY: the handle was obtained from this `Nvml`, and NVML handles stay valid
+        // until `nvmlShutdown`, which only `self.nvml`'s drop calls; the returned
+        // `Device` borrows `self.nvml`, so it cannot outlive it.
+        unsafe { Device::new(handle.raw(), &self.nvml) }
+    }
+
+    /// `NotSupported` unless the GPU can do MIG and MIG mode is on.
+    fn require_mig_on(&self, dev: &Device<'_>, op: &MigOp) -> Result<(), BackendError> {
+        match mig_enabled(dev).map_err(|f| op.judge(f))? {
+            None => Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into()))),
+            Some(false) => Err(op.refused(MigError::NotSupported("MIG mode is off".into()))),
+            Some(true) => Ok(()),
+        }
+    }
+
+    fn read_mig_status(&self, gpu: CachedGpu) -> Result<MigStatus, CallFailed> {
+        let dev = self.device(gpu);
+        let Some(enabled) = mig_enabled(&dev)? else {
+            return Ok(MigStatus::default());
+        };
+        let mut instances = Vec::new();
+        if enabled {
+            for profile in gi_profiles(&dev)? {
+                for gi in self.gpu_instances(gpu.handle, &profile)? {
+                    let cis = self
+                        .compute_instances(gi)?
+                        .into_iter()
+                        .map(|ci| self.ci_info(ci))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    instances.push(MigInstance {
+                        ci: cis.into_iter().min_by_key(|ci| ci.ci_id),
+                        ..self.gi_info(gi)?
+                    });
+                }
+            }
+        }
+        instances.sort_by_key(|i| i.gi_id);
+        Ok(MigStatus { enabled, instances })
+    }
+
+    /// The GPU instances of one profile.
+    fn gpu_instances(
+        &self,
+        dev: DeviceHandle,
+        profile: &ProfileInfo,
+    ) -> Result<Vec<GiHandle>, CallFailed> {
+        let mut handles = vec![ptr::null_mut(); profile.instance_count as usize];
+        let mut count = 0u32;
+        // SAFETY: `dev` is a live device handle of this NVML; `handles` holds the
+        // profile's `instanceCount` handles, the buffer size NVML requires.
+        nvml_call!(self.nvml, nvmlDeviceGetGpuInstances, |f| unsafe {
+            f(dev.raw(), profile.id, handles.as_mut_ptr(), &mut count)
+        })?;
+        handles.truncate(count as usize);
+        Ok(handles.into_iter().map(GiHandle::of).collect())
+    }
+
+    /// A GPU instance's ID, profile ID and placement, as a `MigInstance` without CI.
+    fn gi_info(&self, gi: GiHandle) -> Result<MigInstance, CallFailed> {
+        let mut info = RawGpuInstanceInfo {
+            device: ptr::null_mut(),
+            id: 0,
+            profile_id: 0,
+            placement: RawPlacement::default(),
+        };
+        // SAFETY: `gi` is a live GPU-instance handle from NVML; `info` mirrors
+        // `nvmlGpuInstanceInfo_t` (size checked by `out_ptr`).
+        nvml_call!(self.nvml, nvmlGpuInstanceGetInfo, |f| unsafe {
+            f(gi.raw(), out_ptr(&mut info))
+        })?;
+        Ok(MigInstance {
+            gi_id: info.id,
+            profile_id: info.profile_id,
+            start: info.placement.start,
+            size: info.placement.size,
+            ci: None,
+        })
+    }
+
+    /// The compute instances of a GPU instance, over every compute-instance profile it
+    /// supports (indices NVML answers NOT_SUPPORTED or INVALID_ARGUMENT are skipped).
+    fn compute_instances(&self, gi: GiHandle) -> Result<Vec<CiHandle>, CallFailed> {
+        let mut all = Vec::new();
+        for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            let profile = match self.ci_profile(gi, index) {
+                Ok(profile) => profile,
+                Err(CallFailed {
+                    source: NvmlError::NotSupported | NvmlError::InvalidArg,
+                    ..
+                }) => continue,
+                Err(failed) => return Err(failed),
+            };
+            let mut handles = vec![ptr::null_mut(); profile.instance_count as usize];
+            let mut count = 0u32;
+            // SAFETY: `gi` is a live GPU-instance handle; `handles` holds the profile's
+            // `instanceCount` handles.
+            nvml_call!(self.nvml, nvmlGpuInstanceGetComputeInstances, |f| unsafe {
+                f(gi.raw(), profile.id, handles.as_mut_ptr(), &mut count)
+            })?;
+            handles.truncate(count as usize);
+            all.extend(handles.into_iter().map(CiHandle::of));
+        }
+        Ok(all)
+    }
+
+    /// The compute-instance profile at `index` of a GPU instance (shared engines).
+    fn ci_profile(
+        &self,
+        gi: GiHandle,
+        index: u32,
+    ) -> Result<RawComputeInstanceProfileInfo, CallFailed> {
+        let mut info = RawComputeInstanceProfileInfo::default();
+        // SAFETY: `gi` is a live GPU-instance handle; `info` mirrors
+        // `nvmlComputeInstanceProfileInfo_t` (size checked by `out_ptr`).
+        nvml_call!(
+            self.nvml,
+            nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            |f| unsafe {
+                f(
+                    gi.raw(),
+                    index,
+                    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    out_ptr(&mut info),
+                )
+            }
+        )?;
+        Ok(info)
+    }
+
+    /// A compute instance's ID and the UUID of its MIG device.
+    fn ci_info(&self, ci: CiHandle) -> Result<ComputeInstance, CallFailed> {
+        let mut info = RawComputeInstanceInfo {
+            device: ptr::null_mut(),
+            gpu_instance: ptr::null_mut(),
+            id: 0,
+            profile_id: 0,
+            placement: RawPlacement::default(),
+        };
+        // SAFETY: `ci` is a live compute-instance handle; `info` mirrors
+        // `nvmlComputeInstanceInfo_t` (size checked by `out_ptr`).
+        nvml_call!(self.nvml, nvmlComputeInstanceGetInfo_v2, |f| unsafe {
+            f(ci.raw(), out_ptr(&mut info))
+        })?;
+        let uuid = self
+            .wrap(DeviceHandle::of(info.device))
+            .uuid()
+            .map_err(|source| CallFailed::new("nvmlDeviceGetUUID", source))?;
+        Ok(ComputeInstance {
+            ci_id: info.id,
+            uuid,
+        })
+    }
+
+    /// The placement size of `profile_id` (all its placements share it), from
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` (raw: nvml-wrapper 0.13's
+    /// `possible_placements` never sets the length of its result). `None` when the
+    /// profile has no placements.
+    fn placement_size(
+        &self,
+        dev: DeviceHandle,
+        profile_id: u32,
+    ) -> Result<Option<u32>, CallFailed> {
+        let mut count = 0u32;
+        // SAFETY: `dev` is a live device handle; a null buffer asks for the count only.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+            |f| unsafe { f(dev.raw(), profile_id, ptr::null_mut(), &mut count) }
+        )?;
+        let mut placements = vec![RawPlacement::default(); count as usize];
+        // SAFETY: `placements` holds `count` elements mirroring
+        // `nvmlGpuInstancePlacement_t` (size checked by `out_slice`), and `count` says so.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+            |f| unsafe {
+                f(
+                    dev.raw(),
+                    profile_id,
+                    out_slice(&mut placements),
+                    &mut count,
+                )
+            }
+        )?;
+        placements.truncate(count as usize);
+        Ok(placements.first().map(|p| p.size))
+    }
+
+    fn create_gi(
+        &self,
+        dev: DeviceHandle,
+        profile_id: u32,
+        placement: RawPlacement,
+    ) -> Result<GiHandle, CallFailed> {
+        let mut gi = ptr::null_mut();
+        // SAFETY: `dev` is a live device handle; `placement` mirrors
+        // `nvmlGpuInstancePlacement_t` (size checked by `in_ptr`); `gi` receives a handle.
+        nvml_call!(
+            self.nvml,
+            nvmlDeviceCreateGpuInstanceWithPlacement,
+            |f| unsafe { f(dev.raw(), profile_id, in_ptr(&placement), &mut gi) }
+        )?;
+        Ok(GiHandle::of(gi))
+    }
+
+    /// Creates the compute instance of CI profile index `ci_profile` (its ID is looked
+    /// up in the GPU instance's profile info).
+    fn create_ci(&self, gi: GiHandle, ci_profile: u32) -> Result<CiHandle, CallFailed> {
+        let profile = self.ci_profile(gi, ci_profile)?;
+        let mut ci = ptr::null_mut();
+        // SAFETY: `gi` is a live GPU-instance handle; `ci` receives a handle.
+        nvml_call!(
+            self.nvml,
+            nvmlGpuInstanceCreateComputeInstance,
+            |f| unsafe { f(gi.raw(), profile.id, &mut ci) }
+        )?;
+        Ok(CiHandle::of(ci))
+    }
+
+    fn destroy_ci(&self, ci: CiHandle) -> Result<(), CallFailed> {
+        // SAFETY: `ci` is a live compute-instance handle; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlComputeInstanceDestroy, |f| unsafe {
+            f(ci.raw())
+        })
+    }
+
+    fn destroy_gi_handle(&self, gi: GiHandle) -> Result<(), CallFailed> {
+        // SAFETY: `gi` is a live GPU-instance handle; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlGpuInstanceDestroy, |f| unsafe {
+            f(gi.raw())
+        })
+    }
+
+    /// Destroys the compute instances of GPU instance `gi_id`, then the GPU instance.
+    fn destroy_gi(&self, dev: DeviceHandle, gi_id: u32) -> Result<(), CallFailed> {
+        let mut gi = ptr::null_mut();
+        // SAFETY: `dev` is a live device handle; `gi` receives a handle.
+        nvml_call!(self.nvml, nvmlDeviceGetGpuInstanceById, |f| unsafe {
+            f(dev.raw(), gi_id, &mut gi)
+        })?;
+        let gi = GiHandle::of(gi);
+        for ci in self.compute_instances(gi)? {
+            self.destroy_ci(ci)?;
+        }
+        self.destroy_gi_handle(gi)
+    }
+
+    /// Rolls back a half-made MIG device: its compute instance, if any, then the GPU
+    /// instance. Failures are logged; the caller reports the original error.
+    fn undo_create(&self, gi: GiHandle, ci: Option<CiHandle>, op: &MigOp) {
+        let undone = ci
+            .map_or(Ok(()), |ci| self.destroy_ci(ci))
+            .and_then(|()| self.destroy_gi_handle(gi));
+        if let Err(CallFailed { call, source }) = undone {
+            tracing::warn!(
+                minor = op.minor,
+                subject = %op.subject,
+                call,
+                error = %source,
+                "cannot roll back a half-made MIG device; clean-up destroys it later"
+            );
+        }
+    }
+}
+
+/// Health monitoring: one event set with every GPU registered for XID critical
+/// errors, drained without waiting on each poll; loss is a query answering
+/// `GPU_IS_LOST` (and recovery the same query answering again).
+impl NvmlBackend {
+    fn health_poll(&self) -> MutexGuard<'_, HealthPoll> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates the event set and registers every GPU NVML lists for XID events. A GPU
+    /// that cannot be registered (no XID events on this GPU or driver) is still checked
+    /// for loss.
+    fn start_health(&self, p: &mut HealthPoll) -> Result<(), CallFailed> {
+        let mut set = ptr::null_mut();
+        // SAFETY: `set` receives a new event set handle.
+        nvml_call!(self.nvml, nvmlEventSetCreate, |f| unsafe { f(&mut set) })?;
+        let set = EventSetHandle::of(set);
+        p.set = Some(set);
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| CallFailed::new("nvmlDeviceGetCount_v2", e))?;
+        for index in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| CallFailed::new("nvmlDeviceGetHandleByIndex_v2", e))?;
+            let minor = match dev.minor_number() {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(index, error = %e, "cannot monitor the health of a GPU that does not answer");
+                    continue;
+                }
+            };
+            // SAFETY: `handle` only copies the pointer out.
+            let handle = DeviceHandle::of(unsafe { dev.handle() });
+            p.gpus.push((minor, handle));
+            let registered: Result<(), CallFailed> = (|| {
+                // SAFETY: `handle` and `set` are live handles of this NVML.
+                nvml_call!(self.nvml, nvmlDeviceRegisterEvents, |f| unsafe {
+                    f(handle.raw(), NVML_EVENT_TYPE_XID_CRITICAL_ERROR, set.raw())
+                })
+            })();
+            if let Err(CallFailed { call, source }) = registered {
+                tracing::warn!(gpu = minor, call, error = %source, "cannot watch XID events of this GPU; only its loss is detected");
+            }
+        }
+        Ok(())
+    }
+
+    /// The next pending event of the set, without waiting; `None` when there is none.
+    fn next_event(&self, set: EventSetHandle) -> Result<Option<RawEventData>, CallFailed> {
+        let mut data = RawEventData {
+            device: ptr::null_mut(),
+            event_type: 0,
+            event_data: 0,
+            gpu_instance_id: 0,
+            compute_instance_id: 0,
+        };
+        let waited: Result<(), CallFailed> = (|| {
+            // SAFETY: `set` is a live event set; `data` mirrors nvmlEventData_t
+            // (checked by out_ptr).
+            nvml_call!(self.nvml, nvmlEventSetWait_v2, |f| unsafe {
+                f(set.raw(), out_ptr(&mut data), 0)
+            })
+        })();
+        match waited {
+            Ok(()) => Ok(Some(data)),
+            // Nothing pending; a lost GPU is found by the query below.
+            Err(CallFailed {
+                source: NvmlError::Timeout | NvmlError::GpuLost,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn free_event_set(&self, set: EventSetHandle) -> Result<(), CallFailed> {
+        // SAFETY: `set` is a live event set; it is not used afterwards.
+        nvml_call!(self.nvml, nvmlEventSetFree, |f| unsafe { f(set.raw()) })
+    }
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        let set = self.health_poll().set.take();
+        if let Some(set) = set
+            && let Err(CallFailed { call, source }) = self.free_event_set(set)
+        {
+            tracing::warn!(call, error = %source, "cannot free the NVML event set");
+        }
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn kind(&self) -> &'static str {
+        "nvml"
+    }
+
+    /// MIG mode and live MIG devices, read from NVML: GPU instances of every profile
+    /// the GPU has, each with its compute instance (the lowest CI ID) and that MIG
+    /// device's UUID. A GPU that is not MIG-capable reports MIG off and no instances.
+    /// Side effects: NVML reads only.
+    ///
+    /// # Errors
+    /// `NoSuchGpu`; `Mig` for a MIG refusal by NVML; `NvmlCall` for other failures.
+    fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let op = MigOp::new("status", minor, gpu.index, "the MIG status".into());
+        self.read_mig_status(gpu).map_err(|f| op.judge(f))
+    }
+
+    /// Switches MIG mode with `nvmlDeviceSetMigMode` and checks its activation status.
+    /// A no-op when the mode already is `enabled`. Refused with `NotSupported` on a GPU
+    /// that is not MIG-capable or needs a reset to switch (before Hopper), and with
+    /// `InUse` when NVML refuses to disable MIG while GPU instances exist.
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<(), BackendError> {
+        let gpu = self.gpu(minor)?;
+        let state = if enabled { "on" } else { "off" };
+        let op = MigOp::new("set-mode", minor, gpu.index, format!("MIG mode {state}"));
+        let dev = self.device(gpu);
+        let want = if enabled {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        };
+        let mode = match dev.mig_mode() {
+            Ok(mode) => mode,
+            Err(e) if is_unsupported(&e) => {
+                return Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into())));
+            }
+            Err(source) => return Err(op.judge(CallFailed::new("nvmlDeviceGetMigMode", source))),
+        };
+        if mode.current == want && mode.pending == want {
+            return Ok(());
+        }
+        let arch = dev
+            .architecture()
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceGetArchitecture", source)))?;
+        if !switches_mig_without_reset(&arch) {
+            return Err(op.refused(MigError::NotSupported(format!(
+                "{arch:?} GPUs need a GPU reset to change MIG mode"
+            ))));
+        }
+        let status = dev
+            .set_mig_mode(enabled)
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceSetMigMode", source)))?;
+        if status != 0 {
+            let failed =
+                CallFailed::new("nvmlDeviceSetMigMode activation", NvmlError::from(status));
+            return Err(op.judge(failed));
+        }
+        // Reset-free GPUs switch at once; a mode left pending would need a reset.
+        let after = dev
+            .mig_mode()
+            .map_err(|source| op.judge(CallFailed::new("nvmlDeviceGetMigMode", source)))?;
+        if after.current != want {
+            return Err(op.refused(MigError::NotSupported(
+                "the MIG mode change is pending a GPU reset".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates a GPU instance of `profile_id` at memory slice `start` (its size from the
+    /// profile's possible placements), then the compute instance spanning it; if
+    /// anything after the GPU instance fails, what was made is destroyed again.
+    ///
+    /// # Errors
+    /// `Mig`: `NotSupported` when the GPU is not MIG-capable or MIG is off;
+    /// `InvalidArgument` for an unknown profile or a placement the profile cannot take;
+    /// `InsufficientResources` for an occupied placement or a full profile. `NvmlCall`
+    /// for other NVML failures.
+    fn create_mig(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let subject = format!("profile {profile_id} at memory slice {start}");
+        let op = MigOp::new("create", minor, gpu.index, subject);
+        let dev = self.device(gpu);
+        self.require_mig_on(&dev, &op)?;
+        let judge = |f: CallFailed| op.judge(f);
+        let size = self.placement_size(gpu.handle, profile_id).map_err(judge)?;
+        let size = size.ok_or_else(|| {
+            op.refused(MigError::InvalidArgument(format!(
+                "profile {profile_id} has no placements"
+            )))
+        })?;
+        let sm_slices = gi_profiles(&dev)
+            .map_err(judge)?
+            .into_iter()
+            .find(|p| p.id == profile_id)
+            .map(|p| p.slice_count);
+        let ci_profile = sm_slices.and_then(full_gi_ci_profile).ok_or_else(|| {
+            op.refused(MigError::NotSupported(format!(
+                "no compute-instance profile spans profile {profile_id}"
+            )))
+        })?;
+        let gi = self
+            .create_gi(gpu.handle, profile_id, RawPlacement { start, size })
+            .map_err(judge)?;
+        let mut ci = None;
+        let made = (|| -> Result<MigInstance, CallFailed> {
+            let handle = self.create_ci(gi, ci_profile)?;
+            ci = Some(handle);
+            Ok(MigInstance {
+                ci: Some(self.ci_info(handle)?),
+                ..self.gi_info(gi)?
+            })
+        })();
+        made.map_err(|failed| {
+            self.undo_create(gi, ci, &op);
+            op.judge(failed)
+        })
+    }
+
+    /// Destroys the compute instances of GPU instance `gi_id`, then the GPU instance.
+    ///
+    /// # Errors
+    /// `Mig`: `NotFound` for no such GPU instance (none exist while MIG is off), `InUse`
+    /// while processes run on it (nothing is destroyed then), `NotSupported` on a GPU
+    /// that is not MIG-capable. `NvmlCall` for other NVML failures.
+    fn destroy_mig(&self, minor: u32, gi_id: u32) -> Result<(), BackendError> {
+        let gpu = self.gpu(minor)?;
+        let op = MigOp::new("destroy", minor, gpu.index, format!("GPU instance {gi_id}"));
+        let dev = self.device(gpu);
+        match mig_enabled(&dev).map_err(|f| op.judge(f))? {
+            None => Err(op.refused(MigError::NotSupported("the GPU is not MIG-capable".into()))),
+            Some(false) => Err(op.refused(MigError::NotFound(format!(
+                "no GPU instance with ID {gi_id}: MIG mode is off"
+            )))),
+            Some(true) => self.destroy_gi(gpu.handle, gi_id).map_err(|f| op.judge(f)),
+        }
+    }
+
+    /// Enumerates every GPU NVML reports, ordered by minor. Reads NVML,
+    /// `<proc_root>/devices` and `<sys_root>/bus/pci/devices/<bdf>`; writes nothing.
+    ///
+    /// # Errors
+    /// [`BackendError::NvmlSystem`] / [`BackendError::NvmlCall`] when an NVML call fails
+    /// (other than "not supported" for MIG mode and NUMA node), and
+    /// [`BackendError::CharMajor`] when `/proc/devices` lacks `nvidia` or `nvidia-uvm`.
+    fn discover(&self) -> Result<NodeInventory, BackendError> {
+        let sys = |call: &'static str| move |source| BackendError::NvmlSystem { call, source };
+        let driver_version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(sys("nvmlSystemGetDriverVersion"))?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map_err(sys("nvmlSystemGetCudaDriverVersion_v2"))?;
+        let char_majors = read_char_majors(&self.proc_root.join("devices"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(sys("nvmlDeviceGetCount_v2"))?;
+        let mut gpus = (0..count)
+            .map(|i| self.gpu_info(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        gpus.sort_by_key(|g| g.minor);
+        Ok(NodeInventory {
+            driver_version,
+            cuda_driver_version: cuda_version_string(cuda),
+            char_majors,
+            gpus,
+        })
+    }
+
+    /// Drains the XID event set (created, with every GPU registered, on the first
+    /// call), then asks each GPU for its minor number: `GPU_IS_LOST` makes it lost, an
+    /// answer from a lost GPU makes it recovered (the only reset indication NVML
+    /// gives). An XID on a MIG device carries its GPU instance ID; the event is still
+    /// reported on the parent GPU, whose handle NVML names.
+    ///
+    /// # Errors
+    /// `NvmlSystem` when the event set cannot be created or read.
+    fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
+        let failed = |CallFailed { call, source }| BackendError::NvmlSystem { call, source };
+        let mut p = self.health_poll();
+        if p.set.is_none() {
+            self.start_health(&mut p).map_err(failed)?;
+        }
+        if let Some(set) = p.set {
+            while let Some(e) = self.next_event(set).map_err(failed)? {
+                if e.event_type & NVML_EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+                    continue;
+                }
+                let handle = DeviceHandle(e.device);
+                match p.gpus.iter().find(|(_, h)| *h == handle).map(|(m, _)| *m) {
+                    Some(minor) => p.push(
+                        minor,
+                        gpu_instance(e.gpu_instance_id),
+                        HealthEventKind::Xid(e.event_data),
+                    ),
+                    None => tracing::warn!(xid = e.event_data, "XID event for an unknown device"),
+                }
+            }
+        }
+        let gpus = p.gpus.clone();
+        for (minor, handle) in gpus {
+            let lost = matches!(self.wrap(handle).minor_number(), Err(NvmlError::GpuLost));
+            if lost && p.lost.insert(minor) {
+                p.push(minor, None, HealthEventKind::Lost);
+            } else if !lost && p.lost.remove(&minor) {
+                p.push(minor, None, HealthEventKind::Recovered);
+            }
+        }
+        Ok(p.log.iter().filter(|e| e.seq > since).copied().collect())
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`, plus the graphics list
+    /// (`nvmlDeviceGetGraphicsRunningProcesses_v3`, where the driver has it): on a
+    /// MIG-enabled GPU the parent handle lists the processes of every MIG device, with
+    /// their GPU instance.
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let list = self
+            .device(gpu)
+            .running_compute_processes()
+            .map_err(nvml_call(
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                gpu.index,
+            ))?;
+        // Graphics contexts hold device memory too. A process with both kinds is in
+        // both lists with the same figure; a driver or library without the graphics
+        // call (the fake NVML), or a GPU without it, leaves the compute list as it is.
+        // Any other failure is logged (at most once a minute: the watchdog asks every
+        // 500 ms) and the compute list stands alone.
+        let graphics = match self.device(gpu).running_graphics_processes() {
+            Ok(v) => v,
+            Err(
+                NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_),
+            ) => Vec::new(),
+            Err(e) => {
+                static LAST_WARNED: std::sync::atomic::AtomicU64 =
+                    std::sync::atomic::AtomicU64::new(0);
+                let now = crate::prepare::checkpoint::unix_now();
+                let last = LAST_WARNED.load(std::sync::atomic::Ordering::Relaxed);
+                if now.saturating_sub(last) >= 60 || last == 0 {
+                    LAST_WARNED.store(now, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(gpu = minor, error = %e, "nvmlDeviceGetGraphicsRunningProcesses_v3 failed; graphics contexts' memory is not seen");
+                }
+                Vec::new()
+            }
+        };
+        let mut out: Vec<GpuProcess> = Vec::with_capacity(list.len() + graphics.len());
+        for p in list.into_iter().chain(graphics) {
+            if out
+                .iter()
+                .any(|o| o.pid == p.pid && o.gi_id == p.gpu_instance_id)
+            {
+                continue;
+            }
+            out.push(GpuProcess {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                },
+                gi_id: p.gpu_instance_id,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `nvmlDeviceGetProcessUtilization`; NVML's `NOT_FOUND` (no sample newer than
+    /// `since_us`) is an empty list.
+    fn process_utilization(
+        &self,
+        minor: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessSample>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        match self.device(gpu).process_utilization_stats(since_us) {
+            Ok(v) => Ok(v
+                .into_iter()
+                .map(|s| ProcessSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm_percent: s.sm_util,
+                })
+                .collect()),
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            Err(e) => Err(nvml_call("nvmlDeviceGetProcessUtilization", gpu.index)(e)),
+        }
+    }
+
+    /// `nvmlDeviceGetMemoryInfo` and `nvmlDeviceGetUtilizationRates` (the latter may be
+    /// unsupported, e.g. with MIG on).
+    fn usage(&self, minor: u32) -> Result<Option<GpuUsage>, BackendError> {
+        let gpu = self.gpu(minor)?;
+        let dev = self.device(gpu);
+        let mem = dev
+            .memory_info()
+            .map_err(nvml_call("nvmlDeviceGetMemoryInfo", gpu.index))?;
+        let utilization_percent = match dev.utilization_rates() {
+            Ok(u) => Some(u.gpu),
+            Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => None,
+            Err(e) => return Err(nvml_call("nvmlDeviceGetUtilizationRates", gpu.index)(e)),
+        };
+        Ok(Some(GpuUsage {
+            used_bytes: mem.used,
+            utilization_percent,
+        }))
+    }
+}
+
+/// Errors that mean "this driver or GPU cannot answer", not "the call broke": the
+/// feature is unsupported, or the symbol is missing from an older library.
+/// Maps a failed NVML call on the GPU at `index` to [`BackendError::NvmlCall`].
+fn nvml_call(call: &'static str, index: u32) -> impl FnOnce(NvmlError) -> BackendError {
+    move |source| BackendError::NvmlCall {
+        call,
+        index,
+        source,
+    }
+}
+
+fn is_unsupported(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_)
+    )
+}
+
+/// NVML's bus ID (`00000000:19:00.0`, upper-case hex, 8-digit domain) in the sysfs form
+/// `0000:19:00.0`: lower case, domain as at least 4 hex digits (as the kernel prints it,
+/// so a domain above `ffff` keeps all its digits). `None` if it is not `d:b:d.f` hex.
+/// Deterministic.
+pub fn normalize_bus_id(nvml_bus_id: &str) -> Option<String> {
+    let hex = |s: &str, max: u32| {
+        if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(s, 16).ok().filter(|v| *v <= max)
+    };
+    let mut parts = nvml_bus_id.trim().splitn(3, ':');
+    let domain = hex(parts.next()?, u32::MAX)?;
+    let bus = hex(parts.next()?, 0xff)?;
+    let (device, function) = parts.next()?.split_once('.')?;
+    let device = hex(device, 0x1f)?;
+    let function = hex(function, 7)?;
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// CUDA cores per streaming multiprocessor for a compute capability; `None` when the
+/// capability is not in the table. Deterministic.
+///
+/// Source: `_ConvertSMVer2Cores` in NVIDIA's cuda-samples `Common/helper_cuda.h`
+/// (FP32 lanes per SM, the count NVML's "GPU cores" reports), which matches the
+/// "Arithmetic Instructions" throughput table of the CUDA C++ Programming Guide:
+///
+/// | capability | cores/SM | parts |
+/// |---|---|---|
+/// | 5.0, 5.2, 5.3 | 128 | Maxwell |
+/// | 6.0 | 64 | P100 |
+/// | 6.1, 6.2 | 128 | other Pascal |
+/// | 7.0, 7.2, 7.5 | 64 | Volta, Xavier, Turing |
+/// | 8.0 | 64 | A100, A30 |
+/// | 8.6, 8.7, 8.9 | 128 | GA10x, Orin, Ada |
+/// | 9.0 | 128 | Hopper |
+/// | 10.x, 11.0, 12.x | 128 | Blackwell (11.0 is Thor, renamed from 10.1 in CUDA 13) |
+///
+/// `tests/fakes/fake_nvml.c` carries the same table to turn SMs into cores.
+pub fn cuda_cores_per_sm(major: i32, minor: i32) -> Option<u32> {
+    match (major, minor) {
+        (5, 0 | 2 | 3) => Some(128),
+        (6, 0) => Some(64),
+        (6, 1 | 2) => Some(128),
+        (7, 0 | 2 | 5) => Some(64),
+        (8, 0) => Some(64),
+        (8, 6 | 7 | 9) => Some(128),
+        (9, 0) => Some(128),
+        (10, m) | (12, m) if m >= 0 => Some(128),
+        (11, 0) => Some(128),
+        _ => None,
+    }
+}
+
+/// NVML's CUDA driver version integer (`major*1000 + minor*10`) as `major.minor`:
+/// 13000 → `13.0`, 12090 → `12.9`. Deterministic.
+pub fn cuda_version_string(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+/// The driver majors from the text of `/proc/devices`: only the "Character devices:"
+/// section counts. `nvidia` wins over the pre-550.40 name `nvidia-frontend`.
+/// `Err(name)` names the first required entry that is missing. Deterministic.
+pub fn parse_char_majors(proc_devices: &str) -> Result<CharMajors, &'static str> {
+    let (mut nvidia, mut frontend, mut uvm, mut caps) = (None, None, None, None);
+    let mut in_char = false;
+    for line in proc_devices.lines() {
+        let line = line.trim();
+        if line.ends_with(':') {
+            in_char = line == "Character devices:";
+            continue;
+        }
+        if !in_char {
+            continue;
+        }
+        let Some((num, name)) = line.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let Ok(num) = num.parse::<u32>() else {
+            continue;
+        };
+        match name.trim() {
+            "nvidia" => nvidia = Some(num),
+            "nvidia-frontend" => frontend = Some(num),
+            "nvidia-uvm" => uvm = Some(num),
+            "nvidia-caps" => caps = Some(num),
+            _ => {}
+        }
+    }
+    Ok(CharMajors {
+        nvidia: nvidia.or(frontend).ok_or("nvidia")?,
+        nvidia_uvm: uvm.ok_or("nvidia-uvm")?,
+        nvidia_caps: caps,
+    })
+}
+
+/// Reads and parses `path` (the host's `/proc/devices`).
+fn read_char_majors(path: &Path) -> Result<CharMajors, BackendError> {
+    let missing = |name| BackendError::CharMajor {
+        name,
+        path: path.to_path_buf(),
+    };
+    // An unreadable file reports the first major it would have given.
+    let text = std::fs::read_to_string(path).map_err(|_| missing("nvidia"))?;
+    parse_char_majors(&text).map_err(missing)
+}
+
+/// The PCIe root complex (`pci0000:00`) in a canonical sysfs device path such as
+/// `devices/pci0000:00/0000:00:01.0/0000:19:00.0`: the component right after
+/// `devices`, if it looks like `pci<domain>:<bus>`. Deterministic.
+pub fn pcie_root_in_path(device_path: &Path) -> Option<String> {
+    let mut parts = device_path.components().filter_map(|c| match c {
+        Component::Normal(s) => s.to_str(),
+        _ => None,
+    });
+    while let Some(part) = parts.next() {
+        if part != "devices" {
+            continue;
+        }
+        let root = parts.next()?;
+        let (domain, bus) = root.strip_prefix("pci")?.split_once(':')?;
+        let is_hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+        return (is_hex(domain) && is_hex(bus)).then(|| root.to_string());
+    }
+    None
+}
+
+/// Resolves `<sys_root>/bus/pci/devices/<bdf>` and returns its PCIe root; `None` when
+/// the link is missing or leads elsewhere. Reads the filesystem only.
+fn sysfs_pcie_root(sys_root: &Path, bdf: &str) -> Option<String> {
+    let target = pci_device_dir(sys_root, bdf).canonicalize().ok()?;
+    // Only the part below sys_root counts, so that a sys_root under some
+    // `.../devices/pci...` directory cannot be mistaken for the root complex.
+    let within = sys_root
+        .canonicalize()
+        .ok()
+        .and_then(|root| target.strip_prefix(root).ok().map(Path::to_path_buf))
+        .unwrap_or(target);
+    pcie_root_in_path(&within)
+}
+
+/// `<sys_root>/bus/pci/devices/<bdf>/numa_node`; `None` when missing, unparsable or
+/// negative (the kernel writes -1 when it does not know). Reads the filesystem only.
+fn sysfs_numa_node(sys_root: &Path, bdf: &str) -> Option<i64> {
+    let text = std::fs::read_to_string(pci_device_dir(sys_root, bdf).join("numa_node")).ok()?;
+    text.trim().parse::<i64>().ok().filter(|n| *n >= 0)
+}
+
+fn pci_device_dir(sys_root: &Path, bdf: &str) -> PathBuf {
+    sys_root.join("bus/pci/devices").join(OsStr::new(bdf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVML's 8-digit upper-case bus IDs become sysfs names; garbage is refused.
+    #[test]
+    fn bus_ids_are_normalised_to_the_sysfs_form() {
+        let cases = [
+            ("00000000:19:00.0", Some("0000:19:00.0")),
+            ("00000000:AF:00.0", Some("0000:af:00.0")),
+            ("0000:3B:00.0", Some("0000:3b:00.0")),
+            ("00000001:0A:1F.7", Some("0001:0a:1f.7")),
+            ("00010000:00:00.0", Some("10000:00:00.0")),
+            (" 00000000:19:00.0 ", Some("0000:19:00.0")),
+            ("00000000:19:00", None),
+            ("00000000:19.00.0", None),
+            ("0000:100:00.0", None),
+            ("0000:19:20.0", None),
+            ("0000:19:00.8", None),
+            ("0000:g9:00.0", None),
+            ("", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(normalize_bus_id(input).as_deref(), want, "{input:?}");
+        }
+    }
+
+    /// The cores-per-SM table matches helper_cuda.h and refuses unknown capabilities.
+    #[test]
+    fn cuda_cores_per_sm_follows_the_table() {
+        let cases = [
+            ((5, 2), Some(128)),
+            ((6, 0), Some(64)),
+            ((6, 1), Some(128)),
+            ((7, 0), Some(64)),
+            ((7, 5), Some(64)),
+            ((8, 0), Some(64)),
+            ((8, 6), Some(128)),
+            ((8, 7), Some(128)),
+            ((8, 9), Some(128)),
+            ((9, 0), Some(128)),
+            ((10, 0), Some(128)),
+            ((10, 3), Some(128)),
+            ((11, 0), Some(128)),
+            ((12, 0), Some(128)),
+            ((12, 1), Some(128)),
+            ((3, 5), None),
+            ((7, 1), None),
+            ((8, 8), None),
+            ((9, 1), None),
+            ((13, 0), None),
+            ((10, -1), None),
+        ];
+        for ((major, minor), want) in cases {
+            assert_eq!(cuda_cores_per_sm(major, minor), want, "{major}.{minor}");
+        }
+        // H100 SXM5: 16896 cores / 132 SMs; T4: 2560 / 40; A100: 6912 / 108.
+        assert_eq!(16896 / cuda_cores_per_sm(9, 0).unwrap(), 132);
+        assert_eq!(2560 / cuda_cores_per_sm(7, 5).unwrap(), 40);
+        assert_eq!(6912 / cuda_cores_per_sm(8, 0).unwrap(), 108);
+    }
+
+    /// NVML's integer CUDA version prints as `major.minor`, the form state.rs parses.
+    #[test]
+    fn cuda_driver_versions_print_as_major_dot_minor() {
+        for (v, want) in [
+            (13000, "13.0"),
+            (12090, "12.9"),
+            (12020, "12.2"),
+            (11080, "11.8"),
+        ] {
+            assert_eq!(cuda_version_string(v), want);
+            assert_eq!(
+                crate::inventory::mock::state::cuda_version_to_int(want),
+                v as u32
+            );
+        }
+    }
+
+    const PROC_DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia\n\
+                                 235 nvidia-caps-imex-channels\n508 nvidia-uvm\n511 nvidia-caps\n\n\
+                                 Block devices:\n  7 loop\n  8 sd\n";
+
+    /// Majors come from the character section only; legacy and optional names work.
+    #[test]
+    fn char_majors_are_parsed_from_proc_devices() {
+        let want = CharMajors {
+            nvidia: 195,
+            nvidia_uvm: 508,
+            nvidia_caps: Some(511),
+        };
+        assert_eq!(parse_char_majors(PROC_DEVICES), Ok(want));
+
+        let legacy = "Character devices:\n195 nvidia-frontend\n250 nvidia-uvm\n";
+        let want_legacy = CharMajors {
+            nvidia: 195,
+            nvidia_uvm: 250,
+            nvidia_caps: None,
+        };
+        assert_eq!(parse_char_majors(legacy), Ok(want_legacy));
+
+        let both = "Character devices:\n196 nvidia-frontend\n195 nvidia\n250 nvidia-uvm\n";
+        assert_eq!(parse_char_majors(both).map(|m| m.nvidia), Ok(195));
+
+        let block_only =
+            "Character devices:\n  1 mem\n508 nvidia-uvm\nBlock devices:\n195 nvidia\n";
+        assert_eq!(parse_char_majors(block_only), Err("nvidia"));
+        assert_eq!(
+            parse_char_majors("Character devices:\n195 nvidia\n"),
+            Err("nvidia-uvm")
+        );
+        assert_eq!(parse_char_majors(""), Err("nvidia"));
+    }
+
+    /// The root complex is the component after `devices`, and only a `pciDDDD:BB` one.
+    #[test]
+    fn pcie_root_is_read_from_the_canonical_device_path() {
+        let cases = [
+            (
+                "/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0",
+                Some("pci0000:00"),
+            ),
+            (
+                "devices/pci0000:80/0000:80:01.0/0000:86:00.0",
+                Some("pci0000:80"),
+            ),
+            (
+                "/sys/devices/pci10000:00/10000:00:02.0/10000:01:00.0",
+                Some("pci10000:00"),
+            ),
+            ("/sys/devices/platform/0000:19:00.0", None),
+            ("/sys/bus/pci/devices/0000:19:00.0", None),
+            ("/sys/devices", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(
+                pcie_root_in_path(Path::new(path)).as_deref(),
+                want,
+                "{path}"
+            );
+        }
+    }
+
+    /// sysfs lookups follow the symlink, ignore a sys root's own ancestors, and read
+    /// `numa_node` with -1 meaning unknown.
+    #[test]
+    fn sysfs_lookups_follow_the_device_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A sys root that itself lives below `devices/pci...` must not confuse it.
+        let sys = tmp.path().join("devices/pci0000:ff/sys");
+        let dev = sys.join("devices/pci0000:80/0000:80:01.0/0000:86:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+        let odd = sys.join("devices/platform/0000:af:00.0");
+        std::fs::create_dir_all(&odd).unwrap();
+        std::fs::write(odd.join("numa_node"), "-1\n").unwrap();
+        let links = sys.join("bus/pci/devices");
+        std::fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:80/0000:80:01.0/0000:86:00.0",
+            links.join("0000:86:00.0"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/platform/0000:af:00.0",
+            links.join("0000:af:00.0"),
+        )
+        .unwrap();
+
+        assert_eq!(
+            sysfs_pcie_root(&sys, "0000:86:00.0").as_deref(),
+            Some("pci0000:80")
+        );
+        assert_eq!(sysfs_numa_node(&sys, "0000:86:00.0"), Some(1));
+        assert_eq!(sysfs_pcie_root(&sys, "0000:af:00.0"), None);
+        assert_eq!(sysfs_numa_node(&sys, "0000:af:00.0"), None);
+        assert_eq!(sysfs_pcie_root(&sys, "0000:01:00.0"), None);
+        assert_eq!(sysfs_numa_node(&sys, "0000:01:00.0"), None);
+    }
+
+    /// The full-GI compute-instance profile follows the GI's compute slices, and agrees
+    /// with the catalog's `ci_profile_index` for every profile of every modelled GPU.
+    #[test]
+    fn full_gi_compute_instance_profile_follows_the_slice_count() {
+        let cases = [
+            (1, Some(0)),
+            (2, Some(1)),
+            (3, Some(2)),
+            (4, Some(3)),
+            (7, Some(4)),
+            (8, Some(5)),
+            (6, Some(6)),
+            (0, None),
+            (5, None),
+            (9, None),
+        ];
+        for (slices, want) in cases {
+            assert_eq!(full_gi_ci_profile(slices), want, "{slices} slices");
+        }
+        for model in crate::mig::all_models() {
+            for p in model.profiles {
+                let g: u32 = p
+                    .name
+                    .split('g')
+                    .next()
+                    .and_then(|g| g.parse().ok())
+                    .unwrap();
+                assert_eq!(
+                    full_gi_ci_profile(g),
+                    Some(p.ci_profile_index),
+                    "{} {}",
+                    model.key,
+                    p.name
+                );
+            }
+        }
+    }
+
+    /// Only Hopper and later (and architectures newer than nvml-wrapper knows) switch
+    /// MIG mode without a reset, as the mock's catalog says per model.
+    #[test]
+    fn mig_mode_switches_without_reset_from_hopper_on() {
+        use DeviceArchitecture::*;
+        for (arch, want) in [
+            (Ampere, false),
+            (Ada, false),
+            (Turing, false),
+            (Volta, false),
+            (Hopper, true),
+            (Blackwell, true),
+            (Unknown, true),
+        ] {
+            assert_eq!(switches_mig_without_reset(&arch), want, "{arch:?}");
+        }
+        for model in crate::mig::all_models() {
+            let arch = match model.architecture {
+                "Ampere" => Ampere,
+                "Hopper" => Hopper,
+                "Blackwell" => Blackwell,
+                other => panic!("{}: unexpected architecture {other}", model.key),
+            };
+            assert_eq!(
+                switches_mig_without_reset(&arch),
+                model.reset_free_mig_toggle,
+                "{}",
+                model.key
+            );
+        }
+    }
+
+    /// NVML's MIG refusals become `Mig` errors with the same code; every other failure
+    /// (including a missing symbol and codes nvml-wrapper has no variant for) stays an
+    /// `NvmlCall` naming the call.
+    #[test]
+    fn nvml_refusals_map_to_mig_errors_and_other_failures_to_nvml_calls() {
+        let op = MigOp::new("create", 3, 1, "profile 19 at memory slice 6".into());
+        let refusals = [
+            (NvmlError::InvalidArg, 2),
+            (NvmlError::NotSupported, 3),
+            (NvmlError::NotFound, 6),
+            (NvmlError::InUse, 19),
+            (NvmlError::UnexpectedVariant(23), 23),
+        ];
+        for (error, code) in refusals {
+            match op.judge(CallFailed::new("nvmlX", error)) {
+                BackendError::Mig {
+                    op: "create",
+                    minor: 3,
+                    source,
+                } => {
+                    assert_eq!(source.nvml_code(), code);
+                    assert!(
+                        source.to_string().contains("nvmlX refused profile 19"),
+                        "{source}"
+                    );
+                }
+                other => panic!("code {code}: {other:?}"),
+            }
+        }
+        let failures = [
+            NvmlError::NoPermission,
+            NvmlError::Unknown,
+            NvmlError::GpuLost,
+            NvmlError::UnexpectedVariant(25),
+            NvmlError::FailedToLoadSymbol("nvmlX".into()),
+        ];
+        for error in failures {
+            let shown = format!("{error:?}");
+            match op.judge(CallFailed::new("nvmlX", error)) {
+                BackendError::NvmlCall {
+                    call: "nvmlX",
+                    index: 1,
+                    ..
+                } => {}
+                other => panic!("{shown}: {other:?}"),
+            }
+        }
+    }
+
+    /// A missing or incomplete `/proc/devices` is a CharMajor error naming the file.
+    #[test]
+    fn missing_proc_devices_is_a_char_major_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("devices");
+        let err = read_char_majors(&path).unwrap_err();
+        assert!(
+            matches!(&err, BackendError::CharMajor { name: "nvidia", path: p } if *p == path),
+            "{err:?}"
+        );
+        std::fs::write(&path, "Character devices:\n195 nvidia\n").unwrap();
+        let err = read_char_majors(&path).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BackendError::CharMajor {
+                    name: "nvidia-uvm",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+}

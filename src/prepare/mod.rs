@@ -1,0 +1,12 @@
+//! Preparing and unpreparing claims: the state machine and its crash recovery over the
+//! checkpoint, the pure claim plan, and what a prepared claim leaves on the node (its
+//! CDI spec, its claim files, the installed interception library).
+
+pub mod cdi_spec;
+pub mod checkpoint;
+pub mod claim_files;
+pub mod claim_plan;
+pub mod failpoints;
+pub mod gpu_config;
+pub mod library;
+pub mod state;

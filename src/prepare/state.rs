@@ -1,0 +1,1074 @@
+//! Prepared claims: the prepare/unprepare state machine over the checkpoint and the
+//! CDI directory, with its locking and crash recovery.
+//!
+//! Locking model: one in-process mutex plus an exclusive `flock` on
+//! `<plugin-dir>/tessera.lock`, held for the whole prepare or unprepare of one claim,
+//! so that two plugin instances overlapping in a rolling update never interleave. The
+//! checkpoint is re-read under the lock for the same reason. No API call is made while
+//! the lock is held: the gRPC layer fetches the claim first. All methods block (fsync)
+//! and are meant to run on a blocking thread.
+//!
+//! Crash model: "prepare started" is recorded (with the CDI file the claim will own)
+//! before any side effect, and "completed" after all of them; start-up rolls back
+//! every claim left "started", sweeps temp files and removes Tessera CDI specs the
+//! checkpoint does not know. Named fail points let tests abort the process at each
+//! step boundary.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tessera_cdi::{SpecWriter, WriteError};
+use tracing::{info, warn};
+
+use crate::config::ManagedGpu;
+use crate::inventory::{BackendError, GpuBackend};
+use crate::mig::MigError;
+use crate::prepare::cdi_spec::{self, CdiContext};
+use crate::prepare::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome, MigRecord,
+    PreparedDevice, unix_now,
+};
+use crate::prepare::claim_plan::{Budget, ClaimError, Held, NodeView, plan_claim};
+use crate::prepare::failpoints::FailPoints;
+
+/// Where the state lives and who we are.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    pub driver: String,
+    /// Our pool name (the node name).
+    pub pool: String,
+    pub cdi_dir: PathBuf,
+    /// Holds `tessera.lock`, shared by overlapping plugin instances.
+    pub plugin_dir: PathBuf,
+    /// Holds the checkpoint.
+    pub state_dir: PathBuf,
+    pub boot_id: String,
+    pub fail_points: FailPoints,
+    /// What start-up does with MIG instances on `mig`-mode GPUs that no claim accounts for.
+    pub unknown_mig: UnknownMig,
+    /// Per-claim directories and the installed interception library (`--run-dir`).
+    pub run_dir: PathBuf,
+    /// Fallback slots per shared GPU (node config `sharedSlots`).
+    pub shared_slots: u32,
+    /// Where the interception library is installed from, to reinstall a version that
+    /// disappeared (an overlapping plugin instance's clean-up during a rolling update).
+    pub interception_source: Option<PathBuf>,
+}
+
+/// Start-up policy for MIG instances the checkpoint does not account for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownMig {
+    /// Destroy them: Tessera owns MIG on its `mig`-mode GPUs (dynamic MIG).
+    Destroy,
+    /// Leave them and log (`--adopt-unknown-mig`).
+    Adopt,
+    /// Never touch them: the server drops counters, so MIG devices are published as
+    /// static devices and are not Tessera's to destroy.
+    Keep,
+}
+
+/// Why preparing or unpreparing one claim failed; `Display` + sources go to the kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    #[error("writing the CDI spec failed")]
+    Cdi(#[source] WriteError),
+    #[error("removing the CDI spec failed")]
+    CdiRemove(#[source] WriteError),
+    #[error("updating the checkpoint failed")]
+    Checkpoint(#[from] CheckpointError),
+    #[error("GPU operation failed")]
+    Backend(#[from] BackendError),
+    #[error("{0}")]
+    ClaimFiles(String),
+    #[error(transparent)]
+    Library(#[from] crate::prepare::library::InstallError),
+    #[error("taking the node lock {path} failed")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl PrepareError {
+    /// A bounded reason for the error metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PrepareError::Claim(_) => "claim",
+            PrepareError::Cdi(_) | PrepareError::CdiRemove(_) => "cdi",
+            PrepareError::Checkpoint(_) => "checkpoint",
+            PrepareError::Backend(_) => "gpu",
+            PrepareError::ClaimFiles(_) => "claim_files",
+            PrepareError::Library(_) => "library",
+            PrepareError::Lock { .. } => "lock",
+        }
+    }
+
+    /// The error with its causes on one line, for the kubelet's per-claim error string.
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur = std::error::Error::source(self);
+        while let Some(e) = cur {
+            s.push_str(": ");
+            s.push_str(&e.to_string());
+            cur = e.source();
+        }
+        s
+    }
+}
+
+/// What start-up recovery did (for logs and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub outcome: Option<LoadOutcome>,
+    pub rolled_back: Vec<String>,
+    pub removed_specs: Vec<String>,
+    pub removed_temp_files: Vec<String>,
+    /// MIG devices destroyed because no claim accounted for them: (GPU minor, GI ID).
+    pub destroyed_mig: Vec<(u32, u32)>,
+    /// Claim directories no claim owned (half-made, half-removed or orphaned).
+    pub removed_claim_dirs: Vec<String>,
+    /// Interception library versions no claim referenced.
+    pub removed_lib_versions: Vec<String>,
+    /// Unfinished claims left "unprepare started" because processes still use their
+    /// MIG devices.
+    pub kept_in_use: Vec<String>,
+}
+
+/// The prepared claims of this node.
+pub struct DeviceState {
+    cfg: StateConfig,
+    gpus: Vec<ManagedGpu>,
+    backend: Arc<dyn GpuBackend>,
+    cdi: CdiContext,
+    writer: SpecWriter,
+    store: CheckpointStore,
+    mutex: Mutex<()>,
+    /// The installed interception library version (installed under the node lock).
+    library: Mutex<Option<String>>,
+    /// Claims unprepared lately, newest last (bounded): the watchdog attributes memory
+    /// still held after an unprepare (zombie memory) to them.
+    unprepared: Mutex<std::collections::VecDeque<Unprepared>>,
+    /// MIG devices whose destroy answered IN_USE under the node lock: (claim, GPU
+    /// minor, GI ID), whose processes are listed and logged once the lock is released
+    /// (no NVML call under the lock).
+    busy_mig: Mutex<Vec<(String, u32, u32)>>,
+}
+
+/// A claim unprepared by this process, remembered for [`RECENT_UNPREPARED`] entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unprepared {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub pods: Vec<crate::prepare::checkpoint::PodRef>,
+    /// UUIDs of the GPUs its devices were on.
+    pub gpus: Vec<String>,
+    /// Unix seconds.
+    pub at: u64,
+}
+
+/// How many unprepared claims the state remembers for zombie attribution.
+pub const RECENT_UNPREPARED: usize = 256;
+
+struct Locked<'a> {
+    _guard: MutexGuard<'a, ()>,
+    _file: File,
+}
+
+impl DeviceState {
+    /// Opens the state and recovers from whatever a previous run left: see the module
+    /// doc. Creates the directories it needs.
+    pub fn open(
+        cfg: StateConfig,
+        gpus: Vec<ManagedGpu>,
+        backend: Arc<dyn GpuBackend>,
+        cdi: CdiContext,
+    ) -> Result<(Self, Recovery), PrepareError> {
+        for dir in [&cfg.cdi_dir, &cfg.plugin_dir, &cfg.state_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| PrepareError::Lock {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let state = DeviceState {
+            writer: SpecWriter::new(cfg.cdi_dir.clone()),
+            store: CheckpointStore::new(cfg.state_dir.clone()),
+            cfg,
+            gpus,
+            backend,
+            cdi,
+            mutex: Mutex::new(()),
+            library: Mutex::new(None),
+            unprepared: Mutex::new(std::collections::VecDeque::new()),
+            busy_mig: Mutex::new(Vec::new()),
+        };
+        let recovery = state.recover();
+        state.log_mig_holders();
+        let recovery = recovery?;
+        Ok((state, recovery))
+    }
+
+    pub fn config(&self) -> &StateConfig {
+        &self.cfg
+    }
+
+    /// The GPUs this state manages.
+    pub fn gpus(&self) -> &[ManagedGpu] {
+        &self.gpus
+    }
+
+    /// The GPU backend (the compute controller and the watchdog query it).
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Claims this process unprepared lately, oldest first.
+    pub fn recently_unprepared(&self) -> Vec<Unprepared> {
+        self.unprepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The claims in the checkpoint, as last stored (no lock: the file is replaced
+    /// atomically, so a reader sees one whole version). For metrics.
+    pub fn prepared(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, ClaimRecord>, PrepareError> {
+        Ok(self.load()?.0.claims)
+    }
+
+    fn lock(&self) -> Result<Locked<'_>, PrepareError> {
+        let guard = self.mutex.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.cfg.plugin_dir.join("tessera.lock");
+        let lock_err = |source| PrepareError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        file.lock().map_err(lock_err)?;
+        Ok(Locked {
+            _guard: guard,
+            _file: file,
+        })
+    }
+
+    fn load(&self) -> Result<(Checkpoint, LoadOutcome), PrepareError> {
+        Ok(self.store.load(&self.cfg.boot_id)?)
+    }
+
+    fn recover(&self) -> Result<Recovery, PrepareError> {
+        let _l = self.lock()?;
+        let (mut cp, outcome) = self.load()?;
+        match &outcome {
+            LoadOutcome::OtherBoot { previous } => {
+                info!(previous, "checkpoint is from another boot; starting empty")
+            }
+            LoadOutcome::Corrupt { moved_to, reason } => {
+                warn!(moved_to = %moved_to.display(), reason, "checkpoint unreadable; moved aside, starting empty")
+            }
+            _ => {}
+        }
+        let mut rec = Recovery {
+            outcome: Some(outcome),
+            ..Default::default()
+        };
+        self.store.sweep_temp();
+        let unfinished: Vec<String> = cp
+            .claims
+            .iter()
+            .filter(|(_, r)| r.state != ClaimState::PrepareCompleted)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in unfinished {
+            match self.roll_back(&mut cp, &uid) {
+                Ok(()) => rec.rolled_back.push(uid),
+                // Processes still use one of its MIG devices: the claim stays, being
+                // unprepared, so that the plugin starts (and its watchdog reports the
+                // memory as zombie memory); the kubelet's next unprepare finishes it.
+                Err(PrepareError::Backend(BackendError::Mig {
+                    source: MigError::InUse(_),
+                    ..
+                })) => {
+                    if let Some(r) = cp.claims.get_mut(&uid) {
+                        r.state = ClaimState::UnprepareStarted;
+                    }
+                    self.store.store(&cp)?;
+                    rec.kept_in_use.push(uid);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let known: BTreeSet<String> = cp
+            .claims
+            .values()
+            .filter_map(|r| r.cdi_spec.clone())
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(&self.cfg.cdi_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours_temp = name.starts_with(".tessera-") && name.ends_with(".tmp");
+                let ours_spec =
+                    name.starts_with(cdi_spec::SPEC_FILE_PREFIX) && name.ends_with(".json");
+                if ours_temp || (ours_spec && !known.contains(&name)) {
+                    tessera_cdi::atomic::remove_durable(&self.cfg.cdi_dir, &name).map_err(|e| {
+                        PrepareError::CdiRemove(WriteError::Remove {
+                            path: self.cfg.cdi_dir.join(&name),
+                            source: e,
+                        })
+                    })?;
+                    if ours_temp {
+                        rec.removed_temp_files.push(name);
+                    } else {
+                        rec.removed_specs.push(name);
+                    }
+                }
+            }
+        }
+        let owners: BTreeSet<String> = cp
+            .claims
+            .iter()
+            .filter(|(_, r)| r.claim_files)
+            .map(|(u, _)| u.clone())
+            .collect();
+        rec.removed_claim_dirs = crate::prepare::claim_files::sweep(&self.cfg.run_dir, &owners)
+            .map_err(PrepareError::ClaimFiles)?;
+        if let Err(e) = self.install_library() {
+            let shared = self
+                .gpus
+                .iter()
+                .any(|g| g.mode == crate::config::GpuMode::Shared);
+            if shared {
+                warn!(error = %e, "no interception library: shared-GPU claims are refused until it installs");
+            }
+        } else if self.cfg.interception_source.is_none()
+            && self
+                .gpus
+                .iter()
+                .any(|g| g.mode == crate::config::GpuMode::Shared)
+        {
+            warn!(
+                "no interception library (--interception-lib): shared-GPU claims will be refused"
+            );
+        }
+        self.repair_controls(&cp);
+        rec.removed_lib_versions = self.gc_libraries(&cp)?;
+        rec.destroyed_mig = self.reconcile_mig(&cp)?;
+        self.release_mig_mode(&mut cp)?;
+        self.store.store(&cp)?;
+        if !rec.rolled_back.is_empty()
+            || !rec.removed_specs.is_empty()
+            || !rec.destroyed_mig.is_empty()
+            || !rec.removed_claim_dirs.is_empty()
+            || !rec.kept_in_use.is_empty()
+        {
+            info!(rolled_back = ?rec.rolled_back, kept_in_use = ?rec.kept_in_use, removed_specs = ?rec.removed_specs, destroyed_mig = ?rec.destroyed_mig, removed_claim_dirs = ?rec.removed_claim_dirs, "recovered from an interrupted run");
+        }
+        Ok(rec)
+    }
+
+    /// Undoes a claim's side effects (MIG instances it created, its CDI spec) and
+    /// forgets it, storing the checkpoint.
+    fn roll_back(&self, cp: &mut Checkpoint, uid: &str) -> Result<(), PrepareError> {
+        let Some(rec) = cp.claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        self.destroy_claim_mig(cp, uid, None)?;
+        if let Some(spec) = &rec.cdi_spec {
+            remove_spec_file(&self.cfg.cdi_dir, spec)?;
+        }
+        if rec.claim_files {
+            crate::prepare::claim_files::remove(&self.cfg.run_dir, uid)
+                .map_err(PrepareError::ClaimFiles)?;
+        }
+        cp.claims.remove(uid);
+        self.release_mig_mode(cp)?;
+        self.store.store(cp)?;
+        Ok(())
+    }
+
+    /// Destroys the MIG devices claim `uid` created, each found **by placement** (GPU,
+    /// start, profile), never by a recorded GI ID: NVML hands GI IDs out regardless of
+    /// placement, so an ID recorded before a crash, or of a device destroyed in an
+    /// earlier attempt, may name another claim's device by now. A placement another
+    /// claim of the checkpoint also records is left alone. After each destroy (or an
+    /// instance already gone) the record's `created` is cleared and the checkpoint
+    /// stored before the next device, so that a retry after an IN_USE answer on a later
+    /// device never comes back to it. The placement stays recorded (and held) until
+    /// the claim is forgotten. Owns side effects (NVML, checkpoint writes).
+    fn destroy_claim_mig(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+        fail_point: Option<&str>,
+    ) -> Result<(), PrepareError> {
+        let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
+        #[allow(clippy::needless_range_loop)] // `i` indexes the checkpoint record.
+        for i in 0..count {
+            let Some(m) = cp
+                .claims
+                .get(uid)
+                .and_then(|r| r.devices[i].mig.clone())
+                .filter(|m| m.created)
+            else {
+                continue;
+            };
+            let placement = (m.gpu_minor, m.start, m.profile_id);
+            let shared_with = cp.claims.iter().find(|(owner, r)| {
+                owner.as_str() != uid
+                    && r.devices
+                        .iter()
+                        .filter_map(|d| d.mig.as_ref())
+                        .any(|o| (o.gpu_minor, o.start, o.profile_id) == placement)
+            });
+            if let Some((owner, _)) = shared_with {
+                warn!(
+                    claim = uid,
+                    other = %owner,
+                    gpu = m.gpu_minor,
+                    start = m.start,
+                    profile = m.profile_id,
+                    "not destroying a MIG placement another claim also records"
+                );
+            } else {
+                let status = self.backend.mig_status(m.gpu_minor)?;
+                if let Some(inst) = status
+                    .instances
+                    .iter()
+                    .find(|i| i.start == m.start && i.profile_id == m.profile_id)
+                {
+                    match self.backend.destroy_mig(m.gpu_minor, inst.gi_id) {
+                        Ok(()) => {
+                            crate::telemetry::metrics::driver().mig_destroyed.inc();
+                            info!(
+                                claim = uid,
+                                gpu = m.gpu_minor,
+                                gi = inst.gi_id,
+                                start = m.start,
+                                profile = m.profile_id,
+                                "destroyed MIG device"
+                            )
+                        }
+                        Err(BackendError::Mig {
+                            source: MigError::NotFound(_),
+                            ..
+                        }) => {}
+                        Err(
+                            e @ BackendError::Mig {
+                                source: MigError::InUse(_),
+                                ..
+                            },
+                        ) => {
+                            self.busy_mig
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push((uid.to_string(), m.gpu_minor, inst.gi_id));
+                            return Err(e.into());
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            if let Some(point) = fail_point {
+                self.cfg.fail_points.hit(point);
+            }
+            if let Some(r) = cp
+                .claims
+                .get_mut(uid)
+                .and_then(|r| r.devices[i].mig.as_mut())
+            {
+                r.created = false;
+            }
+            self.store.store(cp)?;
+        }
+        Ok(())
+    }
+
+    /// Removes interception library versions that are neither the installed one nor
+    /// referenced by a claim in the checkpoint.
+    fn gc_libraries(&self, cp: &Checkpoint) -> Result<Vec<String>, PrepareError> {
+        let mut keep: BTreeSet<String> = cp
+            .claims
+            .values()
+            .filter_map(|r| r.lib_version.clone())
+            .collect();
+        keep.extend(self.library());
+        let removed = crate::prepare::library::gc(&self.cfg.run_dir, &keep).map_err(|e| {
+            PrepareError::ClaimFiles(format!("removing unused interception libraries: {e}"))
+        })?;
+        if !removed.is_empty() {
+            info!(versions = ?removed, "removed interception library versions no claim uses");
+        }
+        Ok(removed)
+    }
+
+    /// The installed interception library version, if any.
+    fn library(&self) -> Option<String> {
+        self.library
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Installs the interception library from `--interception-lib` (called under the
+    /// node lock: at start-up, and again before a shared prepare if the version is
+    /// missing, e.g. after a failed start-up install or another instance's clean-up).
+    fn install_library(&self) -> Result<Option<String>, PrepareError> {
+        let Some(source) = &self.cfg.interception_source else {
+            return Ok(None);
+        };
+        let lib = crate::prepare::library::install(&self.cfg.run_dir, source)?;
+        info!(version = %lib.version, dir = %lib.dir.display(), "installed the interception library");
+        *self.library.lock().unwrap_or_else(|p| p.into_inner()) = Some(lib.version.clone());
+        Ok(Some(lib.version))
+    }
+
+    /// Makes sure a library version is installed and on disk before a spec mounts it.
+    fn ensure_library(&self) -> Result<(), PrepareError> {
+        let present = self.library().is_some_and(|v| {
+            use crate::prepare::library as lib;
+            let dir = self.cfg.run_dir.join(lib::LIB_DIR).join(v);
+            [lib::LIB_FILE, lib::FRONT_FILE, lib::PRELOAD_FILE]
+                .iter()
+                .all(|f| dir.join(f).is_file())
+        });
+        if !present {
+            self.install_library()?;
+        }
+        Ok(())
+    }
+
+    /// The CDI context with the current library version.
+    fn cdi_context(&self) -> CdiContext {
+        CdiContext {
+            interception: self.library(),
+            ..self.cdi.clone()
+        }
+    }
+
+    /// Repairs the `control` files of prepared shared claims whose writer died mid
+    /// update (sequence left odd), so that tenant readers see consistent values.
+    fn repair_controls(&self, cp: &Checkpoint) {
+        for (uid, _) in cp.claims.iter().filter(|(_, r)| r.claim_files) {
+            let path = crate::prepare::claim_files::claim_dir(&self.cfg.run_dir, uid)
+                .join(tessera_abi::CONTROL_FILE);
+            let repaired = File::options()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|f| {
+                    tessera_abi::control::Control::map(&f, true).map_err(|e| e.to_string())
+                })
+                .and_then(|c| c.repair_sequence().map_err(|e| e.to_string()));
+            match repaired {
+                Ok(true) => warn!(claim = %uid, "repaired a control file left mid-update"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(claim = %uid, path = %path.display(), error = %e, "cannot check a control file")
+                }
+            }
+        }
+    }
+
+    /// Destroys (or, per policy, leaves) MIG devices on dynamic-MIG GPUs that no claim
+    /// in the checkpoint accounts for. Returns what it destroyed.
+    fn reconcile_mig(&self, cp: &Checkpoint) -> Result<Vec<(u32, u32)>, PrepareError> {
+        let mut destroyed = Vec::new();
+        if self.cfg.unknown_mig == UnknownMig::Keep {
+            return Ok(destroyed);
+        }
+        let owned: BTreeSet<(u32, u32, u32)> = cp
+            .claims
+            .values()
+            .flat_map(|r| r.devices.iter().filter_map(|d| d.mig.as_ref()))
+            .map(|m| (m.gpu_minor, m.start, m.profile_id))
+            .collect();
+        for gpu in self
+            .gpus
+            .iter()
+            .filter(|g| crate::publish::slices::mig_model(g).is_some())
+        {
+            let minor = gpu.gpu.minor;
+            let status = self.backend.mig_status(minor)?;
+            for inst in status.instances {
+                if owned.contains(&(minor, inst.start, inst.profile_id)) {
+                    continue;
+                }
+                if self.cfg.unknown_mig == UnknownMig::Adopt {
+                    warn!(
+                        gpu = minor,
+                        gi = inst.gi_id,
+                        "leaving a MIG device no claim accounts for (adopt mode)"
+                    );
+                    continue;
+                }
+                self.backend.destroy_mig(minor, inst.gi_id)?;
+                crate::telemetry::metrics::driver().mig_destroyed.inc();
+                warn!(
+                    gpu = minor,
+                    gi = inst.gi_id,
+                    profile = inst.profile_id,
+                    "destroyed a MIG device no claim accounts for"
+                );
+                destroyed.push((minor, inst.gi_id));
+            }
+        }
+        Ok(destroyed)
+    }
+
+    /// Switches MIG mode off again on GPUs where Tessera switched it on and no MIG
+    /// device of any claim remains (Hopper and later toggle without a reset).
+    fn release_mig_mode(&self, cp: &mut Checkpoint) -> Result<(), PrepareError> {
+        let in_use: BTreeSet<u32> = cp
+            .claims
+            .values()
+            .flat_map(|r| {
+                r.devices
+                    .iter()
+                    .filter_map(|d| d.mig.as_ref().map(|m| m.gpu_minor))
+            })
+            .collect();
+        for minor in cp.mig_enabled_by_tessera.clone() {
+            if in_use.contains(&minor) {
+                continue;
+            }
+            let status = self.backend.mig_status(minor)?;
+            if status.instances.is_empty() {
+                if status.enabled {
+                    self.backend.set_mig_mode(minor, false)?;
+                    info!(gpu = minor, "switched MIG mode off (no MIG device left)");
+                }
+                cp.mig_enabled_by_tessera.remove(&minor);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a whole-GPU claim on a GPU with live MIG devices, and switches MIG mode
+    /// off first where Tessera may (reset-free GPUs with no instances).
+    fn check_whole_gpu(
+        &self,
+        cp: &mut Checkpoint,
+        device: &str,
+        minor: u32,
+    ) -> Result<(), PrepareError> {
+        let Some(gpu) = self.gpus.iter().find(|g| g.gpu.minor == minor) else {
+            return Ok(());
+        };
+        if !gpu.gpu.mig_capable {
+            return Ok(());
+        }
+        let status = self.backend.mig_status(minor)?;
+        if !status.instances.is_empty() {
+            return Err(ClaimError::MigInUse {
+                device: device.into(),
+                count: status.instances.len(),
+            }
+            .into());
+        }
+        if status.enabled {
+            let reset_free = crate::mig::model_for_product(&gpu.gpu.product_name)
+                .is_some_and(|m| m.reset_free_mig_toggle);
+            if !reset_free {
+                return Err(ClaimError::MigInUse {
+                    device: device.into(),
+                    count: 0,
+                }
+                .into());
+            }
+            self.backend.set_mig_mode(minor, false)?;
+            cp.mig_enabled_by_tessera.remove(&minor);
+        }
+        Ok(())
+    }
+
+    /// Creates (or adopts) the MIG devices of a claim in `Started` state, recording
+    /// each intent before acting. Returns the (GI, CI) IDs per device, in plan order.
+    fn create_mig_devices(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+    ) -> Result<Vec<Option<cdi_spec::MigCaps>>, PrepareError> {
+        let count = cp.claims.get(uid).map_or(0, |r| r.devices.len());
+        let mut caps = vec![None; count];
+        #[allow(clippy::needless_range_loop)] // `i` indexes the checkpoint record too.
+        for i in 0..count {
+            let Some(m) = cp.claims.get(uid).and_then(|r| r.devices[i].mig.clone()) else {
+                continue;
+            };
+            let status = self.backend.mig_status(m.gpu_minor)?;
+            let existing = status.instances.iter().find(|inst| {
+                inst.start == m.start && inst.profile_id == m.profile_id && inst.ci.is_some()
+            });
+            let record = |cp: &mut Checkpoint, f: &dyn Fn(&mut MigRecord)| {
+                if let Some(r) = cp
+                    .claims
+                    .get_mut(uid)
+                    .and_then(|r| r.devices[i].mig.as_mut())
+                {
+                    f(r);
+                }
+            };
+            let inst = match existing {
+                Some(inst) => inst.clone(),
+                None => {
+                    if !status.enabled {
+                        // Recorded before switching, so a crash leaves a known owner.
+                        cp.mig_enabled_by_tessera.insert(m.gpu_minor);
+                        self.store.store(cp)?;
+                        self.backend.set_mig_mode(m.gpu_minor, true)?;
+                        info!(gpu = m.gpu_minor, "switched MIG mode on");
+                    }
+                    record(cp, &|r| r.created = true);
+                    self.store.store(cp)?;
+                    let inst = self
+                        .backend
+                        .create_mig(m.gpu_minor, m.profile_id, m.start)?;
+                    crate::telemetry::metrics::driver().mig_created.inc();
+                    inst
+                }
+            };
+            let ci = inst.ci.clone();
+            record(cp, &|r| {
+                r.gi_id = inst.gi_id;
+                r.ci_id = ci.as_ref().map(|c| c.ci_id);
+                r.uuid = ci.as_ref().map(|c| c.uuid.clone());
+            });
+            self.store.store(cp)?;
+            self.cfg.fail_points.hit("prepare-after-mig-create");
+            caps[i] = Some((inst.gi_id, ci.map_or(0, |c| c.ci_id)));
+        }
+        Ok(caps)
+    }
+
+    /// Prepares one claim (already fetched from the API server). Idempotent: a claim
+    /// prepared before returns its recorded devices without doing any work. On error
+    /// nothing of this claim remains on disk. Counted and timed in the metrics.
+    pub fn prepare(
+        &self,
+        claim: &ResourceClaim,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let t = std::time::Instant::now();
+        let r = self.prepare_inner(claim, uid);
+        self.log_mig_holders();
+        let kind = r.as_ref().map_or_else(
+            |_| crate::telemetry::metrics::allocation_kind(claim, &self.cfg.driver),
+            |d| crate::telemetry::metrics::claim_kind(d),
+        );
+        crate::telemetry::metrics::driver().observe(
+            "prepare",
+            kind,
+            t.elapsed().as_secs_f64(),
+            r.as_ref().err().map(PrepareError::reason),
+        );
+        r
+    }
+
+    fn prepare_inner(
+        &self,
+        claim: &ResourceClaim,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let _l = self.lock()?;
+        let (mut cp, _) = self.load()?;
+        match cp.claims.get(uid).map(|r| r.state) {
+            Some(ClaimState::PrepareCompleted) => return Ok(cp.claims[uid].devices.clone()),
+            Some(_) => self.roll_back(&mut cp, uid)?,
+            None => {}
+        }
+        let held = held_by_others(&cp, uid, &self.gpus);
+        let plan = plan_claim(
+            claim,
+            uid,
+            NodeView {
+                driver: &self.cfg.driver,
+                pool: &self.cfg.pool,
+                gpus: &self.gpus,
+                shared_slots: self.cfg.shared_slots,
+            },
+            &held,
+        )?;
+        for d in plan.devices.iter().filter(|d| d.mig.is_none()) {
+            self.check_whole_gpu(&mut cp, &d.device, d.gpu_minor)?;
+        }
+        // Refuse an invalid spec before recording anything (MIG caps predicted from the
+        // placement; the final spec uses the IDs NVML returns).
+        let predicted: Vec<Option<cdi_spec::MigCaps>> = plan
+            .devices
+            .iter()
+            .map(|d| d.mig.map(|m| (m.gi_id, 0)))
+            .collect();
+        let shared = plan.is_shared();
+        if shared && let Err(e) = self.ensure_library() {
+            warn!(claim = uid, error = %e, "the interception library is not installed");
+        }
+        let cdi = self.cdi_context();
+        let spec = cdi_spec::render_claim_spec(&plan, &cdi, &predicted).map_err(ClaimError::Cdi)?;
+        let names = cdi_spec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
+        tessera_cdi::render_spec(&spec, cdi_spec::VERSION_POLICY, names.file_name())
+            .map_err(PrepareError::Cdi)?;
+        let claim_files = if shared {
+            Some(crate::prepare::claim_files::render(&plan).map_err(ClaimError::Cdi)?)
+        } else {
+            None
+        };
+        let devices: Vec<PreparedDevice> = plan
+            .devices
+            .iter()
+            .map(|d| PreparedDevice {
+                request_names: vec![d.request.clone()],
+                pool_name: d.pool.clone(),
+                device_name: d.device.clone(),
+                cdi_device_ids: vec![cdi_spec::cdi_device_id(&d.cdi_name(uid))],
+                share_id: d.share_id.clone(),
+                gpu_uuid: d.gpu_uuid.clone(),
+                config: d.config,
+                mig: d.mig.map(|m| MigRecord {
+                    gpu_minor: d.gpu_minor,
+                    profile_id: m.profile_id,
+                    start: m.start,
+                    size: m.size,
+                    gi_id: m.gi_id,
+                    ci_id: None,
+                    uuid: None,
+                    created: false,
+                }),
+                budget: d.budget,
+            })
+            .collect();
+        cp.claims.insert(
+            uid.to_string(),
+            ClaimRecord {
+                state: ClaimState::PrepareStarted,
+                namespace: plan.namespace.clone(),
+                name: plan.name.clone(),
+                devices: devices.clone(),
+                cdi_spec: Some(names.file_name().to_string()),
+                claim_files: shared,
+                lib_version: if shared {
+                    cdi.interception.clone()
+                } else {
+                    None
+                },
+                pods: reserved_pods(claim),
+                started_at: unix_now(),
+                completed_at: None,
+            },
+        );
+        self.store.store(&cp)?;
+        self.cfg.fail_points.hit("prepare-after-started");
+        let result = (|| {
+            let caps = self.create_mig_devices(&mut cp, uid)?;
+            if let Some(files) = &claim_files {
+                let dir = crate::prepare::claim_files::create(&self.cfg.run_dir, uid, files)
+                    .map_err(PrepareError::ClaimFiles)?;
+                info!(claim = uid, dir = %dir.display(), budgets = ?plan.budgets_by_uuid(), "wrote claim files");
+                self.cfg.fail_points.hit("prepare-after-claim-files");
+            }
+            let spec = cdi_spec::render_claim_spec(&plan, &cdi, &caps).map_err(ClaimError::Cdi)?;
+            self.writer
+                .write(&names, &spec, cdi_spec::VERSION_POLICY)
+                .map_err(PrepareError::Cdi)?;
+            self.cfg.fail_points.hit("prepare-after-cdi-write");
+            self.cfg.fail_points.hit("prepare-before-completed");
+            if let Some(r) = cp.claims.get_mut(uid) {
+                r.state = ClaimState::PrepareCompleted;
+                r.completed_at = Some(unix_now());
+            }
+            self.store.store(&cp)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Best effort: leave nothing of this claim behind; start-up retries otherwise.
+            if let Err(rb) = self.roll_back(&mut cp, uid) {
+                warn!(claim = uid, error = %rb, "rollback after a failed prepare failed");
+            }
+            return Err(e);
+        }
+        Ok(cp
+            .claims
+            .get(uid)
+            .map(|r| r.devices.clone())
+            .unwrap_or(devices))
+    }
+
+    /// Unprepares one claim: removes its CDI spec and forgets it. An unknown or
+    /// never-prepared claim is a success. Counted and timed in the metrics.
+    pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
+        let t = std::time::Instant::now();
+        let mut kind = "unknown";
+        let r = self.unprepare_inner(uid, &mut kind);
+        self.log_mig_holders();
+        crate::telemetry::metrics::driver().observe(
+            "unprepare",
+            kind,
+            t.elapsed().as_secs_f64(),
+            r.as_ref().err().map(PrepareError::reason),
+        );
+        r
+    }
+
+    fn unprepare_inner(&self, uid: &str, kind: &mut &'static str) -> Result<(), PrepareError> {
+        let _l = self.lock()?;
+        let (mut cp, _) = self.load()?;
+        let Some(rec) = cp.claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        *kind = crate::telemetry::metrics::claim_kind(&rec.devices);
+        // Recorded first: from here on the claim is being undone, whatever happens.
+        if let Some(r) = cp.claims.get_mut(uid) {
+            r.state = ClaimState::UnprepareStarted;
+        }
+        self.store.store(&cp)?;
+        // MIG devices first: an IN_USE answer fails the call (the claim stays
+        // "unprepare started" and is not prepared again until undone), so the kubelet
+        // retries; devices destroyed before it are recorded as such.
+        self.destroy_claim_mig(&mut cp, uid, Some("unprepare-after-mig-destroy"))?;
+        if let Some(spec) = &rec.cdi_spec {
+            remove_spec_file(&self.cfg.cdi_dir, spec)?;
+        }
+        self.cfg.fail_points.hit("unprepare-after-cdi-remove");
+        if rec.claim_files {
+            crate::prepare::claim_files::remove(&self.cfg.run_dir, uid)
+                .map_err(PrepareError::ClaimFiles)?;
+            self.cfg
+                .fail_points
+                .hit("unprepare-after-claim-files-remove");
+        }
+        cp.claims.remove(uid);
+        self.release_mig_mode(&mut cp)?;
+        self.store.store(&cp)?;
+        if rec.lib_version.is_some() {
+            self.gc_libraries(&cp)?;
+        }
+        let mut recent = self.unprepared.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() >= RECENT_UNPREPARED {
+            recent.pop_front();
+        }
+        let mut gpus: Vec<String> = rec.devices.iter().map(|d| d.gpu_uuid.clone()).collect();
+        gpus.sort();
+        gpus.dedup();
+        recent.push_back(Unprepared {
+            uid: uid.to_string(),
+            namespace: rec.namespace.clone(),
+            name: rec.name.clone(),
+            pods: rec.pods.clone(),
+            gpus,
+            at: unix_now(),
+        });
+        Ok(())
+    }
+
+    /// Logs the processes that keep claims' MIG devices in use (their destroy answered
+    /// IN_USE): the claim stays "unprepare started", and the watchdog reports their
+    /// memory as zombie memory of the claim until they exit. Called after the node
+    /// lock is released: listing the processes is an NVML call.
+    fn log_mig_holders(&self) {
+        let busy = std::mem::take(&mut *self.busy_mig.lock().unwrap_or_else(|p| p.into_inner()));
+        for (uid, minor, gi) in busy {
+            match self.backend.processes(minor) {
+                Ok(procs) => {
+                    let on_gi = || procs.iter().filter(|p| p.gi_id == Some(gi));
+                    let pids: Vec<u32> = on_gi().map(|p| p.pid).collect();
+                    let bytes: u64 = on_gi().filter_map(|p| p.used_bytes).sum();
+                    warn!(claim = %uid, gpu = minor, gi, pids = ?pids, bytes, "cannot destroy the claim's MIG device: processes still use it (zombie memory)");
+                }
+                Err(e) => {
+                    warn!(claim = %uid, gpu = minor, gi, error = %e, "cannot destroy the claim's MIG device: in use, and its processes cannot be listed")
+                }
+            }
+        }
+    }
+
+    /// Claims prepared at least `min_age_secs` ago: (uid, namespace, name). The stale
+    /// claim clean-up checks each against the API server.
+    pub fn prepared_claims(
+        &self,
+        min_age_secs: u64,
+    ) -> Result<Vec<(String, String, String)>, PrepareError> {
+        let (cp, _) = {
+            let _l = self.lock()?;
+            self.load()?
+        };
+        let now = unix_now();
+        Ok(cp
+            .claims
+            .into_iter()
+            .filter(|(_, r)| now.saturating_sub(r.started_at) >= min_age_secs)
+            .map(|(u, r)| (u, r.namespace, r.name))
+            .collect())
+    }
+}
+
+fn remove_spec_file(cdi_dir: &Path, file_name: &str) -> Result<(), PrepareError> {
+    let names = tessera_cdi::SpecFileNames::new(
+        file_name.to_string(),
+        format!(
+            ".tessera-{}.tmp",
+            file_name
+                .trim_start_matches(cdi_spec::SPEC_FILE_PREFIX)
+                .trim_end_matches(".json")
+        ),
+    )
+    .map_err(PrepareError::CdiRemove)?;
+    SpecWriter::new(cdi_dir.to_path_buf())
+        .remove(&names)
+        .map_err(PrepareError::CdiRemove)
+}
+
+/// The pods in a claim's `status.reservedFor`.
+fn reserved_pods(claim: &ResourceClaim) -> Vec<crate::prepare::checkpoint::PodRef> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| crate::prepare::checkpoint::PodRef {
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect()
+}
+
+/// What the other prepared claims hold: their hold keys and, per GPU minor, the sum of
+/// their shared-GPU budgets.
+fn held_by_others(cp: &Checkpoint, uid: &str, gpus: &[ManagedGpu]) -> Held {
+    let mut held = Held::default();
+    for (owner, r) in &cp.claims {
+        for d in &r.devices {
+            let key = match &d.share_id {
+                Some(s) => format!("{}#{s}", d.device_name),
+                None => d.device_name.clone(),
+            };
+            held.devices.insert(key, owner.clone());
+            if owner == uid {
+                continue;
+            }
+            let (Some(b), Some(g)) = (d.budget, gpus.iter().find(|g| g.gpu.uuid == d.gpu_uuid))
+            else {
+                continue;
+            };
+            let e = held.budgets.entry(g.gpu.minor).or_insert(Budget::default());
+            e.memory_bytes = e.memory_bytes.saturating_add(b.memory_bytes);
+            e.compute_percent = e.compute_percent.saturating_add(b.compute_percent);
+        }
+    }
+    held
+}

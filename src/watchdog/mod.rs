@@ -1,0 +1,1177 @@
+//! The node-side watchdog behind the interception library's memory wall.
+//!
+//! The library cannot see a statically linked program, a custom loader, allocations
+//! outside its scope, or a tenant who corrupts its own region. The driver can: NVML
+//! lists every process with a context and the memory it holds. The watchdog maps each
+//! of those processes to a claim **by host PID and cgroup**, never through the
+//! library's registry (a process that bypassed the library is not in it): the pod UID
+//! from `<proc-root>/<pid>/cgroup`, then the prepared claims reserved for that pod in
+//! the checkpoint merged with the claims the API server says the pod uses ([`pods`]:
+//! a pod may join a claim after its prepare, or join a second one).
+//!
+//! Per tick and GPU it finds:
+//! * **over budget**: a shared claim whose processes hold more than its budget plus
+//!   the tolerance. `--watchdog=enforce` (default) kills the largest offenders until
+//!   the claim is back within budget ([`kill_checked`]; enforce needs the plugin's
+//!   PID namespace in the proc root, else it reports); `report` only reports. Either
+//!   way a new finding is a Warning Event on the offending pods and a log line naming
+//!   the PIDs; a failed kill is retried with backoff.
+//! * **no claim**: a GPU process in no pod, or in a pod with no prepared claim on the
+//!   GPU. Reported (log, metric) once per process.
+//! * **zombie memory**: memory held by a process that no longer exists, or by a process
+//!   of a claim this plugin unprepared or is unpreparing (a MIG device still in use).
+//!   Reported (log naming the PIDs, gauges per GPU and per MIG GPU instance).
+//!
+//! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
+//! Events, and the live pod lookup of [`pods`]).
+
+pub mod pods;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::prepare::checkpoint::{ClaimRecord, ClaimState, PodRef};
+use crate::prepare::state::{DeviceState, Unprepared};
+pub use pods::{KubePods, LiveClaim, LivePod, LookupError, NodePods, PodCache, PodLookup};
+
+/// What the watchdog does about a claim over its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Kill the offending processes (default).
+    Enforce,
+    /// Only report them.
+    Report,
+    /// No watchdog at all.
+    Off,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "report" => Ok(Mode::Report),
+            "off" => Ok(Mode::Off),
+            other => Err(format!(
+                "unknown watchdog mode {other:?} (enforce, report or off)"
+            )),
+        }
+    }
+}
+
+/// The pod UID a process belongs to, from its `/proc/<pid>/cgroup`: the kubelet's
+/// `pod<uid>` path element under `kubepods`, in the systemd (`kubepods-burstable-pod
+/// <uid with _>.slice`) and cgroupfs (`/kubepods/burstable/pod<uid>/`) layouts, cgroup
+/// v1 and v2. `None` for a process outside any pod.
+pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        if !path.contains("kubepods") {
+            continue;
+        }
+        for seg in path.split('/') {
+            let seg = seg.strip_suffix(".slice").unwrap_or(seg);
+            let Some(pos) = seg.rfind("pod") else {
+                continue;
+            };
+            let cand = &seg[pos + 3..];
+            let uid = cand.replace('_', "-");
+            if is_uid(&uid) {
+                return Some(uid);
+            }
+        }
+    }
+    None
+}
+
+fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// One process on a GPU, as the watchdog sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub used_bytes: u64,
+    /// Whether `<proc-root>/<pid>` exists.
+    pub exists: bool,
+    /// Pod UID from the cgroup, when in a pod.
+    pub pod: Option<String>,
+    /// The MIG GPU instance it runs on; `None` on a whole GPU.
+    pub gi: Option<u32>,
+}
+
+/// A prepared claim with devices on the GPU being judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimView {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub pods: Vec<PodRef>,
+    /// Memory budget on this GPU (shares and slots); `None` for a whole GPU or a MIG
+    /// device, which has no budget to exceed.
+    pub budget: Option<u64>,
+}
+
+/// One finding of a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// A claim's processes hold more than budget + tolerance; `kill` are the PIDs to
+    /// stop (largest first) to get back within it.
+    OverBudget {
+        claim: String,
+        namespace: String,
+        name: String,
+        pods: Vec<PodRef>,
+        used: u64,
+        budget: u64,
+        pids: Vec<u32>,
+        kill: Vec<u32>,
+    },
+    /// A GPU process of no prepared claim.
+    NoClaim {
+        pid: u32,
+        used: u64,
+        pod: Option<String>,
+    },
+    /// Memory still held by a vanished process, or by a process of a claim unprepared
+    /// (or being unprepared).
+    Zombie {
+        pid: u32,
+        used: u64,
+        /// The MIG GPU instance holding the memory; `None` for the whole GPU.
+        gi: Option<u32>,
+        /// The unprepared claim it belonged to, when known.
+        claim: Option<String>,
+        vanished: bool,
+    },
+}
+
+/// Judges one GPU. Pure and deterministic: processes in PID order, claims in the given
+/// order. A process in a pod holding several of the GPU's claims counts against their
+/// summed budget (the library merges budgets by GPU the same way).
+pub fn judge(
+    procs: &[ProcessView],
+    claims: &[ClaimView],
+    unprepared: &[Unprepared],
+    tolerance: u64,
+) -> Vec<Finding> {
+    let mut procs: Vec<&ProcessView> = procs.iter().collect();
+    procs.sort_by_key(|p| p.pid);
+    let mut out = Vec::new();
+    // Group processes by the set of claims their pod holds on this GPU.
+    let mut groups: BTreeMap<Vec<usize>, Vec<&ProcessView>> = BTreeMap::new();
+    for p in procs {
+        if !p.exists {
+            out.push(Finding::Zombie {
+                pid: p.pid,
+                used: p.used_bytes,
+                gi: p.gi,
+                claim: None,
+                vanished: true,
+            });
+            continue;
+        }
+        let holders: Vec<usize> = match &p.pod {
+            Some(pod) => claims
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.pods.iter().any(|r| &r.uid == pod))
+                .map(|(i, _)| i)
+                .collect(),
+            None => Vec::new(),
+        };
+        if !holders.is_empty() {
+            groups.entry(holders).or_default().push(p);
+            continue;
+        }
+        let gone = p.pod.as_ref().and_then(|pod| {
+            unprepared
+                .iter()
+                .rev()
+                .find(|u| u.pods.iter().any(|r| &r.uid == pod))
+        });
+        match gone {
+            Some(u) => out.push(Finding::Zombie {
+                pid: p.pid,
+                used: p.used_bytes,
+                gi: p.gi,
+                claim: Some(u.uid.clone()),
+                vanished: false,
+            }),
+            None => out.push(Finding::NoClaim {
+                pid: p.pid,
+                used: p.used_bytes,
+                pod: p.pod.clone(),
+            }),
+        }
+    }
+    for (holders, members) in groups {
+        let budgets: Option<Vec<u64>> = holders.iter().map(|&i| claims[i].budget).collect();
+        let Some(budgets) = budgets else {
+            continue; // a whole GPU or MIG device among them: nothing to exceed
+        };
+        let budget: u64 = budgets.iter().sum();
+        let used: u64 = members.iter().map(|p| p.used_bytes).sum();
+        let limit = budget.saturating_add(tolerance);
+        if used <= limit {
+            continue;
+        }
+        let mut by_size = members.clone();
+        by_size.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
+        let mut left = used;
+        let mut kill = Vec::new();
+        for p in by_size {
+            if left <= limit {
+                break;
+            }
+            left -= p.used_bytes;
+            kill.push(p.pid);
+        }
+        let first = &claims[holders[0]];
+        out.push(Finding::OverBudget {
+            claim: holders
+                .iter()
+                .map(|&i| claims[i].uid.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            namespace: first.namespace.clone(),
+            name: holders
+                .iter()
+                .map(|&i| claims[i].name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            pods: first.pods.clone(),
+            used,
+            budget,
+            pids: members.iter().map(|p| p.pid).collect(),
+            kill,
+        });
+    }
+    out
+}
+
+/// The claims of the checkpoint with devices on GPU `uuid`, with their budget there.
+pub fn claims_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<ClaimView> {
+    claims
+        .iter()
+        .filter(|(_, r)| r.state == ClaimState::PrepareCompleted)
+        .filter_map(|(uid, r)| {
+            let on: Vec<_> = r.devices.iter().filter(|d| d.gpu_uuid == uuid).collect();
+            if on.is_empty() {
+                return None;
+            }
+            let budget = on
+                .iter()
+                .map(|d| d.budget.filter(|_| d.mig.is_none()).map(|b| b.memory_bytes))
+                .sum::<Option<u64>>();
+            Some(ClaimView {
+                uid: uid.clone(),
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                pods: r.pods.clone(),
+                budget,
+            })
+        })
+        .collect()
+}
+
+/// Claims of the checkpoint with devices on GPU `uuid` whose unprepare has begun but
+/// not finished (a MIG device still in use fails its destroy and leaves the claim
+/// there), as unprepared claims: their processes hold zombie memory. Deterministic.
+pub fn unpreparing_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<Unprepared> {
+    claims
+        .iter()
+        .filter(|(_, r)| r.state == ClaimState::UnprepareStarted)
+        .filter(|(_, r)| r.devices.iter().any(|d| d.gpu_uuid == uuid))
+        .map(|(uid, r)| Unprepared {
+            uid: uid.clone(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            pods: r.pods.clone(),
+            gpus: vec![uuid.to_string()],
+            at: r.started_at,
+        })
+        .collect()
+}
+
+/// Adds a live pod to the views of the claims (`claim_uids`) it uses, unless already
+/// recorded there. Deterministic.
+pub fn add_live_pod(on_gpu: &mut [ClaimView], pod: &LivePod, claim_uids: &[String]) {
+    for c in on_gpu.iter_mut().filter(|c| claim_uids.contains(&c.uid)) {
+        if !c.pods.iter().any(|r| r.uid == pod.uid) {
+            c.pods.push(pod.pod_ref());
+        }
+    }
+}
+
+/// Where the watchdog reports what it did; Kubernetes Events in the plugin, a list in
+/// tests.
+pub trait EventSink: Send + Sync {
+    /// A Warning Event on pod `namespace/pod`.
+    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str);
+}
+
+/// Posts core/v1 Events through the API server (fire and forget: a failed post is
+/// logged, never retried).
+pub struct KubeEvents {
+    pub client: kube::Client,
+    pub node: String,
+    pub handle: tokio::runtime::Handle,
+}
+
+impl EventSink for KubeEvents {
+    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str) {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", pod.name)),
+                namespace: Some(namespace.to_string()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                namespace: Some(namespace.to_string()),
+                uid: Some(pod.uid.clone()),
+                ..Default::default()
+            },
+            reason: Some(reason.to_string()),
+            message: Some(message.to_string()),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("tessera-watchdog".into()),
+                host: Some(self.node.clone()),
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            reporting_component: Some("tessera.dev/watchdog".into()),
+            reporting_instance: Some(self.node.clone()),
+            ..Default::default()
+        };
+        let api: kube::Api<Event> = kube::Api::namespaced(self.client.clone(), namespace);
+        let (reason, pod_name) = (reason.to_string(), pod.name.clone());
+        self.handle.spawn(async move {
+            if let Err(e) = api.create(&Default::default(), &ev).await {
+                warn!(error = %e, pod = %pod_name, reason, "cannot post the watchdog's Event");
+            }
+        });
+    }
+}
+
+/// The watchdog's settings.
+#[derive(Debug, Clone)]
+pub struct WatchdogConfig {
+    pub mode: Mode,
+    /// Bytes a shared claim may hold above its budget before the watchdog acts.
+    pub tolerance: u64,
+    pub proc_root: PathBuf,
+    pub interval: std::time::Duration,
+}
+
+/// Watchdog period: a process over budget is killed within two of them plus NVML's
+/// reporting delay.
+pub const INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Parses `--watchdog-tolerance`: a byte quantity (`256Mi`, `1G`, `0`).
+pub fn parse_tolerance(s: &str) -> Result<u64, String> {
+    let q = k8s_model::validation::quantity::Quantity::parse(s)
+        .map_err(|e| format!("--watchdog-tolerance {s:?}: {}", e.go_message()))?;
+    q.to_i64_value()
+        .filter(|v| *v >= 0 && q.is_integer())
+        .map(|v| v as u64)
+        .ok_or_else(|| format!("--watchdog-tolerance {s:?}: not a whole number of bytes"))
+}
+
+/// Default tolerance: NVML's per-process figure includes the process's context and the
+/// driver's own reservations, which the library's charges match only approximately
+/// (context creation is charged per the interception library's estimate).
+pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
+
+/// Why a kill was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("PID {pid} now belongs to pod {now:?}, not {expected} (PID reused)")]
+    Reused {
+        pid: u32,
+        expected: String,
+        now: Option<String>,
+    },
+    #[error("PID {pid} is the plugin itself")]
+    Own { pid: u32 },
+    #[error("signalling PID {pid} failed")]
+    Signal {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`)
+/// and is not the plugin itself. Through a pidfd where the kernel has them (5.3+): the
+/// pidfd pins the process whose cgroup was checked, so the signal cannot reach a
+/// process that took the PID after the check. What is caught is reuse by a process
+/// outside that pod; without pidfds a small window remains between the check and
+/// kill(2). `proc_root` must show the plugin's own PID namespace
+/// ([`proc_root_matches_pid_namespace`]): the pidfd and kill(2) use the plugin's PIDs.
+pub fn kill_checked(proc_root: &Path, pid: u32, expected: &str) -> Result<(), KillError> {
+    let signal_err = |source| KillError::Signal { pid, source };
+    if pid == std::process::id() {
+        return Err(KillError::Own { pid });
+    }
+    let check = || {
+        let now = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
+            .ok()
+            .as_deref()
+            .and_then(pod_uid_from_cgroup);
+        if now.as_deref() == Some(expected) {
+            Ok(())
+        } else {
+            Err(KillError::Reused {
+                pid,
+                expected: expected.to_string(),
+                now,
+            })
+        }
+    };
+    // SAFETY: pidfd_open(2) takes a PID and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOSYS) {
+            return Err(signal_err(e));
+        }
+        // No pidfds: a check and kill(2), with the (tiny) window between them.
+        check()?;
+        // SAFETY: kill(2) on a PID just checked to be in the expected pod.
+        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+            return Err(signal_err(std::io::Error::last_os_error()));
+        }
+        return Ok(());
+    }
+    let fd = fd as libc::c_int;
+    let r = check().and_then(|()| {
+        // SAFETY: pidfd_send_signal(2) on the pidfd opened above, no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            Err(signal_err(std::io::Error::last_os_error()))
+        } else {
+            Ok(())
+        }
+    });
+    // SAFETY: closing the pidfd this function opened.
+    unsafe { libc::close(fd) };
+    r
+}
+
+/// Whether `proc_root` is a procfs of the plugin's own PID namespace: its `self` link
+/// names the plugin's PID. (Comparing `self/ns/pid` links is not enough: the host's
+/// procfs resolves `self` to the caller too, whose namespace link is the caller's
+/// own.) Errors when the link cannot be read.
+pub fn proc_root_matches_pid_namespace(proc_root: &Path) -> std::io::Result<bool> {
+    let link = std::fs::read_link(proc_root.join("self"))?;
+    Ok(link.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(std::process::id()))
+}
+
+/// An error with its causes on one line, for logs.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The edge: one tick reads NVML and procfs, judges each GPU, acts and reports.
+pub struct Watchdog {
+    cfg: WatchdogConfig,
+    state: Arc<DeviceState>,
+    events: Option<Box<dyn EventSink>>,
+    /// Lists this node's pods with their claims, merged with the checkpoint's records
+    /// (pods that joined a claim after its prepare); `None`: the checkpoint only.
+    pods: Option<Arc<dyn PodLookup>>,
+    pod_cache: PodCache,
+    /// How long a tick waits for a pod list in flight.
+    lookup_wait: std::time::Duration,
+    /// (pid, kind) already reported, so reports are made once per process.
+    reported: BTreeSet<(u32, &'static str)>,
+    /// PIDs killed lately: a killed process stays in NVML's list (and as a zombie in
+    /// procfs) until its context is torn down; it is not killed or reported again.
+    killed: BTreeMap<u32, std::time::Instant>,
+    /// PIDs whose kill failed: (attempts, next attempt), backing off.
+    failing: BTreeMap<u32, (u32, std::time::Instant)>,
+}
+
+/// When to try again to kill a PID whose kill failed `attempts` times: the tick
+/// interval, doubling, at most 30 s. Deterministic.
+pub fn kill_retry_after(attempts: u32) -> std::time::Duration {
+    let max = std::time::Duration::from_secs(30);
+    INTERVAL
+        .checked_mul(1u32 << attempts.saturating_sub(1).min(16))
+        .map_or(max, |d| d.min(max))
+}
+
+/// How long a killed PID is left alone.
+const KILL_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Zombie memory found in one tick: (GPU UUID, MIG GI or `None`) → (bytes, PIDs).
+pub type Zombies = BTreeMap<(String, Option<u32>), (u64, Vec<u32>)>;
+
+impl Watchdog {
+    /// A watchdog in `cfg.mode`, except that enforce falls back to report (with an
+    /// error log) when `cfg.proc_root` does not show the plugin's own PID namespace:
+    /// PIDs from it could not be signalled safely.
+    pub fn new(
+        mut cfg: WatchdogConfig,
+        state: Arc<DeviceState>,
+        events: Option<Box<dyn EventSink>>,
+    ) -> Self {
+        if cfg.mode == Mode::Enforce {
+            match proc_root_matches_pid_namespace(&cfg.proc_root) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), "watchdog: the proc root shows another PID namespace than the plugin's (run the plugin with hostPID); reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+                Err(e) => {
+                    tracing::error!(proc_root = %cfg.proc_root.display(), error = %e, "watchdog: cannot tell the proc root's PID namespace; reporting instead of killing");
+                    cfg.mode = Mode::Report;
+                }
+            }
+        }
+        Watchdog {
+            cfg,
+            state,
+            events,
+            pods: None,
+            pod_cache: PodCache::default(),
+            lookup_wait: pods::TICK_WAIT,
+            reported: BTreeSet::new(),
+            killed: BTreeMap::new(),
+            failing: BTreeMap::new(),
+        }
+    }
+
+    /// Also maps processes to claims through `lookup` (this node's pods and their
+    /// claims, merged with the checkpoint's records).
+    pub fn with_pods(mut self, lookup: Box<dyn PodLookup>) -> Self {
+        self.pods = Some(Arc::from(lookup));
+        self
+    }
+
+    /// How long a tick waits for a pod list in flight ([`pods::TICK_WAIT`] unless set;
+    /// tests that judge a single tick wait longer).
+    pub fn with_lookup_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lookup_wait = wait;
+        self
+    }
+
+    fn view(&self, pid: u32, used: u64, gi: Option<u32>) -> ProcessView {
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        let cgroup = std::fs::read_to_string(dir.join("cgroup")).ok();
+        ProcessView {
+            pid,
+            used_bytes: used,
+            exists: dir.exists(),
+            pod: cgroup.as_deref().and_then(pod_uid_from_cgroup),
+            gi,
+        }
+    }
+
+    /// Refreshes this node's pod list if due (one list for all `wanted` pods, waiting
+    /// at most `lookup_wait`; see [`pods`]). A no-op without a lookup.
+    fn refresh_pods(&mut self, wanted: &BTreeSet<String>, claims: &BTreeMap<String, ClaimRecord>) {
+        let Some(lookup) = self.pods.as_ref() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if let Some(e) = self.pod_cache.refresh(
+            wanted,
+            pods::wanted_claims(claims),
+            lookup,
+            now,
+            self.lookup_wait,
+        ) {
+            warn!(error = %chain(&e), "watchdog: cannot list the node's pods");
+        }
+    }
+
+    /// Adds to `on_gpu` every pod of `views` the last pod list has, to each claim there
+    /// it uses (merged with the checkpoint's records: a pod recorded for one claim may
+    /// have joined another since).
+    fn join_live_pods(
+        &self,
+        views: &[ProcessView],
+        on_gpu: &mut [ClaimView],
+        claims: &BTreeMap<String, ClaimRecord>,
+    ) {
+        let pods: BTreeSet<&str> = views
+            .iter()
+            .filter(|v| v.exists)
+            .filter_map(|v| v.pod.as_deref())
+            .collect();
+        for pod in pods {
+            let Some(live) = self.pod_cache.get(pod) else {
+                continue;
+            };
+            let uids = pods::claims_of(live, claims);
+            if !uids.is_empty() {
+                add_live_pod(on_gpu, live, &uids);
+            }
+        }
+    }
+
+    /// One pass over every managed GPU. Returns the findings (for tests and logs).
+    pub fn tick(&mut self) -> Vec<(String, Finding)> {
+        if self.cfg.mode == Mode::Off {
+            return Vec::new();
+        }
+        let claims = self.state.prepared().unwrap_or_default();
+        let unprepared = self.state.recently_unprepared();
+        let mut all = Vec::new();
+        let mut seen: BTreeSet<(u32, &'static str)> = BTreeSet::new();
+        let mut zombies = Zombies::new();
+        let state = self.state.clone();
+        // (GPU UUID, its processes, claims unprepared or being unprepared there).
+        let mut gpus: Vec<(String, Vec<ProcessView>, Vec<Unprepared>)> = Vec::new();
+        for g in state.gpus() {
+            let uuid = g.gpu.uuid.clone();
+            let procs = match state.backend().processes(g.gpu.minor) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(gpu = %uuid, error = %e, "watchdog: cannot list the GPU's processes");
+                    continue;
+                }
+            };
+            let views: Vec<ProcessView> = procs
+                .iter()
+                .map(|p| self.view(p.pid, p.used_bytes.unwrap_or(0), p.gi_id))
+                .collect();
+            let mut gone: Vec<Unprepared> = unprepared
+                .iter()
+                .filter(|u| u.gpus.contains(&uuid))
+                .cloned()
+                .collect();
+            gone.extend(unpreparing_on_gpu(&claims, &uuid));
+            gpus.push((uuid, views, gone));
+        }
+        // Pods with GPU processes, except those of claims unprepared there (their
+        // pods are usually deleted: no list would find them).
+        let wanted: BTreeSet<String> = gpus
+            .iter()
+            .flat_map(|(_, views, gone)| {
+                views
+                    .iter()
+                    .filter(|v| v.exists)
+                    .filter_map(|v| v.pod.as_ref())
+                    .filter(|pod| !gone.iter().any(|u| u.pods.iter().any(|r| &r.uid == *pod)))
+            })
+            .cloned()
+            .collect();
+        self.refresh_pods(&wanted, &claims);
+        for (uuid, views, gone) in gpus {
+            let mut on_gpu = claims_on_gpu(&claims, &uuid);
+            self.join_live_pods(&views, &mut on_gpu, &claims);
+            let pod_of: BTreeMap<u32, Option<String>> =
+                views.iter().map(|v| (v.pid, v.pod.clone())).collect();
+            for f in judge(&views, &on_gpu, &gone, self.cfg.tolerance) {
+                self.act(&uuid, &f, &pod_of, &mut seen);
+                if let Finding::Zombie { pid, used, gi, .. } = &f {
+                    let z = zombies.entry((uuid.clone(), *gi)).or_default();
+                    z.0 += used;
+                    z.1.push(*pid);
+                }
+                all.push((uuid.clone(), f));
+            }
+        }
+        self.reported.retain(|k| seen.contains(k));
+        self.failing.retain(|pid, _| seen.contains(&(*pid, "over")));
+        crate::telemetry::metrics::set_zombies(zombies);
+        all
+    }
+
+    fn act(
+        &mut self,
+        gpu: &str,
+        f: &Finding,
+        pod_of: &BTreeMap<u32, Option<String>>,
+        seen: &mut BTreeSet<(u32, &'static str)>,
+    ) {
+        let m = crate::telemetry::metrics::driver();
+        match f {
+            Finding::OverBudget {
+                claim,
+                namespace,
+                name,
+                pods,
+                used,
+                budget,
+                pids,
+                kill,
+            } => {
+                let now = std::time::Instant::now();
+                for &p in kill {
+                    seen.insert((p, "over"));
+                }
+                self.killed.retain(|_, at| at.elapsed() < KILL_QUIET);
+                if kill.iter().all(|p| self.killed.contains_key(p)) {
+                    return; // killed already; its memory is on its way out
+                }
+                // New: a PID to kill that no earlier tick reported.
+                let new = kill.iter().any(|p| !self.reported.contains(&(*p, "over")));
+                let enforce = self.cfg.mode == Mode::Enforce;
+                let mut killed = Vec::new();
+                let mut failed = Vec::new();
+                let mut withheld = Vec::new();
+                if enforce {
+                    // PID 0 and 1 are never a pod's workload as the host sees it.
+                    for &pid in kill.iter().filter(|p| **p > 1) {
+                        if self.killed.contains_key(&pid)
+                            || self.failing.get(&pid).is_some_and(|(_, next)| *next > now)
+                        {
+                            continue; // killed, or a failed kill backing off
+                        }
+                        let pod = pod_of.get(&pid).cloned().flatten();
+                        // A kill never rests on missing data: a pod some of whose
+                        // claims could not be read may hold a larger budget.
+                        let unread = pod
+                            .as_deref()
+                            .and_then(|p| self.pod_cache.get(p))
+                            .is_some_and(|p| !p.unread.is_empty());
+                        if unread {
+                            withheld.push(pid);
+                            continue;
+                        }
+                        // A process in no pod is never a claim's; never signalled.
+                        let Some(pod) = pod else {
+                            failed.push(pid);
+                            continue;
+                        };
+                        match kill_checked(&self.cfg.proc_root, pid, &pod) {
+                            Ok(()) => {
+                                killed.push(pid);
+                                self.killed.insert(pid, now);
+                                self.failing.remove(&pid);
+                            }
+                            Err(e) => {
+                                let (attempts, next) = self.failing.entry(pid).or_insert((0, now));
+                                *attempts += 1;
+                                *next = now + kill_retry_after(*attempts);
+                                warn!(pid, attempts = *attempts, retry_in = ?kill_retry_after(*attempts), error = %chain(&e), "watchdog: kill failed");
+                                failed.push(pid);
+                            }
+                        }
+                    }
+                }
+                for &p in kill {
+                    self.reported.insert((p, "over"));
+                }
+                if !new && killed.is_empty() {
+                    return; // reported already, nothing done now: no log line, no Event
+                }
+                let action = if enforce && !withheld.is_empty() {
+                    format!(
+                        "killed {killed:?}; could not kill {failed:?}; not killed {withheld:?} (claims of its pod could not be read)"
+                    )
+                } else if enforce {
+                    format!("killed {killed:?}; could not kill {failed:?}")
+                } else {
+                    format!("would kill {kill:?} (report mode)")
+                };
+                let msg = format!(
+                    "claim {namespace}/{name} holds {used} bytes on GPU {gpu}, over its budget of {budget} bytes (+{} tolerance); processes {pids:?}; {action}",
+                    self.cfg.tolerance
+                );
+                warn!(claim = %claim, gpu, used, budget, pids = ?pids, killed = ?killed, failed = ?failed, withheld = ?withheld, "watchdog: memory over budget");
+                if enforce {
+                    for _ in &killed {
+                        m.watchdog_action("kill", "over_budget");
+                    }
+                } else {
+                    m.watchdog_action("report", "over_budget");
+                }
+                // Only the pods whose processes are to be killed get the Event.
+                let offending: BTreeSet<&str> = kill
+                    .iter()
+                    .filter_map(|p| pod_of.get(p).and_then(|o| o.as_deref()))
+                    .collect();
+                if let Some(ev) = &self.events {
+                    for pod in pods.iter().filter(|r| offending.contains(r.uid.as_str())) {
+                        ev.warn(namespace, pod, "GpuMemoryOverBudget", &msg);
+                    }
+                }
+            }
+            Finding::NoClaim { pid, used, pod } => {
+                seen.insert((*pid, "noclaim"));
+                if self.reported.insert((*pid, "noclaim")) {
+                    warn!(pid, gpu, used, pod = ?pod, "watchdog: GPU process belongs to no prepared claim");
+                    m.watchdog_action("report", "no_claim");
+                }
+            }
+            Finding::Zombie {
+                pid,
+                used,
+                gi,
+                claim,
+                vanished,
+            } => {
+                seen.insert((*pid, "zombie"));
+                if self.reported.insert((*pid, "zombie")) {
+                    if *vanished {
+                        warn!(
+                            pid,
+                            gpu,
+                            gi = ?gi,
+                            used,
+                            "zombie memory: GPU memory held by a process that no longer exists"
+                        );
+                    } else {
+                        warn!(pid, gpu, gi = ?gi, used, claim = ?claim, "zombie memory: GPU memory still held by a process of an unprepared claim");
+                    }
+                    m.watchdog_action("report", "zombie");
+                }
+            }
+        }
+    }
+
+    /// Ticks every `interval` until `stop` turns true.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if self.cfg.mode == Mode::Off {
+            return;
+        }
+        info!(mode = ?self.cfg.mode, tolerance = self.cfg.tolerance, "watchdog running");
+        let mut iv = tokio::time::interval(self.cfg.interval);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => {
+                    self = match tokio::task::spawn_blocking(move || { self.tick(); self }).await {
+                        Ok(s) => s,
+                        Err(e) => { warn!(error = %e, "watchdog tick failed"); return; }
+                    };
+                }
+                _ = stop.changed() => if *stop.borrow() { return },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = "4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f";
+
+    #[test]
+    fn finds_the_pod_in_every_cgroup_layout() {
+        for text in [
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod4b2f6c1e_8d3a_4f5b_9c7e_1a2b3c4d5e6f.slice/cri-containerd-abc.scope\n",
+            "0::/kubepods.slice/kubepods-pod4b2f6c1e_8d3a_4f5b_9c7e_1a2b3c4d5e6f.slice/crio-1.scope\n",
+            "12:memory:/kubepods/besteffort/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/0123abcd\n11:cpu:/kubepods/besteffort/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/0123abcd\n",
+            "0::/kubepods/pod4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f/ctr\n",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(text).as_deref(), Some(POD), "{text}");
+        }
+        assert_eq!(
+            pod_uid_from_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"),
+            None
+        );
+        assert_eq!(
+            pod_uid_from_cgroup("0::/kubepods.slice/kubepods-podnotauid.slice\n"),
+            None
+        );
+    }
+
+    fn claim(uid: &str, pod: &str, budget: Option<u64>) -> ClaimView {
+        ClaimView {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("c-{uid}"),
+            pods: vec![PodRef {
+                name: format!("p-{pod}"),
+                uid: pod.into(),
+            }],
+            budget,
+        }
+    }
+
+    fn proc(pid: u32, gib: u64, pod: Option<&str>) -> ProcessView {
+        ProcessView {
+            pid,
+            used_bytes: gib << 30,
+            exists: true,
+            pod: pod.map(Into::into),
+            gi: None,
+        }
+    }
+
+    /// A claim of 4 GiB whose two processes hold 3 + 2 GiB: the larger is killed.
+    #[test]
+    fn over_budget_kills_the_largest_until_within_budget() {
+        let f = judge(
+            &[proc(10, 3, Some(POD)), proc(11, 2, Some(POD))],
+            &[claim("u1", POD, Some(4 << 30))],
+            &[],
+            DEFAULT_TOLERANCE,
+        );
+        match &f[..] {
+            [Finding::OverBudget { kill, used, .. }] => {
+                assert_eq!(kill, &vec![10]);
+                assert_eq!(*used, 5 << 30);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn below_tolerance_nothing_happens() {
+        let f = judge(
+            &[ProcessView {
+                pid: 10,
+                used_bytes: (4 << 30) + (200 << 20),
+                exists: true,
+                pod: Some(POD.into()),
+                gi: None,
+            }],
+            &[claim("u1", POD, Some(4 << 30))],
+            &[],
+            DEFAULT_TOLERANCE,
+        );
+        assert!(f.is_empty(), "{f:?}");
+    }
+
+    #[test]
+    fn whole_gpu_claims_have_no_budget_to_exceed() {
+        let f = judge(
+            &[proc(10, 70, Some(POD))],
+            &[claim("u1", POD, None)],
+            &[],
+            0,
+        );
+        assert!(f.is_empty());
+    }
+
+    #[test]
+    fn strangers_and_zombies_are_reported() {
+        let gone = Unprepared {
+            uid: "old".into(),
+            namespace: "ns".into(),
+            name: "old".into(),
+            pods: vec![PodRef {
+                name: "p".into(),
+                uid: POD.into(),
+            }],
+            gpus: vec!["GPU-a".into()],
+            at: 0,
+        };
+        let mut vanished = proc(12, 1, None);
+        vanished.exists = false;
+        let f = judge(
+            &[proc(10, 1, None), proc(11, 2, Some(POD)), vanished],
+            &[],
+            &[gone],
+            0,
+        );
+        assert_eq!(
+            f,
+            vec![
+                Finding::NoClaim {
+                    pid: 10,
+                    used: 1 << 30,
+                    pod: None
+                },
+                Finding::Zombie {
+                    pid: 11,
+                    used: 2 << 30,
+                    gi: None,
+                    claim: Some("old".into()),
+                    vanished: false
+                },
+                Finding::Zombie {
+                    pid: 12,
+                    used: 1 << 30,
+                    gi: None,
+                    claim: None,
+                    vanished: true
+                },
+            ]
+        );
+    }
+
+    /// Regression (a pod joining a shared claim after its prepare was never mapped):
+    /// once the live lookup adds the pod to the claim, its processes count against
+    /// the claim's budget and the largest is killed.
+    #[test]
+    fn a_pod_joining_later_is_held_to_the_claims_budget() {
+        const LATE: &str = "7d0e2a9b-1c3f-4e5d-8a6b-9c0d1e2f3a4b";
+        let procs = [proc(10, 1, Some(POD)), proc(20, 3, Some(LATE))];
+        let mut views = vec![claim("u1", POD, Some(2 << 30))];
+        assert!(matches!(
+            &judge(&procs, &views, &[], 0)[..],
+            [Finding::NoClaim { pid: 20, .. }]
+        ));
+        let live = LivePod {
+            uid: LATE.into(),
+            namespace: "ns".into(),
+            name: "late".into(),
+            claims: vec![],
+            unread: vec![],
+        };
+        add_live_pod(&mut views, &live, &["u1".into()]);
+        add_live_pod(&mut views, &live, &["u1".into()]);
+        assert_eq!(views[0].pods.len(), 2, "added once");
+        match &judge(&procs, &views, &[], 0)[..] {
+            [Finding::OverBudget { kill, pids, .. }] => {
+                assert_eq!(kill, &vec![20]);
+                assert_eq!(pids, &vec![10, 20]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A claim whose unprepare has begun (its MIG device still in use) has zombie
+    /// processes, keyed by the GPU instance they run on.
+    #[test]
+    fn processes_of_a_claim_being_unprepared_are_zombies_of_their_gpu_instance() {
+        use crate::prepare::checkpoint::{MigRecord, PreparedDevice};
+        let device = PreparedDevice {
+            request_names: vec!["gpu".into()],
+            pool_name: "node".into(),
+            device_name: "gpu-0-mig-1g.10gb-3".into(),
+            cdi_device_ids: vec![],
+            share_id: None,
+            gpu_uuid: "GPU-a".into(),
+            config: Default::default(),
+            mig: Some(MigRecord {
+                gpu_minor: 0,
+                profile_id: 19,
+                start: 3,
+                size: 1,
+                gi_id: 9,
+                ci_id: Some(0),
+                uuid: None,
+                created: true,
+            }),
+            budget: None,
+        };
+        let rec = |state| ClaimRecord {
+            state,
+            namespace: "ns".into(),
+            name: "mig".into(),
+            devices: vec![device.clone()],
+            cdi_spec: None,
+            claim_files: false,
+            lib_version: None,
+            pods: vec![PodRef {
+                name: "p".into(),
+                uid: POD.into(),
+            }],
+            started_at: 0,
+            completed_at: None,
+        };
+        let mut claims = BTreeMap::new();
+        claims.insert("u1".to_string(), rec(ClaimState::UnprepareStarted));
+        assert!(claims_on_gpu(&claims, "GPU-a").is_empty());
+        let gone = unpreparing_on_gpu(&claims, "GPU-a");
+        assert_eq!(gone.len(), 1);
+        assert!(unpreparing_on_gpu(&claims, "GPU-b").is_empty());
+        let mut p = proc(10, 1, Some(POD));
+        p.gi = Some(9);
+        assert_eq!(
+            judge(&[p], &[], &gone, 0),
+            vec![Finding::Zombie {
+                pid: 10,
+                used: 1 << 30,
+                gi: Some(9),
+                claim: Some("u1".into()),
+                vanished: false
+            }]
+        );
+        claims.insert("u1".to_string(), rec(ClaimState::PrepareCompleted));
+        assert!(unpreparing_on_gpu(&claims, "GPU-a").is_empty());
+        assert_eq!(claims_on_gpu(&claims, "GPU-a").len(), 1);
+    }
+
+    /// A PID whose cgroup no longer names the expected pod is not signalled.
+    #[test]
+    fn a_reused_pid_is_not_killed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let dir = root.path().join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), "0::/system.slice/other.service\n").unwrap();
+        let r = kill_checked(root.path(), pid, POD);
+        assert!(matches!(r, Err(KillError::Reused { .. })), "{r:?}");
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
+        kill_checked(root.path(), pid, POD).unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    /// Regression (a process outside any pod passed the pod check, and the plugin
+    /// could signal itself): the plugin's own PID is never signalled, even when its
+    /// cgroup names the expected pod.
+    #[test]
+    fn the_plugin_never_kills_itself() {
+        let root = tempfile::tempdir().unwrap();
+        let own = std::process::id();
+        let dir = root.path().join(own.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), format!("0::/kubepods/pod{POD}/ctr\n")).unwrap();
+        let r = kill_checked(root.path(), own, POD);
+        assert!(matches!(r, Err(KillError::Own { .. })), "{r:?}");
+    }
+
+    /// The proc root must show the plugin's PID namespace: the real /proc does; one
+    /// whose `self` names another PID (the host's procfs seen from a pod without
+    /// hostPID), or has no `self`, does not.
+    #[test]
+    fn a_proc_root_of_another_pid_namespace_is_refused() {
+        assert!(proc_root_matches_pid_namespace(Path::new("/proc")).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).is_err());
+        let other = (std::process::id() + 1).to_string();
+        std::os::unix::fs::symlink(&other, root.path().join("self")).unwrap();
+        assert!(!proc_root_matches_pid_namespace(root.path()).unwrap());
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(std::process::id().to_string(), root.path().join("self"))
+            .unwrap();
+        assert!(proc_root_matches_pid_namespace(root.path()).unwrap());
+    }
+
+    /// A kill that keeps failing is retried with backoff: 0.5, 1, 2, 4 s ... at most
+    /// 30 s apart.
+    #[test]
+    fn failed_kills_back_off() {
+        let secs: Vec<f64> = (1..=8).map(|n| kill_retry_after(n).as_secs_f64()).collect();
+        assert_eq!(secs, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]);
+        assert_eq!(kill_retry_after(u32::MAX).as_secs(), 30);
+    }
+}

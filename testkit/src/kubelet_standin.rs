@@ -1,0 +1,196 @@
+//! A kubelet stand-in for tests and the demo: it talks to the plugin over the real
+//! sockets exactly as the kubelet does (registration `GetInfo` and
+//! `NotifyRegistrationStatus`, then DRA `v1` or `v1beta1`, and the DRA health stream
+//! `v1alpha1.DRAResourceHealth` when the plugin advertises it).
+
+use std::path::Path;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use tessera::kubelet::proto::{dra_v1, dra_v1beta1, health_v1alpha1, registration};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("cannot connect to {path}")]
+    Connect {
+        path: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("gRPC call {call} failed")]
+    Call {
+        call: &'static str,
+        #[source]
+        source: tonic::Status,
+    },
+    #[error("the plugin offers none of the kubelet's versions: {0:?}")]
+    NoCommonVersion(Vec<String>),
+}
+
+/// Opens a gRPC channel over a Unix socket.
+pub async fn connect_unix(path: &Path) -> Result<Channel, KubeletError> {
+    let p = path.to_path_buf();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = p.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
+            }
+        }))
+        .await
+        .map_err(|source| KubeletError::Connect {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// Which DRA API version the kubelet picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraVersion {
+    V1,
+    V1beta1,
+}
+
+/// Registers like the kubelet's plugin watcher: `GetInfo`, then choose the first of the
+/// plugin's versions that this kubelet supports, then `NotifyRegistrationStatus`.
+/// Returns the plugin's info and the chosen version.
+pub async fn register(
+    registration_socket: &Path,
+    kubelet_versions: &[&str],
+) -> Result<(registration::PluginInfo, DraVersion), KubeletError> {
+    let ch = connect_unix(registration_socket).await?;
+    let mut c = registration::registration_client::RegistrationClient::new(ch);
+    let info = c
+        .get_info(registration::InfoRequest {})
+        .await
+        .map_err(|source| KubeletError::Call {
+            call: "GetInfo",
+            source,
+        })?
+        .into_inner();
+    let chosen = info
+        .supported_versions
+        .iter()
+        .find(|v| kubelet_versions.contains(&v.as_str()))
+        .cloned();
+    let version = match chosen.as_deref() {
+        Some("v1.DRAPlugin") => DraVersion::V1,
+        Some("v1beta1.DRAPlugin") => DraVersion::V1beta1,
+        _ => {
+            let _ = c
+                .notify_registration_status(registration::RegistrationStatus {
+                    plugin_registered: false,
+                    error: "no supported version".into(),
+                })
+                .await;
+            return Err(KubeletError::NoCommonVersion(info.supported_versions));
+        }
+    };
+    c.notify_registration_status(registration::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .map_err(|source| KubeletError::Call {
+        call: "NotifyRegistrationStatus",
+        source,
+    })?;
+    Ok((info, version))
+}
+
+/// One DRA call wrapper: the request and response shapes are identical in both
+/// versions apart from their package.
+macro_rules! dra_call {
+    ($(#[$doc:meta])* $fn_name:ident, $client:ident, $pkg:ident, $rpc:ident, $req:ident, $resp:ident, $label:literal) => {
+        $(#[$doc])*
+        pub async fn $fn_name(&self, claims: &[KubeletClaim]) -> Result<$pkg::$resp, KubeletError> {
+            let req = $pkg::$req {
+                claims: claims
+                    .iter()
+                    .map(|c| $pkg::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect(),
+            };
+            Ok(self
+                .$client
+                .clone()
+                .$rpc(req)
+                .await
+                .map_err(|source| KubeletError::Call { call: $label, source })?
+                .into_inner())
+        }
+    };
+}
+
+/// A DRA client on the plugin's endpoint.
+#[derive(Clone)]
+pub struct DraClient {
+    v1: dra_v1::dra_plugin_client::DraPluginClient<Channel>,
+    v1beta1: dra_v1beta1::dra_plugin_client::DraPluginClient<Channel>,
+}
+
+/// One claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletClaim {
+    pub namespace: String,
+    pub uid: String,
+    pub name: String,
+}
+
+impl DraClient {
+    pub async fn connect(endpoint: &Path) -> Result<Self, KubeletError> {
+        let ch = connect_unix(endpoint).await?;
+        Ok(DraClient {
+            v1: dra_v1::dra_plugin_client::DraPluginClient::new(ch.clone()),
+            v1beta1: dra_v1beta1::dra_plugin_client::DraPluginClient::new(ch),
+        })
+    }
+
+    dra_call!(
+        /// `NodePrepareResources` over v1.
+        prepare_v1, v1, dra_v1, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+        "v1.NodePrepareResources"
+    );
+    dra_call!(
+        /// `NodeUnprepareResources` over v1.
+        unprepare_v1, v1, dra_v1, node_unprepare_resources, NodeUnprepareResourcesRequest,
+        NodeUnprepareResourcesResponse, "v1.NodeUnprepareResources"
+    );
+    dra_call!(
+        /// `NodePrepareResources` over v1beta1.
+        prepare_v1beta1, v1beta1, dra_v1beta1, node_prepare_resources, NodePrepareResourcesRequest,
+        NodePrepareResourcesResponse, "v1beta1.NodePrepareResources"
+    );
+    dra_call!(
+        /// `NodeUnprepareResources` over v1beta1.
+        unprepare_v1beta1, v1beta1, dra_v1beta1, node_unprepare_resources, NodeUnprepareResourcesRequest,
+        NodeUnprepareResourcesResponse, "v1beta1.NodeUnprepareResources"
+    );
+}
+
+/// The service name the kubelet looks for in `supported_versions` to open the health
+/// stream.
+pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+
+/// Opens the DRA health stream (`NodeWatchResources`) on the plugin's endpoint, as a
+/// kubelet with `ResourceHealthStatus` does after registration. Each message is the
+/// driver's complete device list.
+pub async fn watch_health(
+    endpoint: &Path,
+) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, KubeletError> {
+    let ch = connect_unix(endpoint).await?;
+    let mut c = health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(ch);
+    Ok(
+        c.node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+            .await
+            .map_err(|source| KubeletError::Call {
+                call: "v1alpha1.NodeWatchResources",
+                source,
+            })?
+            .into_inner(),
+    )
+}
