@@ -1,10 +1,12 @@
 //! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map: one
 //! folder per concern, in the order a claim meets them.
 
+pub mod clock;
 pub mod compute;
 pub mod config;
 pub mod device_classes;
 pub mod device_health;
+pub mod error_chain;
 pub mod inventory;
 pub mod kubelet;
 pub mod mig;

@@ -162,7 +162,7 @@ pub fn open_backend(
                 Some(f) => MockNode::from_file(f)?,
                 None => MockNode::embedded_default()?,
             };
-            let embedded = node.embedded_config()?;
+            let embedded = NodeConfig::embedded_in(&node)?;
             Ok((
                 Box::new(MockBackend::new(node, paths.state_dir.clone(), access)),
                 embedded,

@@ -248,7 +248,7 @@ pub async fn run(
             kubernetes = %publisher.version(),
             shared_gpus,
             slots_per_gpu = model.config.shared_slots,
-            compute_per_slot = crate::publish::slices::slot_compute(model.config.shared_slots),
+            compute_per_slot = crate::inventory::sizing::slot_compute(model.config.shared_slots),
             "the API server drops consumable capacity (DRAConsumableCapacity off; a dry-run create lost allowMultipleAllocations): shared GPUs are published as fallback slots gpu-<minor>-slot-<k>"
         );
     }
@@ -270,10 +270,10 @@ pub async fn run(
         features,
     );
     let (devices_tx, devices_rx) =
-        watch::channel(health_watcher.device_list(crate::device_health::policy::now_unix()));
+        watch::channel(health_watcher.device_list(crate::clock::unix_secs() as i64));
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
     health.set_scraper(Box::new(move || {
-        crate::telemetry::metrics::render(&crate::telemetry::metrics::gather(&scrape_state, &node))
+        crate::telemetry::metrics::render(&crate::prepare::snapshot::gather(&scrape_state, &node))
     }));
 
     let dra_path = dra_socket_path(&opts);

@@ -1,4 +1,4 @@
-//! `tessera demo` end to end: the claim table is a contract.
+//! `tessera-demo` end to end: the claim table is a contract.
 
 #[path = "support/harness.rs"]
 mod harness;

@@ -426,7 +426,7 @@ fn zombie_memory_after_unprepare() {
                 }
             )]
         );
-        let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+        let text = tessera::telemetry::metrics::render(&tessera::prepare::snapshot::gather(
             &n.state,
             harness::NODE,
         ));
@@ -1188,7 +1188,7 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
         watchdog(&state).tick(),
         vec![(gpu0.clone(), zombie.clone())]
     );
-    let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+    let text = tessera::telemetry::metrics::render(&tessera::prepare::snapshot::gather(
         &state,
         harness::NODE,
     ));
@@ -1240,7 +1240,7 @@ fn mig_zombie_memory_is_reported_per_gpu_instance() {
     backend.procs.lock().unwrap().clear();
     state.unprepare(uid).unwrap();
     assert_eq!(watchdog(&state).tick(), vec![]);
-    let text = tessera::telemetry::metrics::render(&tessera::telemetry::metrics::gather(
+    let text = tessera::telemetry::metrics::render(&tessera::prepare::snapshot::gather(
         &state,
         harness::NODE,
     ));

@@ -173,6 +173,30 @@ pub struct ManagedGpu {
 }
 
 impl NodeConfig {
+    /// The config a mock node description embeds, if any, decoded strictly.
+    pub fn embedded_in(
+        node: &crate::inventory::mock::MockNode,
+    ) -> Result<Option<Self>, ConfigError> {
+        node.embedded_config_document()
+            .map(|(v, name)| Self::from_value(v.clone(), &name))
+            .transpose()
+    }
+}
+
+impl ManagedGpu {
+    /// Whether a `mig`-mode GPU gets dynamic partitions: its model is catalogued and it
+    /// either switches MIG without a reset (Hopper+) or already has MIG on (Ampere, which
+    /// Tessera never resets). Otherwise it behaves as `exclusive`.
+    pub fn mig_model(&self) -> Option<&'static crate::mig::GpuModel> {
+        if self.mode != GpuMode::Mig || !self.gpu.mig_capable {
+            return None;
+        }
+        let model = crate::mig::model_for_product(&self.gpu.product_name)?;
+        (model.reset_free_mig_toggle || self.gpu.mig_enabled).then_some(model)
+    }
+}
+
+impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {

@@ -318,7 +318,7 @@ impl At {
     /// Both clocks now (tokio's monotonic clock, so that a paused test clock applies).
     pub fn now() -> At {
         At {
-            unix: now_unix(),
+            unix: crate::clock::unix_secs() as i64,
             mono: tokio::time::Instant::now().into_std(),
         }
     }
@@ -585,13 +585,6 @@ impl NodeHealth {
             .filter_map(|k| self.unhealthy.remove(&k).map(|u| (k, u)))
             .collect()
     }
-}
-
-/// Unix seconds now.
-pub fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 #[cfg(test)]

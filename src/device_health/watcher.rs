@@ -32,7 +32,7 @@ use tracing::{info, warn};
 
 use std::collections::BTreeMap;
 
-use crate::device_health::policy::{Applied, At, DeviceHealth, NodeHealth, Scope, Span, now_unix};
+use crate::device_health::policy::{Applied, At, DeviceHealth, NodeHealth, Scope, Span};
 use crate::inventory::{GpuBackend, HealthEvent, HealthEventKind};
 use crate::kubelet::proto::health_v1alpha1 as pb;
 use crate::node::NodeModel;
@@ -365,7 +365,7 @@ impl HealthWatcher {
             };
             if changed {
                 let _ = slices_tx.send(self.pool());
-                let _ = devices_tx.send(self.device_list(now_unix()));
+                let _ = devices_tx.send(self.device_list(crate::clock::unix_secs() as i64));
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -417,7 +417,7 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
                 r = rx.changed() => r.ok()?,
                 _ = tokio::time::sleep(RESEND_INTERVAL) => {}
             }
-            let now = now_unix();
+            let now = crate::clock::unix_secs() as i64;
             let mut devices = rx.borrow_and_update().clone();
             for d in &mut devices {
                 d.last_updated_time = now;

@@ -10,6 +10,7 @@
 
 pub mod mock;
 pub mod nvml;
+pub mod sizing;
 
 use std::path::PathBuf;
 

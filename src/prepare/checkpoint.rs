@@ -210,9 +210,10 @@ impl CheckpointStore {
                 },
             )),
             Err(e) => {
-                let moved_to = self
-                    .dir
-                    .join(format!("{CHECKPOINT_FILE}.corrupt-{}", unix_now()));
+                let moved_to = self.dir.join(format!(
+                    "{CHECKPOINT_FILE}.corrupt-{}",
+                    crate::clock::unix_secs()
+                ));
                 std::fs::rename(&path, &moved_to).map_err(|source| CheckpointError::Write {
                     path: moved_to.clone(),
                     source,
@@ -253,11 +254,20 @@ pub fn boot_id(proc_root: &Path) -> String {
         .unwrap_or_default()
 }
 
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+/// The device kind of a prepared device, for labels.
+pub fn device_kind(d: &PreparedDevice) -> &'static str {
+    match (&d.mig, &d.budget, &d.share_id) {
+        (Some(_), _, _) => "mig",
+        (None, Some(_), Some(_)) => "shared",
+        (None, Some(_), None) => "slot",
+        (None, None, _) => "whole",
+    }
+}
+
+/// A prepared claim's kind: the kind of its first device (claims mixing kinds are
+/// labelled by that one).
+pub fn claim_kind(devices: &[PreparedDevice]) -> &'static str {
+    devices.first().map_or("whole", device_kind)
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ fn consumed_budget(
     };
     let memory_bytes = get("memory")?;
     let compute = get("compute")?;
-    let total = crate::publish::slices::shared_memory(&gpu.gpu);
+    let total = crate::inventory::sizing::shared_memory(&gpu.gpu);
     if memory_bytes == 0 || memory_bytes > total {
         return Err(bad(format!(
             "consumed memory {memory_bytes} is outside 1..={total} bytes"
@@ -325,8 +325,8 @@ pub fn plan_claim(
                     .filter(|g| g.mode == GpuMode::Shared && slot < shared_slots)
                     .ok_or_else(unknown)?;
                 let budget = Budget {
-                    memory_bytes: crate::publish::slices::slot_memory(&gpu.gpu, shared_slots),
-                    compute_percent: crate::publish::slices::slot_compute(shared_slots),
+                    memory_bytes: crate::inventory::sizing::slot_memory(&gpu.gpu, shared_slots),
+                    compute_percent: crate::inventory::sizing::slot_compute(shared_slots),
                 };
                 (gpu, None, Some(budget))
             }
@@ -340,7 +340,7 @@ pub fn plan_claim(
                     .iter()
                     .find(|g| g.gpu.minor == minor)
                     .ok_or_else(unknown)?;
-                let model = crate::publish::slices::mig_model(gpu).ok_or_else(unknown)?;
+                let model = gpu.mig_model().ok_or_else(unknown)?;
                 let p = model
                     .profile_by_id(gi_profile_id)
                     .filter(|p| crate::naming::sanitize_mig_profile(p.name) == profile)
@@ -454,7 +454,7 @@ fn check_commitment(
             continue;
         };
         let total = b.add(held.budgets.get(&minor).copied().unwrap_or_default());
-        let capacity = crate::publish::slices::shared_memory(&gpu.gpu);
+        let capacity = crate::inventory::sizing::shared_memory(&gpu.gpu);
         if total.memory_bytes > capacity {
             return Err(ClaimError::OverCommitted {
                 minor,
@@ -493,5 +493,77 @@ impl ClaimPlan {
             }
         }
         m.into_iter().collect()
+    }
+}
+/// The kind of a claim from its allocation, for a prepare that failed before devices
+/// were recorded: the first of `driver`'s results, by its device name (`…-mig-…`,
+/// `…-slot-…`) and share ID (a share of a shared GPU); `unknown` when the claim has no
+/// result of ours or the name is not one Tessera publishes. Pure.
+pub fn allocation_kind(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    driver: &str,
+) -> &'static str {
+    use crate::naming::{DeviceRef, parse_device_name};
+    let Some(r) = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|rs| rs.iter().find(|r| r.driver == driver))
+    else {
+        return "unknown";
+    };
+    match (parse_device_name(&r.device), &r.share_id) {
+        (Some(DeviceRef::Mig { .. }), _) => "mig",
+        (Some(DeviceRef::Slot { .. }), _) => "slot",
+        (Some(DeviceRef::Gpu { .. }), Some(_)) => "shared",
+        (Some(DeviceRef::Gpu { .. }), None) => "whole",
+        (None, _) => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed prepare is labelled by the kind its allocation names.
+    #[test]
+    fn allocation_names_the_kind_of_a_claim() {
+        use k8s_openapi::api::resource::v1::{
+            AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+            ResourceClaimStatus,
+        };
+        let claim = |driver: &str, device: &str, share: Option<&str>| ResourceClaim {
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(vec![DeviceRequestAllocationResult {
+                            driver: driver.into(),
+                            device: device.into(),
+                            share_id: share.map(Into::into),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = "gpu.tessera.dev";
+        for (c, want) in [
+            (claim(d, "gpu-2", None), "whole"),
+            (claim(d, "gpu-1", Some("0a1b")), "shared"),
+            (claim(d, "gpu-1-slot-3", None), "slot"),
+            (claim(d, "gpu-0-mig-1g10gb-19-5", None), "mig"),
+            (claim(d, "gpu-9", None), "whole"),
+            (claim(d, "nvidia0", None), "unknown"),
+            (claim("other.dev", "gpu-2", None), "unknown"),
+            (ResourceClaim::default(), "unknown"),
+        ] {
+            assert_eq!(allocation_kind(&c, d), want);
+        }
     }
 }

@@ -9,4 +9,5 @@ pub mod claim_plan;
 pub mod failpoints;
 pub mod gpu_config;
 pub mod library;
+pub mod snapshot;
 pub mod state;

@@ -23,13 +23,14 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_cdi::{SpecWriter, WriteError};
 use tracing::{info, warn};
 
+use crate::clock::unix_secs;
 use crate::config::ManagedGpu;
 use crate::inventory::{BackendError, GpuBackend};
 use crate::mig::MigError;
 use crate::prepare::cdi_spec::{self, CdiContext};
 use crate::prepare::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimState, LoadOutcome, MigRecord,
-    PreparedDevice, unix_now,
+    PreparedDevice,
 };
 use crate::prepare::claim_plan::{Budget, ClaimError, Held, NodeView, plan_claim};
 use crate::prepare::failpoints::FailPoints;
@@ -111,14 +112,7 @@ impl PrepareError {
 
     /// The error with its causes on one line, for the kubelet's per-claim error string.
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut cur = std::error::Error::source(self);
-        while let Some(e) = cur {
-            s.push_str(": ");
-            s.push_str(&e.to_string());
-            cur = e.source();
-        }
-        s
+        crate::error_chain::cause_chain(self)
     }
 }
 
@@ -597,11 +591,7 @@ impl DeviceState {
             .flat_map(|r| r.devices.iter().filter_map(|d| d.mig.as_ref()))
             .map(|m| (m.gpu_minor, m.start, m.profile_id))
             .collect();
-        for gpu in self
-            .gpus
-            .iter()
-            .filter(|g| crate::publish::slices::mig_model(g).is_some())
-        {
+        for gpu in self.gpus.iter().filter(|g| g.mig_model().is_some()) {
             let minor = gpu.gpu.minor;
             let status = self.backend.mig_status(minor)?;
             for inst in status.instances {
@@ -767,8 +757,8 @@ impl DeviceState {
         let r = self.prepare_inner(claim, uid);
         self.log_mig_holders();
         let kind = r.as_ref().map_or_else(
-            |_| crate::telemetry::metrics::allocation_kind(claim, &self.cfg.driver),
-            |d| crate::telemetry::metrics::claim_kind(d),
+            |_| crate::prepare::claim_plan::allocation_kind(claim, &self.cfg.driver),
+            |d| crate::prepare::checkpoint::claim_kind(d),
         );
         crate::telemetry::metrics::driver().observe(
             "prepare",
@@ -866,7 +856,7 @@ impl DeviceState {
                     None
                 },
                 pods: reserved_pods(claim),
-                started_at: unix_now(),
+                started_at: unix_secs(),
                 completed_at: None,
             },
         );
@@ -888,7 +878,7 @@ impl DeviceState {
             self.cfg.fail_points.hit("prepare-before-completed");
             if let Some(r) = cp.claims.get_mut(uid) {
                 r.state = ClaimState::PrepareCompleted;
-                r.completed_at = Some(unix_now());
+                r.completed_at = Some(unix_secs());
             }
             self.store.store(&cp)?;
             Ok(())
@@ -929,7 +919,7 @@ impl DeviceState {
         let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
-        *kind = crate::telemetry::metrics::claim_kind(&rec.devices);
+        *kind = crate::prepare::checkpoint::claim_kind(&rec.devices);
         // Recorded first: from here on the claim is being undone, whatever happens.
         if let Some(r) = cp.claims.get_mut(uid) {
             r.state = ClaimState::UnprepareStarted;
@@ -969,7 +959,7 @@ impl DeviceState {
             name: rec.name.clone(),
             pods: rec.pods.clone(),
             gpus,
-            at: unix_now(),
+            at: unix_secs(),
         });
         Ok(())
     }
@@ -1005,7 +995,7 @@ impl DeviceState {
             let _l = self.lock()?;
             self.load()?
         };
-        let now = unix_now();
+        let now = unix_secs();
         Ok(cp
             .claims
             .into_iter()

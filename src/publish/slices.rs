@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::{GpuMode, ManagedGpu, SliceLayout};
 use crate::device_health::policy::{NodeHealth, Span};
+use crate::inventory::sizing::{MIB, shared_memory, slot_compute, slot_memory};
 use crate::inventory::{GpuInfo, MigStatus, NodeInventory};
 use crate::mig::{GpuModel, MigProfile};
 use crate::naming;
@@ -215,23 +216,6 @@ pub fn whole_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
     }
 }
 
-const MIB: u64 = 1 << 20;
-
-/// A shared GPU's memory as published: the total rounded down to 1 MiB.
-pub fn shared_memory(gpu: &GpuInfo) -> u64 {
-    gpu.memory_bytes / MIB * MIB
-}
-
-/// One fallback slot's memory: total/N rounded down to 1 MiB.
-pub fn slot_memory(gpu: &GpuInfo, slots: u32) -> u64 {
-    gpu.memory_bytes / u64::from(slots.max(1)) / MIB * MIB
-}
-
-/// One fallback slot's compute share in percent (N divides 100: the config checks).
-pub fn slot_compute(slots: u32) -> u32 {
-    100 / slots.max(1)
-}
-
 fn policy_capacity(
     value: u64,
     default: u64,
@@ -386,17 +370,6 @@ pub fn mig_counter_set(minor: u32, model: &GpuModel) -> CounterSet {
     }
 }
 
-/// Whether a `mig`-mode GPU gets dynamic partitions: its model is catalogued and it
-/// either switches MIG without a reset (Hopper+) or already has MIG on (Ampere, which
-/// Tessera never resets). Otherwise it behaves as `exclusive`.
-pub fn mig_model(gpu: &ManagedGpu) -> Option<&'static GpuModel> {
-    if gpu.mode != GpuMode::Mig || !gpu.gpu.mig_capable {
-        return None;
-    }
-    let model = crate::mig::model_for_product(&gpu.gpu.product_name)?;
-    (model.reset_free_mig_toggle || gpu.gpu.mig_enabled).then_some(model)
-}
-
 /// Placement order within a profile, for packing under the scheduler's first fit:
 /// small profiles fill the GPU from its end, large ones from its start, so that the
 /// big placements stay free as long as possible. Deterministic.
@@ -526,7 +499,7 @@ pub fn placed_devices(
             )
         };
     }
-    let Some(model) = mig_model(gpu) else {
+    let Some(model) = gpu.mig_model() else {
         return (vec![whole(whole_gpu_device(&gpu.gpu, inv))], None);
     };
     let g = &gpu.gpu;
@@ -731,7 +704,9 @@ mod tests {
     fn default_pool(version: u32) -> Vec<ResourceSlice> {
         let node = MockNode::embedded_default().unwrap();
         let inv = node.inventory();
-        let cfg = node.embedded_config().unwrap().unwrap();
+        let cfg = crate::config::NodeConfig::embedded_in(&node)
+            .unwrap()
+            .unwrap();
         let gpus = cfg.resolve(&inv, "t").unwrap();
         let version = KubeVersion::new(version).unwrap();
         build_pool(
@@ -1050,8 +1025,7 @@ mod tests {
     fn an_instance_xid_taints_the_devices_overlapping_it() {
         let node = MockNode::embedded_default().unwrap();
         let inv = node.inventory();
-        let gpus = node
-            .embedded_config()
+        let gpus = crate::config::NodeConfig::embedded_in(&node)
             .unwrap()
             .unwrap()
             .resolve(&inv, "t")
@@ -1122,8 +1096,7 @@ mod tests {
     fn without_taints_unhealthy_gpus_are_left_out() {
         let node = MockNode::embedded_default().unwrap();
         let inv = node.inventory();
-        let gpus = node
-            .embedded_config()
+        let gpus = crate::config::NodeConfig::embedded_in(&node)
             .unwrap()
             .unwrap()
             .resolve(&inv, "t")

@@ -177,7 +177,7 @@ impl Health {
                     let exp = Exposition {
                         text,
                         at: Instant::now(),
-                        unix: unix_now(),
+                        unix: crate::clock::since_epoch().as_secs_f64(),
                     };
                     *lock(&me.last_scrape) = Some(exp.clone());
                     tx.send_replace(Some(exp));
@@ -292,13 +292,6 @@ async fn respond(health: &Arc<Health>, path: &str, accept: &str) -> Response<Ful
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r
-}
-
-/// Unix seconds now.
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// `om` with the scrape's own gauges added before `# EOF`: whether it is a repeat, and

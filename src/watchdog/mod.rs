@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use crate::error_chain::cause_chain as chain;
 use crate::prepare::checkpoint::{ClaimRecord, ClaimState, PodRef};
 use crate::prepare::state::{DeviceState, Unprepared};
 pub use pods::{KubePods, LiveClaim, LivePod, LookupError, NodePods, PodCache, PodLookup};
@@ -490,18 +491,6 @@ pub fn kill_checked(proc_root: &Path, pid: u32, expected: &str) -> Result<(), Ki
 pub fn proc_root_matches_pid_namespace(proc_root: &Path) -> std::io::Result<bool> {
     let link = std::fs::read_link(proc_root.join("self"))?;
     Ok(link.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(std::process::id()))
-}
-
-/// An error with its causes on one line, for logs.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The edge: one tick reads NVML and procfs, judges each GPU, acts and reports.

@@ -1,4 +1,4 @@
-//! `tessera demo`: the whole node path in seconds, with no cluster, GPU or root.
+//! `tessera-demo`: the whole node path in seconds, with no cluster, GPU or root.
 //!
 //! It starts the fake API server (Kubernetes 1.37, default gates) and the plugin on
 //! the embedded mock node in a temp dir, then acts as the kubelet over the real

@@ -17,7 +17,6 @@ use super::{
     BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, HealthEvent, HealthEventKind,
     MigInstance, MigStatus, NodeInventory,
 };
-use crate::config::NodeConfig;
 use crate::mig::geometry::{self, GpuInstance};
 use crate::mig::{GpuModel, MigError};
 use state::{GpuMig, NodeState, StateError};
@@ -177,13 +176,13 @@ impl MockNode {
         }
     }
 
-    /// The node config embedded in the description, if any, decoded strictly.
-    pub fn embedded_config(&self) -> Result<Option<NodeConfig>, crate::config::ConfigError> {
-        match &self.doc.config {
-            None => Ok(None),
-            Some(v) => NodeConfig::from_value(v.clone(), &format!("{} (config)", self.source_name))
-                .map(Some),
-        }
+    /// The node config embedded in the description, if any, undecoded (the config
+    /// module decodes it: the inventory knows nothing of modes), with a name for errors.
+    pub fn embedded_config_document(&self) -> Option<(&serde_yaml::Value, String)> {
+        self.doc
+            .config
+            .as_ref()
+            .map(|v| (v, format!("{} (config)", self.source_name)))
     }
 
     /// A digest of the description text; the state file records it so that a changed
@@ -523,7 +522,9 @@ mod tests {
                 (3, "Tesla T4", false, Some("pci0000:80"), Some(1)),
             ]
         );
-        let cfg = node.embedded_config().unwrap().unwrap();
+        let cfg = crate::config::NodeConfig::embedded_in(&node)
+            .unwrap()
+            .unwrap();
         let modes: Vec<_> = cfg
             .resolve(&inv, "t")
             .unwrap()

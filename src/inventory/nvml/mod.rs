@@ -1162,7 +1162,7 @@ impl GpuBackend for NvmlBackend {
             Err(e) => {
                 static LAST_WARNED: std::sync::atomic::AtomicU64 =
                     std::sync::atomic::AtomicU64::new(0);
-                let now = crate::prepare::checkpoint::unix_now();
+                let now = crate::clock::unix_secs();
                 let last = LAST_WARNED.load(std::sync::atomic::Ordering::Relaxed);
                 if now.saturating_sub(last) >= 60 || last == 0 {
                     LAST_WARNED.store(now, std::sync::atomic::Ordering::Relaxed);
