@@ -25,17 +25,26 @@
 //! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
 //! Events, and the live pod lookup of [`pods`]).
 
+pub mod events;
+pub mod judge;
+pub mod kill;
 pub mod pods;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tracing::{info, warn};
 
 use crate::error_chain::cause_chain as chain;
-use crate::prepare::checkpoint::{ClaimRecord, ClaimState, PodRef};
+use crate::prepare::checkpoint::ClaimRecord;
 use crate::prepare::state::{DeviceState, Unprepared};
+pub use events::{EventSink, KubeEvents};
+pub use judge::{
+    ClaimView, Finding, ProcessView, add_live_pod, claims_on_gpu, judge, pod_uid_from_cgroup,
+    unpreparing_on_gpu,
+};
+pub use kill::{KillError, kill_checked, proc_root_matches_pid_namespace};
 pub use pods::{KubePods, LiveClaim, LivePod, LookupError, NodePods, PodCache, PodLookup};
 
 /// What the watchdog does about a claim over its budget.
@@ -60,314 +69,6 @@ impl std::str::FromStr for Mode {
                 "unknown watchdog mode {other:?} (enforce, report or off)"
             )),
         }
-    }
-}
-
-/// The pod UID a process belongs to, from its `/proc/<pid>/cgroup`: the kubelet's
-/// `pod<uid>` path element under `kubepods`, in the systemd (`kubepods-burstable-pod
-/// <uid with _>.slice`) and cgroupfs (`/kubepods/burstable/pod<uid>/`) layouts, cgroup
-/// v1 and v2. `None` for a process outside any pod.
-pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
-    for line in text.lines() {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        if !path.contains("kubepods") {
-            continue;
-        }
-        for seg in path.split('/') {
-            let seg = seg.strip_suffix(".slice").unwrap_or(seg);
-            let Some(pos) = seg.rfind("pod") else {
-                continue;
-            };
-            let cand = &seg[pos + 3..];
-            let uid = cand.replace('_', "-");
-            if is_uid(&uid) {
-                return Some(uid);
-            }
-        }
-    }
-    None
-}
-
-fn is_uid(s: &str) -> bool {
-    s.len() == 36
-        && s.char_indices().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => c == '-',
-            _ => c.is_ascii_hexdigit(),
-        })
-}
-
-/// One process on a GPU, as the watchdog sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessView {
-    pub pid: u32,
-    pub used_bytes: u64,
-    /// Whether `<proc-root>/<pid>` exists.
-    pub exists: bool,
-    /// Pod UID from the cgroup, when in a pod.
-    pub pod: Option<String>,
-    /// The MIG GPU instance it runs on; `None` on a whole GPU.
-    pub gi: Option<u32>,
-}
-
-/// A prepared claim with devices on the GPU being judged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimView {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
-    pub pods: Vec<PodRef>,
-    /// Memory budget on this GPU (shares and slots); `None` for a whole GPU or a MIG
-    /// device, which has no budget to exceed.
-    pub budget: Option<u64>,
-}
-
-/// One finding of a tick.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finding {
-    /// A claim's processes hold more than budget + tolerance; `kill` are the PIDs to
-    /// stop (largest first) to get back within it.
-    OverBudget {
-        claim: String,
-        namespace: String,
-        name: String,
-        pods: Vec<PodRef>,
-        used: u64,
-        budget: u64,
-        pids: Vec<u32>,
-        kill: Vec<u32>,
-    },
-    /// A GPU process of no prepared claim.
-    NoClaim {
-        pid: u32,
-        used: u64,
-        pod: Option<String>,
-    },
-    /// Memory still held by a vanished process, or by a process of a claim unprepared
-    /// (or being unprepared).
-    Zombie {
-        pid: u32,
-        used: u64,
-        /// The MIG GPU instance holding the memory; `None` for the whole GPU.
-        gi: Option<u32>,
-        /// The unprepared claim it belonged to, when known.
-        claim: Option<String>,
-        vanished: bool,
-    },
-}
-
-/// Judges one GPU. Pure and deterministic: processes in PID order, claims in the given
-/// order. A process in a pod holding several of the GPU's claims counts against their
-/// summed budget (the library merges budgets by GPU the same way).
-pub fn judge(
-    procs: &[ProcessView],
-    claims: &[ClaimView],
-    unprepared: &[Unprepared],
-    tolerance: u64,
-) -> Vec<Finding> {
-    let mut procs: Vec<&ProcessView> = procs.iter().collect();
-    procs.sort_by_key(|p| p.pid);
-    let mut out = Vec::new();
-    // Group processes by the set of claims their pod holds on this GPU.
-    let mut groups: BTreeMap<Vec<usize>, Vec<&ProcessView>> = BTreeMap::new();
-    for p in procs {
-        if !p.exists {
-            out.push(Finding::Zombie {
-                pid: p.pid,
-                used: p.used_bytes,
-                gi: p.gi,
-                claim: None,
-                vanished: true,
-            });
-            continue;
-        }
-        let holders: Vec<usize> = match &p.pod {
-            Some(pod) => claims
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.pods.iter().any(|r| &r.uid == pod))
-                .map(|(i, _)| i)
-                .collect(),
-            None => Vec::new(),
-        };
-        if !holders.is_empty() {
-            groups.entry(holders).or_default().push(p);
-            continue;
-        }
-        let gone = p.pod.as_ref().and_then(|pod| {
-            unprepared
-                .iter()
-                .rev()
-                .find(|u| u.pods.iter().any(|r| &r.uid == pod))
-        });
-        match gone {
-            Some(u) => out.push(Finding::Zombie {
-                pid: p.pid,
-                used: p.used_bytes,
-                gi: p.gi,
-                claim: Some(u.uid.clone()),
-                vanished: false,
-            }),
-            None => out.push(Finding::NoClaim {
-                pid: p.pid,
-                used: p.used_bytes,
-                pod: p.pod.clone(),
-            }),
-        }
-    }
-    for (holders, members) in groups {
-        let budgets: Option<Vec<u64>> = holders.iter().map(|&i| claims[i].budget).collect();
-        let Some(budgets) = budgets else {
-            continue; // a whole GPU or MIG device among them: nothing to exceed
-        };
-        let budget: u64 = budgets.iter().sum();
-        let used: u64 = members.iter().map(|p| p.used_bytes).sum();
-        let limit = budget.saturating_add(tolerance);
-        if used <= limit {
-            continue;
-        }
-        let mut by_size = members.clone();
-        by_size.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
-        let mut left = used;
-        let mut kill = Vec::new();
-        for p in by_size {
-            if left <= limit {
-                break;
-            }
-            left -= p.used_bytes;
-            kill.push(p.pid);
-        }
-        let first = &claims[holders[0]];
-        out.push(Finding::OverBudget {
-            claim: holders
-                .iter()
-                .map(|&i| claims[i].uid.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            namespace: first.namespace.clone(),
-            name: holders
-                .iter()
-                .map(|&i| claims[i].name.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            pods: first.pods.clone(),
-            used,
-            budget,
-            pids: members.iter().map(|p| p.pid).collect(),
-            kill,
-        });
-    }
-    out
-}
-
-/// The claims of the checkpoint with devices on GPU `uuid`, with their budget there.
-pub fn claims_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<ClaimView> {
-    claims
-        .iter()
-        .filter(|(_, r)| r.state == ClaimState::PrepareCompleted)
-        .filter_map(|(uid, r)| {
-            let on: Vec<_> = r.devices.iter().filter(|d| d.gpu_uuid == uuid).collect();
-            if on.is_empty() {
-                return None;
-            }
-            let budget = on
-                .iter()
-                .map(|d| d.budget.filter(|_| d.mig.is_none()).map(|b| b.memory_bytes))
-                .sum::<Option<u64>>();
-            Some(ClaimView {
-                uid: uid.clone(),
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                pods: r.pods.clone(),
-                budget,
-            })
-        })
-        .collect()
-}
-
-/// Claims of the checkpoint with devices on GPU `uuid` whose unprepare has begun but
-/// not finished (a MIG device still in use fails its destroy and leaves the claim
-/// there), as unprepared claims: their processes hold zombie memory. Deterministic.
-pub fn unpreparing_on_gpu(claims: &BTreeMap<String, ClaimRecord>, uuid: &str) -> Vec<Unprepared> {
-    claims
-        .iter()
-        .filter(|(_, r)| r.state == ClaimState::UnprepareStarted)
-        .filter(|(_, r)| r.devices.iter().any(|d| d.gpu_uuid == uuid))
-        .map(|(uid, r)| Unprepared {
-            uid: uid.clone(),
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            pods: r.pods.clone(),
-            gpus: vec![uuid.to_string()],
-            at: r.started_at,
-        })
-        .collect()
-}
-
-/// Adds a live pod to the views of the claims (`claim_uids`) it uses, unless already
-/// recorded there. Deterministic.
-pub fn add_live_pod(on_gpu: &mut [ClaimView], pod: &LivePod, claim_uids: &[String]) {
-    for c in on_gpu.iter_mut().filter(|c| claim_uids.contains(&c.uid)) {
-        if !c.pods.iter().any(|r| r.uid == pod.uid) {
-            c.pods.push(pod.pod_ref());
-        }
-    }
-}
-
-/// Where the watchdog reports what it did; Kubernetes Events in the plugin, a list in
-/// tests.
-pub trait EventSink: Send + Sync {
-    /// A Warning Event on pod `namespace/pod`.
-    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str);
-}
-
-/// Posts core/v1 Events through the API server (fire and forget: a failed post is
-/// logged, never retried).
-pub struct KubeEvents {
-    pub client: kube::Client,
-    pub node: String,
-    pub handle: tokio::runtime::Handle,
-}
-
-impl EventSink for KubeEvents {
-    fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str) {
-        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let ev = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", pod.name)),
-                namespace: Some(namespace.to_string()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name.clone()),
-                namespace: Some(namespace.to_string()),
-                uid: Some(pod.uid.clone()),
-                ..Default::default()
-            },
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            type_: Some("Warning".into()),
-            source: Some(EventSource {
-                component: Some("tessera-watchdog".into()),
-                host: Some(self.node.clone()),
-            }),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            reporting_component: Some("tessera.dev/watchdog".into()),
-            reporting_instance: Some(self.node.clone()),
-            ..Default::default()
-        };
-        let api: kube::Api<Event> = kube::Api::namespaced(self.client.clone(), namespace);
-        let (reason, pod_name) = (reason.to_string(), pod.name.clone());
-        self.handle.spawn(async move {
-            if let Err(e) = api.create(&Default::default(), &ev).await {
-                warn!(error = %e, pod = %pod_name, reason, "cannot post the watchdog's Event");
-            }
-        });
     }
 }
 
@@ -399,99 +100,6 @@ pub fn parse_tolerance(s: &str) -> Result<u64, String> {
 /// driver's own reservations, which the library's charges match only approximately
 /// (context creation is charged per the interception library's estimate).
 pub const DEFAULT_TOLERANCE: u64 = 256 << 20;
-
-/// Why a kill was not made.
-#[derive(Debug, thiserror::Error)]
-pub enum KillError {
-    #[error("PID {pid} now belongs to pod {now:?}, not {expected} (PID reused)")]
-    Reused {
-        pid: u32,
-        expected: String,
-        now: Option<String>,
-    },
-    #[error("PID {pid} is the plugin itself")]
-    Own { pid: u32 },
-    #[error("signalling PID {pid} failed")]
-    Signal {
-        pid: u32,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// SIGKILLs `pid` only if it is still in pod `expected` (by `<proc_root>/<pid>/cgroup`)
-/// and is not the plugin itself. Through a pidfd where the kernel has them (5.3+): the
-/// pidfd pins the process whose cgroup was checked, so the signal cannot reach a
-/// process that took the PID after the check. What is caught is reuse by a process
-/// outside that pod; without pidfds a small window remains between the check and
-/// kill(2). `proc_root` must show the plugin's own PID namespace
-/// ([`proc_root_matches_pid_namespace`]): the pidfd and kill(2) use the plugin's PIDs.
-pub fn kill_checked(proc_root: &Path, pid: u32, expected: &str) -> Result<(), KillError> {
-    let signal_err = |source| KillError::Signal { pid, source };
-    if pid == std::process::id() {
-        return Err(KillError::Own { pid });
-    }
-    let check = || {
-        let now = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
-            .ok()
-            .as_deref()
-            .and_then(pod_uid_from_cgroup);
-        if now.as_deref() == Some(expected) {
-            Ok(())
-        } else {
-            Err(KillError::Reused {
-                pid,
-                expected: expected.to_string(),
-                now,
-            })
-        }
-    };
-    // SAFETY: pidfd_open(2) takes a PID and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOSYS) {
-            return Err(signal_err(e));
-        }
-        // No pidfds: a check and kill(2), with the (tiny) window between them.
-        check()?;
-        // SAFETY: kill(2) on a PID just checked to be in the expected pod.
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
-            return Err(signal_err(std::io::Error::last_os_error()));
-        }
-        return Ok(());
-    }
-    let fd = fd as libc::c_int;
-    let r = check().and_then(|()| {
-        // SAFETY: pidfd_send_signal(2) on the pidfd opened above, no siginfo.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd,
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc != 0 {
-            Err(signal_err(std::io::Error::last_os_error()))
-        } else {
-            Ok(())
-        }
-    });
-    // SAFETY: closing the pidfd this function opened.
-    unsafe { libc::close(fd) };
-    r
-}
-
-/// Whether `proc_root` is a procfs of the plugin's own PID namespace: its `self` link
-/// names the plugin's PID. (Comparing `self/ns/pid` links is not enough: the host's
-/// procfs resolves `self` to the caller too, whose namespace link is the caller's
-/// own.) Errors when the link cannot be read.
-pub fn proc_root_matches_pid_namespace(proc_root: &Path) -> std::io::Result<bool> {
-    let link = std::fs::read_link(proc_root.join("self"))?;
-    Ok(link.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(std::process::id()))
-}
 
 /// The edge: one tick reads NVML and procfs, judges each GPU, acts and reports.
 pub struct Watchdog {
@@ -870,6 +478,8 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prepare::checkpoint::{ClaimState, PodRef};
+    use std::path::Path;
 
     const POD: &str = "4b2f6c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f";
 

@@ -1,0 +1,137 @@
+//! Whole-GPU discovery: one GPU's identity, memory, compute and topology from NVML,
+//! completed from sysfs where NVML has no answer, and the pure conversions of NVML's
+//! strings and numbers.
+
+use super::*;
+
+impl NvmlBackend {
+    /// One GPU by NVML index. Side effects: NVML calls and sysfs reads only.
+    pub(super) fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
+        let call = |call: &'static str| nvml_call(call, index);
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(call("nvmlDeviceGetHandleByIndex_v2"))?;
+        let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
+        let product_name = dev.name().map_err(call("nvmlDeviceGetName"))?;
+        let brand = dev.brand().map_err(call("nvmlDeviceGetBrand"))?;
+        let architecture = dev
+            .architecture()
+            .map_err(call("nvmlDeviceGetArchitecture"))?;
+        let memory = dev
+            .memory_info()
+            .map_err(call("nvmlDeviceGetMemoryInfo_v2"))?;
+        let minor = dev
+            .minor_number()
+            .map_err(call("nvmlDeviceGetMinorNumber"))?;
+        let pci = dev.pci_info().map_err(call("nvmlDeviceGetPciInfo_v3"))?;
+        let pci_bus_id = normalize_bus_id(&pci.bus_id)
+            .ok_or_else(|| call("nvmlDeviceGetPciInfo_v3")(NvmlError::GetPciInfoFailed))?;
+        let cc = dev
+            .cuda_compute_capability()
+            .map_err(call("nvmlDeviceGetCudaComputeCapability"))?;
+        let per_sm = cuda_cores_per_sm(cc.major, cc.minor).ok_or_else(|| {
+            // BackendError has no variant for "capability missing from the table";
+            // report it as an unexpected NVML value, packed as major*10+minor (e.g.
+            // 130 for 13.0).
+            let packed = cc.major.saturating_mul(10).saturating_add(cc.minor);
+            call("nvmlDeviceGetCudaComputeCapability")(NvmlError::UnexpectedVariant(
+                u32::try_from(packed).unwrap_or(u32::MAX),
+            ))
+        })?;
+        let cores = dev.num_cores().map_err(call("nvmlDeviceGetNumGpuCores"))?;
+        let (mig_capable, mig_enabled) = match dev.mig_mode() {
+            Ok(mode) => (true, mode.current == NVML_DEVICE_MIG_ENABLE),
+            Err(e) if is_unsupported(&e) => (false, false),
+            Err(e) => return Err(call("nvmlDeviceGetMigMode")(e)),
+        };
+        // sysfs first: `resource.kubernetes.io/numaNode` means the CPU-side node of the
+        // PCI device, which is what sysfs reports. NVML's answer is a fallback: it is
+        // documented for GPUs that are NUMA nodes themselves (Grace Hopper/Blackwell),
+        // where it names the GPU memory's node.
+        let numa_node = match sysfs_numa_node(&self.sys_root, &pci_bus_id) {
+            Some(node) => Some(node),
+            None => match dev.numa_node_id() {
+                Ok(node) => Some(i64::from(node)),
+                Err(e) if is_unsupported(&e) => None,
+                Err(e) => return Err(call("nvmlDeviceGetNumaNodeId")(e)),
+            },
+        };
+        Ok(GpuInfo {
+            index,
+            minor,
+            pcie_root: sysfs_pcie_root(&self.sys_root, &pci_bus_id),
+            uuid,
+            product_name,
+            brand: format!("{brand:?}"),
+            architecture: format!("{architecture:?}"),
+            memory_bytes: memory.total,
+            multiprocessors: cores / per_sm,
+            cuda_compute_capability: format!("{}.{}", cc.major, cc.minor),
+            pci_bus_id,
+            numa_node,
+            mig_capable,
+            mig_enabled,
+        })
+    }
+}
+
+/// NVML's bus ID (`00000000:19:00.0`, upper-case hex, 8-digit domain) in the sysfs form
+/// `0000:19:00.0`: lower case, domain as at least 4 hex digits (as the kernel prints it,
+/// so a domain above `ffff` keeps all its digits). `None` if it is not `d:b:d.f` hex.
+/// Deterministic.
+pub fn normalize_bus_id(nvml_bus_id: &str) -> Option<String> {
+    let hex = |s: &str, max: u32| {
+        if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(s, 16).ok().filter(|v| *v <= max)
+    };
+    let mut parts = nvml_bus_id.trim().splitn(3, ':');
+    let domain = hex(parts.next()?, u32::MAX)?;
+    let bus = hex(parts.next()?, 0xff)?;
+    let (device, function) = parts.next()?.split_once('.')?;
+    let device = hex(device, 0x1f)?;
+    let function = hex(function, 7)?;
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// CUDA cores per streaming multiprocessor for a compute capability; `None` when the
+/// capability is not in the table. Deterministic.
+///
+/// Source: `_ConvertSMVer2Cores` in NVIDIA's cuda-samples `Common/helper_cuda.h`
+/// (FP32 lanes per SM, the count NVML's "GPU cores" reports), which matches the
+/// "Arithmetic Instructions" throughput table of the CUDA C++ Programming Guide:
+///
+/// | capability | cores/SM | parts |
+/// |---|---|---|
+/// | 5.0, 5.2, 5.3 | 128 | Maxwell |
+/// | 6.0 | 64 | P100 |
+/// | 6.1, 6.2 | 128 | other Pascal |
+/// | 7.0, 7.2, 7.5 | 64 | Volta, Xavier, Turing |
+/// | 8.0 | 64 | A100, A30 |
+/// | 8.6, 8.7, 8.9 | 128 | GA10x, Orin, Ada |
+/// | 9.0 | 128 | Hopper |
+/// | 10.x, 11.0, 12.x | 128 | Blackwell (11.0 is Thor, renamed from 10.1 in CUDA 13) |
+///
+/// `tests/fakes/fake_nvml.c` carries the same table to turn SMs into cores.
+pub fn cuda_cores_per_sm(major: i32, minor: i32) -> Option<u32> {
+    match (major, minor) {
+        (5, 0 | 2 | 3) => Some(128),
+        (6, 0) => Some(64),
+        (6, 1 | 2) => Some(128),
+        (7, 0 | 2 | 5) => Some(64),
+        (8, 0) => Some(64),
+        (8, 6 | 7 | 9) => Some(128),
+        (9, 0) => Some(128),
+        (10, m) | (12, m) if m >= 0 => Some(128),
+        (11, 0) => Some(128),
+        _ => None,
+    }
+}
+
+/// NVML's CUDA driver version integer (`major*1000 + minor*10`) as `major.minor`:
+/// 13000 → `13.0`, 12090 → `12.9`. Deterministic.
+pub fn cuda_version_string(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
