@@ -1,6 +1,8 @@
 //! Tessera: a Kubernetes DRA driver for GPUs. See ARCHITECTURE.md for the map: one
 //! folder per concern, in the order a claim meets them.
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod clock;
 pub mod compute;
 pub mod config;

@@ -230,7 +230,7 @@ fn inventory(a: InventoryArgs) -> Result<()> {
     });
     let out = match a.output {
         OutputFormat::Json => serde_json::to_string_pretty(&list)? + "\n",
-        OutputFormat::Yaml => serde_yaml::to_string(&list)?,
+        OutputFormat::Yaml => serde_yaml_ng::to_string(&list)?,
     };
     print!("{out}");
     Ok(())

@@ -389,7 +389,7 @@ struct ConfigCase {
 fn gpuconfig_policy_agrees_with_the_decoder() {
     let p = policy("tessera-gpuconfig");
     let text = std::fs::read_to_string(root().join("tests/data/gpuconfig-cases.yaml")).unwrap();
-    let cases: Vec<ConfigCase> = serde_yaml::from_str(&text).unwrap();
+    let cases: Vec<ConfigCase> = serde_yaml_ng::from_str(&text).unwrap();
     assert!(cases.len() >= 14);
     for c in &cases {
         let config = json!([

@@ -22,7 +22,7 @@ fn gpuconfig_cases_decode_as_tabled() {
         "/tests/data/gpuconfig-cases.yaml"
     ))
     .unwrap();
-    let cases: Vec<Case> = serde_yaml::from_str(&text).unwrap();
+    let cases: Vec<Case> = serde_yaml_ng::from_str(&text).unwrap();
     assert!(cases.len() >= 10);
     for c in cases {
         let got = decode(&c.parameters);

@@ -494,8 +494,8 @@ fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
     ))
     .unwrap();
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v = serde_yaml::Value::deserialize(doc).unwrap();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = serde_yaml_ng::Value::deserialize(doc).unwrap();
         if v["kind"] != "ClusterRole" {
             continue;
         }

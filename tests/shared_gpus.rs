@@ -216,7 +216,7 @@ spec:
         deviceClassName: shared.tessera.dev
         capacity: {requests: {memory: 1500Mi, compute: "5"}}
 "#;
-    serde_yaml::from_str(yaml).unwrap()
+    serde_yaml_ng::from_str(yaml).unwrap()
 }
 
 /// Allocates `claim` with `tessera plan` against `slices`, creates it in the fake API
@@ -464,7 +464,7 @@ spec:
     - requests: [gpu]
       matchAttribute: gpu.tessera.dev/uuid
 "#;
-    let claim: ResourceClaim = serde_yaml::from_str(yaml).unwrap();
+    let claim: ResourceClaim = serde_yaml_ng::from_str(yaml).unwrap();
     let constraint: &DeviceConstraint = &claim
         .spec
         .as_ref()
@@ -500,11 +500,11 @@ spec:
             .unwrap();
     assert_eq!(control[0].share, 100);
     // A fifth slot claim finds none left.
-    let more: ResourceClaim = serde_yaml::from_str(
+    let more: ResourceClaim = serde_yaml_ng::from_str(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: one-more, namespace: default}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: slot.tessera.dev}\n",
     )
     .unwrap();
-    let claim_a: ResourceClaim = serde_yaml::from_str(yaml).unwrap();
+    let claim_a: ResourceClaim = serde_yaml_ng::from_str(yaml).unwrap();
     let r = schedule::run(
         &slices,
         &tessera::device_classes::read(None).unwrap(),

@@ -8,6 +8,8 @@
 //! - [`writer`]: rendering and atomically writing spec files;
 //! - [`atomic`]: crash-safe file replacement.
 
+#![forbid(unsafe_code)]
+
 pub mod atomic;
 mod fields;
 pub mod qualified;

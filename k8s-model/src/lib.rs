@@ -5,6 +5,7 @@
 //! files `tessera plan` is given, no Kubernetes client.
 
 #![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod allocator;
 pub mod attribute_version;

@@ -50,7 +50,7 @@ pub enum Step {
 /// Splits YAML/JSON text into JSON values, unpacking `List`s.
 pub fn documents(text: &str, source_name: &str) -> Result<Vec<serde_json::Value>, PlanError> {
     let mut out = Vec::new();
-    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let v = serde_json::Value::deserialize(doc).map_err(|e| PlanError::Decode {
             source_name: source_name.into(),
             index,
@@ -353,20 +353,20 @@ pub fn render_table(r: &PlanResult) -> String {
 
 /// YAML documents: each claim with `status.allocation` filled in (failed claims are
 /// emitted unallocated, with the reason as a comment).
-pub fn render_yaml(r: &PlanResult) -> Result<String, serde_yaml::Error> {
+pub fn render_yaml(r: &PlanResult) -> Result<String, serde_yaml_ng::Error> {
     let mut s = String::new();
     for o in &r.outcomes {
         match o {
             Outcome::Allocated(c) => {
                 s.push_str("---\n");
-                s.push_str(&serde_yaml::to_string(c)?);
+                s.push_str(&serde_yaml_ng::to_string(c)?);
             }
             Outcome::Failed { claim, reason } => {
                 s.push_str("---\n");
                 for line in reason.lines() {
                     s.push_str(&format!("# unschedulable: {line}\n"));
                 }
-                s.push_str(&serde_yaml::to_string(claim)?);
+                s.push_str(&serde_yaml_ng::to_string(claim)?);
             }
             Outcome::Released { .. } => {}
         }

@@ -686,12 +686,7 @@ fn request_policies_round_or_refuse_a_capacity_request() {
             device("valued", valued),
         ])],
     ));
-    let cases: [(&str, &[(&str, &str)], &str, &str); 3] = [
-        ("a", &[("compute", "15")], "ranged", "20"),
-        ("b", &[("compute", "45")], "valued", "50"),
-        ("c", &[], "ranged", "10"),
-    ];
-    for (name, caps, device, consumed) in cases {
+    let mut check = |name: &str, caps: &[(&str, &str)], device: &str, consumed: &str| {
         let r = a
             .allocate(&claim_of(name, vec![cap_req("r", "shared", caps)]))
             .unwrap();
@@ -702,7 +697,10 @@ fn request_policies_round_or_refuse_a_capacity_request() {
             (device, consumed),
             "{name}"
         );
-    }
+    };
+    check("a", &[("compute", "15")], "ranged", "20");
+    check("b", &[("compute", "45")], "valued", "50");
+    check("c", &[], "ranged", "10");
 }
 
 /// Two requests of one claim may share a multi-allocatable device, each with its own

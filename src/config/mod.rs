@@ -200,7 +200,7 @@ impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
-        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| ConfigError {
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
             source_name: source_name.into(),
             field: ".".into(),
             message: format!("not valid YAML: {e}"),
@@ -209,7 +209,7 @@ impl NodeConfig {
     }
 
     /// Decodes from an already parsed YAML value (e.g. the `config:` of a mock node).
-    pub fn from_value(value: serde_yaml::Value, source_name: &str) -> Result<Self, ConfigError> {
+    pub fn from_value(value: serde_yaml_ng::Value, source_name: &str) -> Result<Self, ConfigError> {
         let err = |field: &str, message: String| ConfigError {
             source_name: source_name.into(),
             field: field.into(),
@@ -435,7 +435,7 @@ mod tests {
             .collect();
         assert_eq!(got, [Some(90), Some(3600), None, None]);
         // It serializes back to what it decoded.
-        let again = NodeConfig::from_value(serde_yaml::to_value(&q).unwrap(), "t").unwrap();
+        let again = NodeConfig::from_value(serde_yaml_ng::to_value(&q).unwrap(), "t").unwrap();
         assert_eq!(again, q);
     }
 

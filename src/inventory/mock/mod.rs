@@ -72,7 +72,7 @@ struct MockNodeDoc {
     char_devices: MockCharDevices,
     gpus: Vec<MockGpu>,
     #[serde(default)]
-    config: Option<serde_yaml::Value>,
+    config: Option<serde_yaml_ng::Value>,
 }
 
 /// A parsed, validated mock node description.
@@ -90,7 +90,7 @@ impl MockNode {
             path: source_name.into(),
             reason,
         };
-        let de = serde_yaml::Deserializer::from_str(text);
+        let de = serde_yaml_ng::Deserializer::from_str(text);
         let doc: MockNodeDoc = serde_path_to_error::deserialize(de)
             .map_err(|e| bad(format!("{}: {}", e.path(), e.inner())))?;
         if doc.api_version != API_VERSION {
@@ -178,7 +178,7 @@ impl MockNode {
 
     /// The node config embedded in the description, if any, undecoded (the config
     /// module decodes it: the inventory knows nothing of modes), with a name for errors.
-    pub fn embedded_config_document(&self) -> Option<(&serde_yaml::Value, String)> {
+    pub fn embedded_config_document(&self) -> Option<(&serde_yaml_ng::Value, String)> {
         self.doc
             .config
             .as_ref()
