@@ -65,7 +65,8 @@ const TARGET_POOL: Duration = Duration::from_millis(5);
 const PREPARE_ITERATIONS: usize = 200;
 const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
 /// Atomic writes (file fsync + rename + directory fsync) of one MIG prepare on a GPU
-/// whose MIG mode is already on, counted in `src/state.rs`: checkpoint "started"
+/// whose MIG mode is already on, counted in `src/prepare/state.rs` and
+/// `src/prepare/state/mig.rs`: checkpoint "started"
 /// (`prepare`), checkpoint "created" and checkpoint with the GI/CI IDs
 /// (`create_mig_devices`), the CDI spec (`SpecWriter::write`), checkpoint "completed".
 /// Switching MIG mode on first adds one more checkpoint store.

@@ -21,8 +21,8 @@ const CLAIMS: usize = 1_000;
 const GPUS: usize = 4;
 const FSYNC_SAMPLES: usize = 200;
 /// fsync pairs (file + directory) on the prepare path: checkpoint "started"
-/// (`checkpoint::store`), the CDI spec (`SpecWriter::write`), checkpoint "completed";
-/// each is `cdi::atomic::write_atomic` = file fsync, rename, directory fsync.
+/// (`CheckpointStore::store`), the CDI spec (`SpecWriter::write`), checkpoint "completed";
+/// each is `tessera_cdi::atomic::write_atomic` = file fsync, rename, directory fsync.
 const PREPARE_FSYNC_PAIRS: u32 = 3;
 const TARGET_P50: Duration = Duration::from_millis(1);
 const TARGET_P99: Duration = Duration::from_millis(3);

@@ -363,11 +363,11 @@ pub async fn run(
                 interval: crate::watchdog::INTERVAL,
             },
             state.clone(),
-            Some(Box::new(crate::watchdog::KubeEvents {
-                client: client.clone(),
-                node: opts.node_name.clone(),
-                handle: tokio::runtime::Handle::current(),
-            })),
+            Some(Box::new(crate::watchdog::KubeEvents::new(
+                client.clone(),
+                &opts.node_name,
+                tokio::runtime::Handle::current(),
+            ))),
         )
         .with_pods(Box::new(crate::watchdog::KubePods {
             client: client.clone(),

@@ -245,7 +245,7 @@ fn h100_1g(start: u32) -> MigInstance {
 }
 
 /// The state file parses and renders back to the very same text: whoever wrote it
-/// last (the fake NVML or the mock backend) wrote exactly what state.rs writes.
+/// last (the fake NVML or the mock backend) wrote exactly what `inventory/mock/state.rs` writes.
 fn assert_state_file_is_canonical(host: &FakeHost) {
     let text = host.state_text();
     let parsed = NodeState::parse(&text, Path::new(STATE_FILE)).expect("state file parses");

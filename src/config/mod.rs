@@ -15,7 +15,7 @@
 //! sliceLayout: auto     # auto | split | combined
 //! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
 //! defaultMode: shared   # mode of unmatched GPUs (default: mig if MIG-capable, else exclusive)
-//! health:               # optional: what device health events do (see `devhealth`)
+//! health:               # optional: what device health events do (see `device_health::policy`)
 //!   clearOnRecovery: true   # clear taints when health returns (default true)
 //!   xidClearAfter: 5m       # NoSchedule XID taints clear after this long without a
 //!                           # new XID (<n>s|<n>m|<n>h|Never; default 5m); NoExecute

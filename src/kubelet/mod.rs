@@ -98,7 +98,7 @@ impl Driver {
     /// failure is counted in the error metrics by its bounded reason.
     ///
     /// This is the only UID check a re-prepare meets: `DeviceState::prepare` answers a
-    /// claim already prepared from its checkpoint, before `claims::plan_claim` (whose
+    /// claim already prepared from its checkpoint, before `claim_plan::plan_claim` (whose
     /// own check guards the pure planner) runs.
     async fn fetch(&self, c: &ClaimRef) -> Result<ResourceClaim, FetchError> {
         let r = self.fetch_inner(c).await;

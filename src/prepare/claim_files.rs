@@ -23,6 +23,23 @@ use tessera_abi::region;
 
 use crate::prepare::claim_plan::ClaimPlan;
 
+/// Why a claim's files could not be rendered, written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimFilesError {
+    /// The claim's plan does not make valid files (no shared device, a budget the
+    /// formats cannot hold).
+    #[error("rendering the claim files: {0}")]
+    Render(String),
+    /// A filesystem call failed; `what` says which step, `path` where.
+    #[error("{what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// `claims/` under the run dir.
 pub const CLAIMS_DIR: &str = "claims";
 
@@ -38,10 +55,12 @@ pub struct ClaimFiles {
 /// Renders a shared claim's files: budgets summed per GPU UUID (sorted), `scrubOnFree`
 /// if any shared device asks for it, and per GPU the compute share and the tightest
 /// `computeLimit`. The block rate starts unthrottled (the compute controller sets it).
-pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, String> {
+pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, ClaimFilesError> {
     let budgets = plan.budgets_by_uuid();
     if budgets.is_empty() {
-        return Err("the claim has no shared-GPU devices".into());
+        return Err(ClaimFilesError::Render(
+            "the claim has no shared-GPU devices".into(),
+        ));
     }
     let shared = plan.devices.iter().filter(|d| d.budget.is_some());
     let scrub = shared.clone().any(|d| d.config.scrub_on_free);
@@ -50,7 +69,7 @@ pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, String> {
         scrub,
         budgets.iter().map(|(u, b)| (u.clone(), b.memory_bytes)),
     )
-    .map_err(|e| format!("limits: {e}"))?;
+    .map_err(|e| ClaimFilesError::Render(format!("limits: {e}")))?;
     let control: Vec<GpuControl> = budgets
         .iter()
         .map(|(uuid, b)| GpuControl {
@@ -68,10 +87,12 @@ pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, String> {
             updates: 0,
         })
         .collect();
-    control::initial_bytes(&control).map_err(|e| format!("control: {e}"))?;
+    control::initial_bytes(&control)
+        .map_err(|e| ClaimFilesError::Render(format!("control: {e}")))?;
     let uuids: Vec<&str> = budgets.iter().map(|(u, _)| u.as_str()).collect();
     let region =
-        region::initial_bytes(&uuids, region::DEFAULT_SLOTS).map_err(|e| format!("region: {e}"))?;
+        region::initial_bytes(&uuids, region::DEFAULT_SLOTS)
+        .map_err(|e| ClaimFilesError::Render(format!("region: {e}")))?;
     Ok(ClaimFiles {
         limits,
         control,
@@ -94,14 +115,22 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io::Resul
     Ok(())
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
-    format!("{what} {}: {e}", path.display())
+fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> ClaimFilesError {
+    ClaimFilesError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Creates `claims/<uid>` atomically with the rendered files. `limits` and `control`
 /// are 0444 (mounted read-only; the plugin, as root, still updates `control`), the
 /// region 0666 (containers may run as any user).
-pub fn create(run_dir: &Path, uid: &str, files: &ClaimFiles) -> Result<PathBuf, String> {
+pub fn create(
+    run_dir: &Path,
+    uid: &str,
+    files: &ClaimFiles,
+) -> Result<PathBuf, ClaimFilesError> {
     let claims = run_dir.join(CLAIMS_DIR);
     fs::create_dir_all(&claims).map_err(|e| io_err("creating", &claims, e))?;
     let tmp = claims.join(format!(".{uid}.tmp"));
@@ -111,7 +140,8 @@ pub fn create(run_dir: &Path, uid: &str, files: &ClaimFiles) -> Result<PathBuf, 
     fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
         .map_err(|e| io_err("chmod", &tmp, e))?;
-    let control = control::initial_bytes(&files.control).map_err(|e| e.to_string())?;
+    let control = control::initial_bytes(&files.control)
+        .map_err(|e| ClaimFilesError::Render(format!("control: {e}")))?;
     let result = (|| {
         write_file(
             &tmp,
@@ -141,7 +171,7 @@ fn remove_tree(p: &Path) -> std::io::Result<()> {
 
 /// Removes `claims/<uid>` (idempotent): renamed aside first, so that a crash leaves
 /// either the whole directory or a `.del` that start-up deletes.
-pub fn remove(run_dir: &Path, uid: &str) -> Result<(), String> {
+pub fn remove(run_dir: &Path, uid: &str) -> Result<(), ClaimFilesError> {
     let claims = run_dir.join(CLAIMS_DIR);
     let dir = claims.join(uid);
     let del = claims.join(format!(".{uid}.del"));
@@ -157,7 +187,10 @@ pub fn remove(run_dir: &Path, uid: &str) -> Result<(), String> {
 
 /// Removes every entry of `claims/` that is not the directory of a claim in `known`:
 /// half-made, half-removed and orphaned directories. Returns what it removed.
-pub fn sweep(run_dir: &Path, known: &BTreeSet<String>) -> Result<Vec<String>, String> {
+pub fn sweep(
+    run_dir: &Path,
+    known: &BTreeSet<String>,
+) -> Result<Vec<String>, ClaimFilesError> {
     let claims = run_dir.join(CLAIMS_DIR);
     let mut removed = Vec::new();
     let entries = match fs::read_dir(&claims) {

@@ -90,8 +90,10 @@ pub enum PrepareError {
     Checkpoint(#[from] CheckpointError),
     #[error("GPU operation failed")]
     Backend(#[from] BackendError),
-    #[error("{0}")]
-    ClaimFiles(String),
+    #[error("the claim's files failed")]
+    ClaimFiles(#[from] crate::prepare::claim_files::ClaimFilesError),
+    #[error("removing unused interception library versions failed")]
+    LibraryGc(#[source] std::io::Error),
     #[error(transparent)]
     Library(#[from] crate::prepare::library::InstallError),
     #[error("taking the node lock {path} failed")]
@@ -111,6 +113,7 @@ impl PrepareError {
             PrepareError::Checkpoint(_) => "checkpoint",
             PrepareError::Backend(_) => "gpu",
             PrepareError::ClaimFiles(_) => "claim_files",
+            PrepareError::LibraryGc(_) => "library",
             PrepareError::Library(_) => "library",
             PrepareError::Lock { .. } => "lock",
         }
@@ -320,7 +323,10 @@ impl DeviceState {
         tessera_cdi::render_spec(&spec, cdi_spec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;
         let claim_files = if shared {
-            Some(crate::prepare::claim_files::render(&plan).map_err(ClaimError::Cdi)?)
+            Some(
+                crate::prepare::claim_files::render(&plan)
+                    .map_err(|e| ClaimError::Cdi(e.to_string()))?,
+            )
         } else {
             None
         };

@@ -7,7 +7,8 @@
 //!   (the checkpoint plus each shared claim's accounting region), so a claim's series
 //!   disappear with its unprepare and label cardinality is bounded by what is prepared.
 //!
-//! Rendering a snapshot is pure; [`gather`] is the one edge (file reads).
+//! Rendering a snapshot is pure; [`region_usage`] is the one edge here (file reads). The
+//! snapshot is built by `prepare::snapshot::gather`, beside the state it reads.
 
 use std::collections::BTreeMap;
 use std::sync::{LazyLock, Mutex};

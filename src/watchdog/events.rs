@@ -1,8 +1,13 @@
 //! Where the watchdog reports what it did: Warning Events on the offending pods.
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::warn;
 
 use crate::prepare::checkpoint::PodRef;
+
+/// The `reportingController` of the watchdog's Events.
+pub const REPORTING_CONTROLLER: &str = "tessera.dev/watchdog";
 
 /// Where the watchdog reports what it did; Kubernetes Events in the plugin, a list in
 /// tests.
@@ -11,52 +16,73 @@ pub trait EventSink: Send + Sync {
     fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str);
 }
 
-/// Posts core/v1 Events through the API server (fire and forget: a failed post is
-/// logged, never retried).
+/// Posts `events.k8s.io/v1` Events through kube-runtime's [`Recorder`], reported by
+/// [`REPORTING_CONTROLLER`] on this node. The same Event repeated on the same pod
+/// within the Recorder's cache lifetime (6 minutes) becomes a series: the first
+/// Event is patched with a new count, and keeps its first note.
+///
+/// Fire and forget: each Event is published on `handle`; a failed publish is logged,
+/// never retried.
 pub struct KubeEvents {
-    pub client: kube::Client,
-    pub node: String,
-    pub handle: tokio::runtime::Handle,
+    recorder: Recorder,
+    handle: tokio::runtime::Handle,
+}
+
+impl KubeEvents {
+    /// Events reported by instance `node`, published on `handle`.
+    pub fn new(client: kube::Client, node: &str, handle: tokio::runtime::Handle) -> Self {
+        let reporter = Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some(node.into()),
+        };
+        KubeEvents {
+            recorder: Recorder::new(client, reporter),
+            handle,
+        }
+    }
+}
+
+/// The Events API `action` for a watchdog `reason`: what the watchdog was doing. The
+/// sink is not told whether the offenders were killed (enforce mode may fall back to
+/// report), so the action names the check; the note says what was done. Pure.
+fn action_for(reason: &str) -> &'static str {
+    match reason {
+        "GpuMemoryOverBudget" => "CheckGpuMemory",
+        _ => "Report",
+    }
+}
+
+/// The Event's `regarding`: pod `namespace/pod`. Pure.
+fn pod_reference(namespace: &str, pod: &PodRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name.clone()),
+        namespace: Some(namespace.into()),
+        uid: Some(pod.uid.clone()),
+        ..Default::default()
+    }
 }
 
 impl EventSink for KubeEvents {
     fn warn(&self, namespace: &str, pod: &PodRef, reason: &str, message: &str) {
-        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
         let ev = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", pod.name)),
-                namespace: Some(namespace.to_string()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name.clone()),
-                namespace: Some(namespace.to_string()),
-                uid: Some(pod.uid.clone()),
-                ..Default::default()
-            },
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            type_: Some("Warning".into()),
-            source: Some(EventSource {
-                component: Some("tessera-watchdog".into()),
-                host: Some(self.node.clone()),
-            }),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            reporting_component: Some("tessera.dev/watchdog".into()),
-            reporting_instance: Some(self.node.clone()),
-            ..Default::default()
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(message.into()),
+            action: action_for(reason).into(),
+            secondary: None,
         };
-        let api: kube::Api<Event> = kube::Api::namespaced(self.client.clone(), namespace);
-        let (reason, pod_name) = (reason.to_string(), pod.name.clone());
+        let regarding = pod_reference(namespace, pod);
+        let recorder = self.recorder.clone();
         self.handle.spawn(async move {
-            if let Err(e) = api.create(&Default::default(), &ev).await {
-                warn!(error = %e, pod = %pod_name, reason, "cannot post the watchdog's Event");
+            if let Err(e) = recorder.publish(&ev, &regarding).await {
+                warn!(
+                    error = %e,
+                    pod = regarding.name.as_deref().unwrap_or_default(),
+                    reason = %ev.reason,
+                    "cannot post the watchdog's Event"
+                );
             }
         });
     }

@@ -4,8 +4,8 @@
  * Owns: the NVML C ABI that Tessera's NVML backend uses (nvml-wrapper 0.13 for
  * discovery, plus the raw MIG calls), answered from the simulated node's state file
  * `$TESSERA_FAKE_NVML_STATE_DIR/mock-node.state` (the line format documented in
- * src/backend/state.rs). The mock backend reads and writes that same file, so the NVML
- * backend and the mock backend see one and the same node.
+ * src/inventory/mock/state.rs, "state.rs" below). The mock backend reads and writes
+ * that same file, so the NVML backend and the mock backend see one and the same node.
  *
  * Build:
  *   cc -shared -fPIC -pthread -Wall -Wextra -Wl,-soname,libnvidia-ml.so.1 \
@@ -59,7 +59,7 @@
  *     stderr.
  *
  * Health (the `health-event` lines of the state file, appended by the tests through
- * `tessera::backend::mock::inject_*`):
+ * `tessera::inventory::mock::inject_*`):
  *   - A GPU whose last `lost`/`clear` line is `lost` answers every call on its handle
  *     with NVML_ERROR_GPU_IS_LOST (the file is re-read on each such call).
  *   - Event sets (`nvmlEventSetCreate`, up to 8 live) deliver, through
@@ -667,8 +667,9 @@ static int lookup_name(const struct name_value *table, size_t n, const char *nam
 }
 
 /* CUDA cores per SM by compute capability: the table of `_ConvertSMVer2Cores` in
- * NVIDIA's cuda-samples helper_cuda.h. Must agree with src/backend/nvml.rs, which
- * divides the core count back into SMs. 0 = unknown. */
+ * NVIDIA's cuda-samples helper_cuda.h. Must agree with `cuda_cores_per_sm` in
+ * src/inventory/nvml/discovery.rs, which divides the core count back into SMs.
+ * 0 = unknown. */
 static unsigned int cores_per_sm(int major, int minor) {
     switch (major) {
     case 5: return (minor == 0 || minor == 2 || minor == 3) ? 128 : 0;
@@ -1199,7 +1200,7 @@ static void init_handles(void) {
 
 /* ---- Writing the state file ------------------------------------------------------- */
 
-/* Renders *node exactly as `NodeState::render` in src/backend/state.rs does. */
+/* Renders *node exactly as `NodeState::render` in src/inventory/mock/state.rs does. */
 static void render_state(FILE *out, const struct fake_node *node) {
     int cuda = node->cuda_driver_version;
     fprintf(out, "%s\n", STATE_HEADER);

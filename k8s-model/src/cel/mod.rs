@@ -5,13 +5,13 @@
 //!
 //! ```
 //! # use k8s_openapi::api::resource::v1::Device;
-//! use crate::cel::{DeviceInput, DeviceSelector};
+//! use k8s_model::cel::{DeviceInput, DeviceSelector};
 //!
 //! let selector = DeviceSelector::compile(r#"device.driver == "gpu.tessera.dev""#)?;
 //! let device = Device { name: "gpu-0".into(), ..Default::default() };
 //! let input = DeviceInput { driver: "gpu.tessera.dev", device: &device, consumable_capacity: false };
 //! assert!(selector.matches(&input)?);
-//! # Ok::<(), crate::cel::CelError>(())
+//! # Ok::<(), k8s_model::cel::CelError>(())
 //! ```
 //!
 //! # What the environment offers

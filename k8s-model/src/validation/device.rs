@@ -176,7 +176,7 @@ pub(super) fn is_list_attribute(a: &DeviceAttribute) -> bool {
 }
 
 /// `validateDeviceAttribute`: exactly one value; strings and versions at most 64 bytes,
-/// versions semver 2.0.0 (checked with `versions::is_semver`, which also refuses numeric
+/// versions semver 2.0.0 (checked with `attribute_version::is_semver`, which also refuses numeric
 /// components beyond `u64` that Go's regex would accept). List variants exist from 1.36.
 fn validate_attribute(a: &DeviceAttribute, path: &FieldPath, v: KubeVersion) -> Vec<FieldError> {
     let mut errs = Vec::new();

@@ -691,7 +691,7 @@ mod tests {
         assert_eq!(6912 / cuda_cores_per_sm(8, 0).unwrap(), 108);
     }
 
-    /// NVML's integer CUDA version prints as `major.minor`, the form state.rs parses.
+    /// NVML's integer CUDA version prints as `major.minor`, the form `mock/state.rs` parses.
     #[test]
     fn cuda_driver_versions_print_as_major_dot_minor() {
         for (v, want) in [

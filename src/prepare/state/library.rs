@@ -14,9 +14,7 @@ impl DeviceState {
             .filter_map(|r| r.lib_version.clone())
             .collect();
         keep.extend(self.library());
-        let removed = crate::prepare::library::gc(&self.cfg.run_dir, &keep).map_err(|e| {
-            PrepareError::ClaimFiles(format!("removing unused interception libraries: {e}"))
-        })?;
+        let removed = crate::prepare::library::gc(&self.cfg.run_dir, &keep).map_err(PrepareError::LibraryGc)?;
         if !removed.is_empty() {
             info!(versions = ?removed, "removed interception library versions no claim uses");
         }
