@@ -10,7 +10,8 @@
 //!   rebinding cuMemAlloc_v2 to the driver (`tests/fakes/hostile_preload.c`);
 //! * a pod that joins a claim after its prepare is found through the API server (the
 //!   fake one, over HTTP) and held to the claim's budget; the Warning Events reach the
-//!   API server as valid core/v1 Events;
+//!   API server as valid events.k8s.io/v1 Events, a repeated one as a series, within
+//!   the plugin's ClusterRole;
 //! * a GPU process of no claim is reported;
 //! * nothing happens below the tolerance;
 //! * after unprepare, memory still held is zombie memory: a finding and a gauge naming
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use fake_nvml::{FakeHost, with_fake_host};
 use k8s_model::release::KubeVersion;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
     ResourceClaimSpec,
@@ -51,6 +53,7 @@ use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin;
 use tessera::prepare::checkpoint::PodRef;
 use tessera::prepare::state::{DeviceState, UnknownMig};
+use tessera::watchdog::events::REPORTING_CONTROLLER;
 use tessera::watchdog::{EventSink, Finding, KubeEvents, KubePods, Mode, Watchdog, WatchdogConfig};
 use testkit::fakeapi::{FakeApiConfig, FakeApiServer};
 
@@ -720,11 +723,11 @@ impl Cluster {
     }
 
     fn kube_events(&self) -> Box<dyn EventSink> {
-        Box::new(KubeEvents {
-            client: self.client.clone(),
-            node: harness::NODE.into(),
-            handle: self.rt.handle().clone(),
-        })
+        Box::new(KubeEvents::new(
+            self.client.clone(),
+            harness::NODE,
+            self.rt.handle().clone(),
+        ))
     }
 }
 
@@ -958,16 +961,17 @@ fn api_pod(c: &Cluster, name: &str, uid: &str, claims: &[&str]) {
 }
 
 /// The watchdog's Events reach the API server (the fake one, over HTTP, which
-/// validates core/v1 Events as the real one does): a Warning GpuMemoryOverBudget on
-/// the offending pod only (pod B; pod A shares the claim but holds nothing), named
-/// with its UID, the message naming the PID and the bytes held.
+/// validates events.k8s.io/v1 Events as the real one does): a Warning
+/// GpuMemoryOverBudget regarding the offending pod only (pod B; pod A shares the claim
+/// but holds nothing), named with its UID, reported by the watchdog on this node, the
+/// note naming the PID and the bytes held.
 #[test]
 fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
     with_fake_host(
         "over_budget_events_are_valid_kubernetes_events_on_the_pods",
         DEFAULT_NODE_YAML,
         |host| {
-            use k8s_openapi::api::core::v1::Event;
+            use k8s_openapi::api::events::v1::Event;
             let c = cluster(host);
             let mut late = c.node.holder(2 * GIB, Some(POD_B));
             let pid = late.id();
@@ -987,57 +991,208 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             };
-            let mut on: Vec<(String, String)> = events
-                .iter()
-                .map(|e| {
-                    (
-                        e.involved_object.name.clone().unwrap_or_default(),
-                        e.involved_object.uid.clone().unwrap_or_default(),
-                    )
-                })
-                .collect();
-            on.sort();
-            assert_eq!(on, vec![("pod-b".to_string(), POD_B.to_string())]);
-            for e in &events {
-                let o = &e.involved_object;
-                assert_eq!(o.kind.as_deref(), Some("Pod"));
-                assert_eq!(o.api_version.as_deref(), Some("v1"));
-                assert_eq!(o.namespace.as_deref(), Some(harness::NS));
-                assert_eq!(e.metadata.namespace.as_deref(), Some(harness::NS));
-                assert_eq!(e.reason.as_deref(), Some("GpuMemoryOverBudget"));
-                assert_eq!(e.type_.as_deref(), Some("Warning"));
-                let msg = e.message.as_deref().unwrap_or_default();
-                assert!(msg.contains(&format!("processes [{pid}]")), "{msg}");
-                assert!(msg.contains(&format!("holds {used} bytes")), "{msg}");
-                assert!(msg.contains(&format!("budget of {GIB} bytes")), "{msg}");
-            }
-            let creates: Vec<u16> = c
+            let regarding: Vec<_> = events.iter().map(|e| e.regarding.clone()).collect();
+            assert_eq!(
+                regarding,
+                vec![Some(ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some("pod-b".into()),
+                    namespace: Some(harness::NS.into()),
+                    uid: Some(POD_B.into()),
+                    ..Default::default()
+                })]
+            );
+            let e = &events[0];
+            assert_eq!(e.metadata.namespace.as_deref(), Some(harness::NS));
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            assert_eq!(e.reason.as_deref(), Some("GpuMemoryOverBudget"));
+            assert_eq!(e.action.as_deref(), Some("CheckGpuMemory"));
+            assert_eq!(
+                e.reporting_controller.as_deref(),
+                Some(REPORTING_CONTROLLER)
+            );
+            assert_eq!(e.reporting_instance.as_deref(), Some(harness::NODE));
+            assert!(e.event_time.is_some() && e.series.is_none(), "{e:?}");
+            let note = e.note.as_deref().unwrap_or_default();
+            assert!(note.contains(&format!("processes [{pid}]")), "{note}");
+            assert!(note.contains(&format!("holds {used} bytes")), "{note}");
+            assert!(note.contains(&format!("budget of {GIB} bytes")), "{note}");
+            assert!(note.contains("would kill"), "{note}");
+            let posts: Vec<String> = c
                 .api
                 .requests()
                 .iter()
-                .filter(|r| r.resource == "events" && r.verb == "create")
-                .map(|r| r.status)
+                .filter(|r| r.resource == "events")
+                .map(|r| format!("{} {}", r.rbac(), r.status))
                 .collect();
-            assert_eq!(creates, vec![201], "accepted by the server's validation");
-            // The same server refuses an Event whose namespace does not match its pod's.
-            let mut bad = events[0].clone();
+            assert_eq!(
+                posts,
+                ["create events.k8s.io/events 201"],
+                "accepted by the server's validation"
+            );
+            // The same server refuses what the real one refuses: a note over 1 kB and
+            // a type other than Normal or Warning.
+            let mut bad = e.clone();
             bad.metadata = ObjectMeta {
-                generate_name: Some("bad.".into()),
+                name: Some("pod-b.bad".into()),
                 namespace: Some(harness::NS.into()),
                 ..Default::default()
             };
-            bad.involved_object.namespace = Some("elsewhere".into());
+            bad.note = Some("n".repeat(1025));
+            bad.type_ = Some("Error".into());
             let err =
                 c.rt.block_on(api.create(&Default::default(), &bad))
                     .unwrap_err();
-            assert!(
-                err.to_string().contains("involvedObject.namespace"),
-                "{err}"
-            );
+            let kube::Error::Api(status) = &err else {
+                panic!("{err:?}");
+            };
+            let fields: Vec<&str> = status
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .map(|c| c.field.as_str())
+                .collect();
+            assert!(status.is_invalid(), "{status:?}");
+            assert_eq!(fields, ["message", "type"], "{status:?}");
             kill(&mut late);
             c.node.vanish(pid);
         },
     );
+}
+
+/// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/base/rbac.yaml` allows.
+fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/rbac.yaml"
+    ))
+    .unwrap();
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = serde_yaml_ng::Value::deserialize(doc).unwrap();
+        if v["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in v["rules"].as_sequence().unwrap() {
+            let list = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap().to_string())
+                    .collect()
+            };
+            for g in list("apiGroups") {
+                for r in list("resources") {
+                    for verb in list("verbs") {
+                        out.push((g.clone(), r.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A fake API server and a client of it, on a runtime of their own.
+fn api_server() -> (tokio::runtime::Runtime, FakeApiServer, kube::Client) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt
+        .block_on(FakeApiServer::start(FakeApiConfig::new(
+            KubeVersion::NEWEST,
+        )))
+        .unwrap();
+    let client = {
+        let _guard = rt.enter();
+        api.client().unwrap()
+    };
+    (rt, api, client)
+}
+
+/// Waits up to 5 s for `done`.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(5), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The same Event on the same pod again is a series (kube-runtime's Recorder): the
+/// first Event is patched (count 2, its first note kept), not a second one created;
+/// both requests are allowed by the plugin's ClusterRole.
+#[test]
+fn a_repeated_event_is_patched_into_a_series_within_the_cluster_role() {
+    use k8s_openapi::api::events::v1::Event;
+    let (rt, api, client) = api_server();
+    let sink = KubeEvents::new(client.clone(), harness::NODE, rt.handle().clone());
+    let pod = PodRef {
+        name: "pod-a".into(),
+        uid: POD_A.into(),
+    };
+    let events: kube::Api<Event> = kube::Api::namespaced(client, harness::NS);
+    let list = || rt.block_on(events.list(&Default::default())).unwrap().items;
+    sink.warn(harness::NS, &pod, "GpuMemoryOverBudget", "first");
+    wait_for("the first Event", || list().len() == 1);
+    sink.warn(harness::NS, &pod, "GpuMemoryOverBudget", "second");
+    wait_for("the series", || {
+        list()[0].series.as_ref().is_some_and(|s| s.count == 2)
+    });
+    let items = list();
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0].note.as_deref(), Some("first"));
+    assert_eq!(
+        items[0].regarding.as_ref().unwrap().uid.as_deref(),
+        Some(POD_A)
+    );
+    let requests: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb != "list")
+        .collect();
+    let seen: Vec<String> = requests
+        .iter()
+        .map(|r| format!("{} {}", r.rbac(), r.status))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "create events.k8s.io/events 201",
+            "patch events.k8s.io/events 200"
+        ]
+    );
+    let allowed = allowed_by_cluster_role();
+    for r in &requests {
+        let triple = (r.group.clone(), r.resource.clone(), r.verb.clone());
+        assert!(
+            allowed.contains(&triple),
+            "{triple:?} is not allowed by deploy/base/rbac.yaml"
+        );
+    }
+}
+
+/// Fire and forget: an Event the API server refuses is logged and never retried, and
+/// the watchdog's call returns at once.
+#[test]
+fn a_refused_event_is_not_retried() {
+    let (rt, api, client) = api_server();
+    api.fail("create", "events", 500);
+    let sink = KubeEvents::new(client, harness::NODE, rt.handle().clone());
+    let pod = PodRef {
+        name: "pod-a".into(),
+        uid: POD_A.into(),
+    };
+    sink.warn(harness::NS, &pod, "GpuMemoryOverBudget", "refused");
+    wait_for("the post", || !api.requests().is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    let seen: Vec<String> = api
+        .requests()
+        .iter()
+        .map(|r| format!("{} {}", r.rbac(), r.status))
+        .collect();
+    assert_eq!(seen, ["create events.k8s.io/events 500"]);
 }
 
 /// The mock node's backend with CUDA processes on its MIG devices: `processes` lists

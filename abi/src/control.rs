@@ -10,16 +10,18 @@
 //!   (`burst_ns`, 0 = the library's default [`DEFAULT_BURST_NS`]).
 //!
 //! The interception library enforces the block rate with one token bucket per (claim,
-//! GPU) kept in the claim's `region` (see [`crate::region::Bucket`]); a launch costs its
+//! GPU) kept in the claim's `region` (its `Bucket`); a launch costs its
 //! thread blocks (`gridDimX·gridDimY·gridDimZ`).
 //!
 //! Seqlock: the writer makes the sequence odd, stores the fields, makes it even again;
 //! a reader retries until it reads the same even sequence before and after.
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use crate::bytes::{get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
 use crate::map::Mapping;
-use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
+use crate::{AbiError, MAX_GPUS, UUID_FIELD};
 
 pub const MAGIC: [u8; 8] = *b"TSRACTL\0";
 pub const VERSION: u32 = 1;
@@ -28,7 +30,7 @@ pub const ENTRY_SIZE: usize = 128;
 /// How many torn reads a reader retries before taking the value as it is.
 pub const READ_RETRIES: usize = 10_000;
 /// The bucket tolerance the library uses when an entry's `burst_ns` is 0.
-pub const DEFAULT_BURST_NS: u64 = 50_000_000;
+pub use crate::DEFAULT_BURST_NS;
 
 pub mod hdr {
     pub const MAGIC: usize = 0;
@@ -72,7 +74,7 @@ pub fn file_size(gpus: usize) -> usize {
 
 /// The bytes of a fresh control file.
 pub fn initial_bytes(gpus: &[GpuControl]) -> Result<Vec<u8>, AbiError> {
-    if gpus.is_empty() || gpus.len() > crate::region::MAX_GPUS {
+    if gpus.is_empty() || gpus.len() > MAX_GPUS {
         return Err(AbiError::Invalid("1 to 64 GPUs per control file".into()));
     }
     let size = file_size(gpus.len());
@@ -115,7 +117,7 @@ fn geometry(b: &[u8]) -> Result<(usize, usize, usize), AbiError> {
     if v < 1 || hs < HEADER_SIZE || es < ENTRY_SIZE || es % 8 != 0 || hs % 8 != 0 {
         return Err(AbiError::BadLayout("control header".into()));
     }
-    if n == 0 || n > crate::region::MAX_GPUS || hs + n * es > b.len() {
+    if n == 0 || n > MAX_GPUS || hs + n * es > b.len() {
         return Err(AbiError::BadLayout("control GPU table".into()));
     }
     Ok((n, hs, es))

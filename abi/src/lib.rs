@@ -11,8 +11,12 @@
 //!   process identified by a random token and an OFD lock.
 //!
 //! The byte layouts are documented (as tables) in ARCHITECTURE.md and pinned by
-//! golden-file tests. Only std and libc: the interception library links this crate.
+//! golden-file tests. What `control` and `region` share (the bounds below, the
+//! little-endian fields and UUID fields of `bytes`) lives here, so that neither file's
+//! module depends on the other. Only std and libc: the interception library links this
+//! crate.
 
+mod bytes;
 pub mod control;
 pub mod limits;
 pub mod map;
@@ -20,6 +24,15 @@ pub mod region;
 
 /// Longest GPU UUID the fixed-size tables hold (NVML's are 40 ASCII characters).
 pub const UUID_FIELD: usize = 64;
+
+/// Most GPUs one claim may budget: the bound of the `region`'s GPU table and of the
+/// `control` file's (so that the region stays small). Also `region::MAX_GPUS`.
+pub const MAX_GPUS: usize = 64;
+
+/// The token bucket's tolerance the interception library uses when a `control` entry's
+/// `burst_ns` is 0 (the `region`'s [`region::Bucket`] applies it). Also
+/// `control::DEFAULT_BURST_NS`.
+pub const DEFAULT_BURST_NS: u64 = 50_000_000;
 
 /// File names inside a claim directory.
 pub const LIMITS_FILE: &str = "limits";
@@ -54,42 +67,3 @@ impl std::fmt::Display for AbiError {
 }
 
 impl std::error::Error for AbiError {}
-
-/// Writes `uuid` NUL-padded into a fixed field; refuses one that does not fit.
-pub(crate) fn put_uuid(dst: &mut [u8], uuid: &str) -> Result<(), AbiError> {
-    if uuid.is_empty() || uuid.len() >= dst.len() || !uuid.is_ascii() {
-        return Err(AbiError::Invalid(format!(
-            "GPU UUID {uuid:?} must be 1 to {} ASCII characters",
-            dst.len() - 1
-        )));
-    }
-    dst.fill(0);
-    dst[..uuid.len()].copy_from_slice(uuid.as_bytes());
-    Ok(())
-}
-
-/// Reads a NUL-padded UUID field.
-pub(crate) fn get_uuid(src: &[u8]) -> String {
-    let end = src.iter().position(|&b| b == 0).unwrap_or(src.len());
-    String::from_utf8_lossy(&src[..end]).into_owned()
-}
-
-pub(crate) fn rd_u32(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
-pub(crate) fn rd_u64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-
-pub(crate) fn wr_u32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn wr_u64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}

@@ -12,6 +12,7 @@
 //! in bytes, sorted by UUID, each UUID once (the plugin sums a claim's shares of one
 //! GPU). A reader of version N accepts any version ≥ 1 and skips keys it does not know,
 //! so that N+1 may add lines.
+#![forbid(unsafe_code)]
 
 use crate::AbiError;
 

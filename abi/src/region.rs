@@ -24,12 +24,14 @@
 //! Sizes in the header let version N+1 append fields to the header, GPU entries and
 //! slots: a version-N reader uses the sizes it finds, so it still reads N's fields.
 //! See ARCHITECTURE.md for the table.
+#![forbid(unsafe_code)]
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::bytes::{get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
 use crate::map::{self, Mapping};
-use crate::{AbiError, UUID_FIELD, get_uuid, put_uuid, rd_u32, rd_u64, wr_u32, wr_u64};
+use crate::{AbiError, DEFAULT_BURST_NS, UUID_FIELD};
 
 pub const MAGIC: [u8; 8] = *b"TSRAREG\0";
 /// v2 appended the per-GPU pool counters to the slots.
@@ -40,7 +42,7 @@ pub const GPU_ENTRY_SIZE: usize = 128;
 /// fail closed (every allocation refused).
 pub const DEFAULT_SLOTS: u32 = 128;
 /// Most GPUs one claim may budget (bounded so the region stays small).
-pub const MAX_GPUS: usize = 64;
+pub use crate::MAX_GPUS;
 
 /// Header field offsets.
 pub mod hdr {
@@ -916,12 +918,12 @@ pub struct Bucket<'a> {
 impl Bucket<'_> {
     /// Tries to charge a launch costing `cost` ns (see [`cost_ns`]) at `now`
     /// (`CLOCK_MONOTONIC` ns) with tolerance `burst_ns` (0 =
-    /// [`crate::control::DEFAULT_BURST_NS`]). One compare-and-swap when admitted; no
+    /// [`DEFAULT_BURST_NS`]). One compare-and-swap when admitted; no
     /// system call.
     #[inline]
     pub fn try_admit(&self, now: u64, cost: u64, burst_ns: u64) -> Admit {
         let burst = if burst_ns == 0 {
-            crate::control::DEFAULT_BURST_NS
+            DEFAULT_BURST_NS
         } else {
             burst_ns
         };

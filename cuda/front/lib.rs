@@ -6,7 +6,7 @@
 //! library itself (`libtessera_cuda.so`, built with std) costs about +90 µs per
 //! process start, mostly ld.so relocating and faulting in its pages. This library is
 //! the part every process pays for: no std, no relocation per hook, a few pages. It
-//! exports the interception library's hooks (the list in `src/hook_names.rs`) as jumps
+//! exports the interception library's hooks (the list in `src/loader/hook_names.rs`) as jumps
 //! through a table, and `dlsym`. At the first call of a hook, or the first `dlsym` of a
 //! hooked name, it `dlopen`s `libtessera_cuda.so` from its own directory
 //! (`RTLD_LOCAL`: the hooks stay reachable only through here), fills the table, and
@@ -25,21 +25,26 @@
 //!   one line says why on stderr: a claim is never run unenforced.
 //!
 //! `dlopen`, `dlsym` and `dlerror` are found by name and version in the loaded objects
-//! (`src/elf_symbols.rs`): libc on glibc 2.34 and later, libdl before (which every
+//! (`src/loader/elf_symbols.rs`): libc on glibc 2.34 and later, libdl before (which every
 //! process that can reach CUDA has). The only NEEDED object is libc; the functions
 //! linked by name are `dl_iterate_phdr`, `write`, `abort` and what `core` calls
 //! (`memcpy`, `memset`, `strlen`, `bcmp`), none newer than `GLIBC_2.14`.
 //!
-//! Built by `build.rs` with `rustc -C panic=abort` (a library without std cannot
-//! unwind), next to `libtessera_cuda.so`; see `cuda/README.md` for the figures.
+//! Built by `cuda/build.rs` with `rustc -C panic=abort` (a library without std cannot
+//! unwind) as a cdylib, next to `libtessera_cuda.so`; see `cuda/README.md` for the
+//! figures. Cargo builds this same file as the `tessera-front` rlib, for `cargo check`
+//! and clippy only.
 
+// The stubs are x86-64 assembly; on other targets `cuda/build.rs` does not build the
+// library, and this crate is empty.
+#![cfg(target_arch = "x86_64")]
 #![no_std]
 #![allow(non_snake_case, non_camel_case_types)]
 
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-#[path = "../src/elf_symbols.rs"]
+#[path = "../src/loader/elf_symbols.rs"]
 mod elf_symbols;
 
 #[panic_handler]
@@ -75,7 +80,7 @@ const RTLD_NOW: c_int = 2;
 
 macro_rules! hook_names {
     ($($sym:ident),* $(,)?) => {
-        /// The hooks, in `src/hook_names.rs` order (the table's).
+        /// The hooks, in `src/loader/hook_names.rs` order (the table's).
         #[repr(usize)]
         #[derive(Clone, Copy)]
         enum Hook { $($sym),* }
@@ -87,6 +92,10 @@ macro_rules! hook_names {
         $(
             /// Jumps to the interception library's hook; on the first call, through
             /// [`slow_path`] with the hook's index in eax.
+            ///
+            /// # Safety
+            /// The driver's contract for this entry point: the arguments reach the
+            /// hook untouched.
             #[unsafe(naked)]
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $sym() {
@@ -110,7 +119,7 @@ macro_rules! hook_names {
     };
 }
 
-include!("../src/hook_names.rs");
+include!("../src/loader/hook_names.rs");
 
 /// The interception library's hooks, filled when it is loaded (zero before: `.bss`,
 /// nothing for ld.so to relocate).
@@ -379,24 +388,36 @@ struct Why(&'static [u8], *const c_char);
 /// Opens `libtessera_cuda.so` beside this library and fills the table.
 fn load_core() -> Result<(), Why> {
     let Some((me, lo, hi)) = elf_symbols::object_containing(load_core as *const () as usize) else {
-        return Err(Why(b"cannot find libtessera_preload.so among the loaded objects", core::ptr::null()));
+        return Err(Why(
+            b"cannot find libtessera_preload.so among the loaded objects",
+            core::ptr::null(),
+        ));
     };
     // <directory of this library>/libtessera_cuda.so, NUL-terminated.
     let mut path = [0u8; 4096];
     // SAFETY: ld.so's name for a loaded object.
     let me = unsafe { cstr(me) };
     let Some(slash) = me.iter().rposition(|&c| c == b'/') else {
-        return Err(Why(b"libtessera_preload.so was not loaded by a path", core::ptr::null()));
+        return Err(Why(
+            b"libtessera_preload.so was not loaded by a path",
+            core::ptr::null(),
+        ));
     };
     let len = slash + 1 + CORE_FILE.len();
     if len >= path.len() {
-        return Err(Why(b"the library directory's path is too long", core::ptr::null()));
+        return Err(Why(
+            b"the library directory's path is too long",
+            core::ptr::null(),
+        ));
     }
     path[..=slash].copy_from_slice(&me[..=slash]);
     path[slash + 1..len].copy_from_slice(CORE_FILE);
     let (dlopen, dlsym) = (glibc_function(b"dlopen\0"), real_dlsym());
     if dlopen == 0 || dlsym == 0 {
-        return Err(Why(b"dlopen and dlsym are not loaded (neither in libc nor libdl)", core::ptr::null()));
+        return Err(Why(
+            b"dlopen and dlsym are not loaded (neither in libc nor libdl)",
+            core::ptr::null(),
+        ));
     }
     // SAFETY: glibc's functions, found by name and version.
     let (dlopen, dlsym) = unsafe {

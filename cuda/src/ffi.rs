@@ -1,5 +1,6 @@
 //! The few CUDA driver and NVML types and constants the library touches (cuda.h,
 //! nvml.h; facts B4 and B5). Only what the hooks read or write.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_int, c_uint, c_void};
 

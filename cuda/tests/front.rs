@@ -51,8 +51,8 @@ fn over_budget_and_held(sb: &Sandbox, o: &RunOpts) -> (Vec<String>, String) {
 }
 
 /// The front exports exactly the interception library's hooks and `dlsym` (the list
-/// both build from, `src/hook_names.rs`), and nothing ld.so must work for at load: no
-/// library but libc, no relocation per hook, no code run at load or exit.
+/// both build from, `src/loader/hook_names.rs`), and nothing ld.so must work for at
+/// load: no library but libc, no relocation per hook, no code run at load or exit.
 #[test]
 fn the_front_exports_the_hooks_and_dlsym_and_needs_nothing_at_load() {
     if !require("front-exports") {

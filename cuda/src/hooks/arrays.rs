@@ -58,7 +58,7 @@ fn create_sized(
         .unwrap_or(c.bytes);
     match resize(st, c, real_size) {
         Ok(c) => {
-            accounting::record(
+            allocations::record(
                 kind,
                 arr as u64,
                 Entry {
@@ -165,7 +165,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
-    let taken = accounting::forget(Kind::Array, arr as u64);
+    let taken = allocations::forget(Kind::Array, arr as u64);
     let rc = call_real!(
         Hook::cuArrayDestroy,
         unsafe extern "C" fn(CUarray) -> CUresult,
@@ -234,7 +234,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult {
-    let taken = accounting::forget(Kind::Mipmap, arr as u64);
+    let taken = allocations::forget(Kind::Mipmap, arr as u64);
     let rc = call_real!(
         Hook::cuMipmappedArrayDestroy,
         unsafe extern "C" fn(CUmipmappedArray) -> CUresult,

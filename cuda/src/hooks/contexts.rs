@@ -22,8 +22,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
-use crate::accounting::MAX_DEVICES;
-use crate::forklock::ForkLock;
+use crate::enforce::accounting::MAX_DEVICES;
+use crate::enforce::forklock::ForkLock;
+
+/// Makes an `int` argument usable as an index guard.
+fn ordinal(dev: c_int) -> Option<usize> {
+    usize::try_from(dev).ok()
+}
 
 /// Per merged GPU: the last context charge a measurement set in this process (0 =
 /// none yet); never below the region's figure, never above twice it.
@@ -80,7 +85,7 @@ fn reserve_context(dev: CUdevice, what: &str) -> Result<Option<Pending>, CUresul
     // Before cuInit, or for an ordinal the driver does not have, the driver's own
     // error is the answer (and the ordinal's UUID is not looked up, so no failure is
     // remembered for it).
-    if !crate::throttle::device_count().is_some_and(|n| (0..n).contains(&dev)) {
+    if !device_count().is_some_and(|n| (0..n).contains(&dev)) {
         return Ok(None);
     }
     let Some(g) = gpu_of(st, Some(dev), what)? else {
@@ -142,7 +147,7 @@ fn create(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) 
     let ctx = unsafe { *pctx };
     match settle_context(p, dev) {
         Ok(c) => {
-            accounting::record(
+            allocations::record(
                 Kind::Context,
                 ctx as u64,
                 Entry {
@@ -220,7 +225,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    let taken = accounting::forget(Kind::Context, ctx as u64);
+    let taken = allocations::forget(Kind::Context, ctx as u64);
     let rc = call_real!(Hook::cuCtxDestroy_v2, CtxFn, ctx);
     release_after(Kind::Context, ctx as u64, rc, taken);
     rc
@@ -234,7 +239,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     type Retain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
-    let Some(d) = crate::interpose::ordinal(dev).filter(|&d| d < MAX_DEVICES) else {
+    let Some(d) = ordinal(dev).filter(|&d| d < MAX_DEVICES) else {
         return call_real!(Hook::cuDevicePrimaryCtxRetain, Retain, pctx, dev);
     };
     // Held across the driver call: retains and releases of primary contexts are
@@ -287,7 +292,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     let rc = call_real!(Hook::cuDevicePrimaryCtxRelease_v2, DevFn, dev);
     if rc == CUDA_SUCCESS
-        && let Some(d) = crate::interpose::ordinal(dev).filter(|&d| d < MAX_DEVICES)
+        && let Some(d) = ordinal(dev).filter(|&d| d < MAX_DEVICES)
         && let Ok(mut prim) = PRIMARY.lock()
     {
         let slot = &mut prim[d];
@@ -310,7 +315,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     let rc = call_real!(Hook::cuDevicePrimaryCtxReset_v2, DevFn, dev);
     if rc == CUDA_SUCCESS
-        && let Some(d) = crate::interpose::ordinal(dev).filter(|&d| d < MAX_DEVICES)
+        && let Some(d) = ordinal(dev).filter(|&d| d < MAX_DEVICES)
         && let Ok(mut prim) = PRIMARY.lock()
         && let Some(c) = prim[d].charge.take()
     {

@@ -5,7 +5,7 @@
 
 use super::pools::settle_retained;
 use super::*;
-use crate::throttle;
+use crate::enforce::throttle::{self, Work, grid_blocks};
 
 /// `CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 const GRAPH_MEM_RESERVED_CURRENT: c_int = 2;
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
             )
         };
         if ty == CU_MEM_LOCATION_TYPE_DEVICE {
-            accounting::add_graph_need(graph as u64, id, sizes::linear(bytes as u64));
+            allocations::add_graph_need(graph as u64, id, sizes::linear(bytes as u64));
         }
     }
     rc
@@ -90,11 +90,11 @@ fn instantiated(rc: CUresult, exec: *mut *mut c_void, graph: *mut c_void) {
     }
     // SAFETY: on success the driver wrote *exec.
     let e = unsafe { *exec } as u64;
-    if let Some(n) = accounting::graph_need(graph as u64) {
-        accounting::add_graph_need(e, n.dev, n.bytes);
+    if let Some(n) = allocations::graph_need(graph as u64) {
+        allocations::add_graph_need(e, n.dev, n.bytes);
     }
     if accounting::state().active() {
-        throttle::set_graph_work(e, throttle::graph_work(graph));
+        throttle::set_graph_work(e, graph_work(graph));
     }
 }
 
@@ -230,13 +230,13 @@ fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
     if matches!(h, Hook::cuGraphLaunch | Hook::cuGraphLaunch_ptsz)
         && let Some(w) = throttle::graph_work_of(exec as u64)
     {
-        throttle::launch(w.blocks, w.kernels, None);
+        throttle::launch(&DriverDevices, w.blocks, w.kernels, None);
     }
     // SAFETY: the driver's function of this variant.
     let f: ExecStreamFn = unsafe { as_fn(p) };
     let st = accounting::state();
     let need = if st.active() {
-        accounting::graph_need(exec as u64)
+        allocations::graph_need(exec as u64)
     } else {
         None
     };
@@ -244,7 +244,7 @@ fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
         // SAFETY: forwarding the caller's arguments.
         return unsafe { f(exec, stream) };
     };
-    let held = accounting::peek(Kind::GraphPool, need.dev as u64).map_or(0, |e| e.charge.bytes);
+    let held = allocations::peek(Kind::GraphPool, need.dev as u64).map_or(0, |e| e.charge.bytes);
     let growth = need.bytes.saturating_sub(held);
     let plan = if growth > 0 {
         match plan(Some(need.dev), growth, "cuGraphLaunch") {
@@ -280,7 +280,7 @@ fn materialize(h: Hook, exec: *mut c_void, stream: CUstream) -> CUresult {
             unsafe { f(need.dev) };
         }
         if !settle_graph_pool(st, need.dev, None) {
-            accounting::log(format_args!(
+            stderr::log(format_args!(
                 "graph memory grew past the budget during a launch and could not be trimmed"
             ));
         }
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CUresult {
         exec
     );
     if rc == CUDA_SUCCESS {
-        accounting::drop_graph_need(exec as u64);
+        allocations::drop_graph_need(exec as u64);
         throttle::drop_graph_work(exec as u64);
     }
     rc
@@ -348,4 +348,107 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
         let _ = settle_graph_pool(st, dev, None);
     }
     rc
+}
+
+// ---- graph work: the kernel nodes a launch of the graph runs --------------------
+
+/// `CU_GRAPH_NODE_TYPE_KERNEL` and `_GRAPH` (a child graph).
+const NODE_KERNEL: i32 = 0;
+const NODE_CHILD_GRAPH: i32 = 4;
+/// Child graphs nest at most this deep before the walk stops.
+const MAX_GRAPH_DEPTH: u32 = 8;
+/// `CUDA_KERNEL_NODE_PARAMS(_v2)`: gridDimX, Y, Z after the function handle.
+const KERNEL_NODE_GRID: usize = 8;
+
+/// Sums the kernel nodes of `graph` (child graphs included) with
+/// `cuGraphGetNodes`/`cuGraphNodeGetType`/`cuGraphKernelNodeGetParams(_v2)`. Works for
+/// stream-captured graphs too. Without those driver functions the graph costs nothing.
+fn graph_work(graph: *mut c_void) -> Work {
+    let mut w = Work::default();
+    walk(graph, 0, &mut w);
+    w
+}
+
+fn walk(graph: *mut c_void, depth: u32, w: &mut Work) {
+    let (gn, gt) = (
+        driver(DriverFn::GraphGetNodes),
+        driver(DriverFn::GraphNodeGetType),
+    );
+    if gn == 0 || gt == 0 || graph.is_null() {
+        return;
+    }
+    type GetNodes = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> CUresult;
+    type GetType = unsafe extern "C" fn(*mut c_void, *mut i32) -> CUresult;
+    // SAFETY: cuGraphGetNodes(CUgraph, CUgraphNode*, size_t*), cuGraphNodeGetType(CUgraphNode, CUgraphNodeType*).
+    let (get_nodes, get_type): (GetNodes, GetType) = unsafe { (as_fn(gn), as_fn(gt)) };
+    let mut n: usize = 0;
+    // SAFETY: a NULL node array asks for the count.
+    if unsafe { get_nodes(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS || n == 0 {
+        return;
+    }
+    let mut nodes: Vec<*mut c_void> = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for n nodes; the driver writes back how many it wrote.
+    if unsafe { get_nodes(graph, nodes.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+        return;
+    }
+    nodes.truncate(n);
+    for node in nodes {
+        let mut ty: i32 = -1;
+        // SAFETY: a node of this graph; valid out pointer.
+        if unsafe { get_type(node, &mut ty) } != CUDA_SUCCESS {
+            continue;
+        }
+        match ty {
+            NODE_KERNEL => {
+                if let Some(b) = kernel_node_blocks(node) {
+                    w.blocks = w.blocks.saturating_add(b);
+                    w.kernels += 1;
+                }
+            }
+            NODE_CHILD_GRAPH if depth < MAX_GRAPH_DEPTH => {
+                let p = driver(DriverFn::GraphChildGraphNodeGetGraph);
+                if p == 0 {
+                    continue;
+                }
+                let mut child: *mut c_void = std::ptr::null_mut();
+                // SAFETY: cuGraphChildGraphNodeGetGraph(CUgraphNode, CUgraph*).
+                let f: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CUresult =
+                    unsafe { as_fn(p) };
+                // SAFETY: valid out pointer.
+                if unsafe { f(node, &mut child) } == CUDA_SUCCESS {
+                    walk(child, depth + 1, w);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A kernel node's thread blocks, from `cuGraphKernelNodeGetParams_v2` (72-byte
+/// params) or the v1 call (56 bytes): both put the grid at the same offsets.
+fn kernel_node_blocks(node: *mut c_void) -> Option<u64> {
+    for f in [
+        DriverFn::GraphKernelNodeGetParamsV2,
+        DriverFn::GraphKernelNodeGetParams,
+    ] {
+        let p = driver(f);
+        if p == 0 {
+            continue;
+        }
+        // Larger than either params struct, zeroed.
+        let mut buf = [0u64; 32];
+        // SAFETY: cuGraphKernelNodeGetParams(_v2)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS(_v2)*).
+        let g: unsafe extern "C" fn(*mut c_void, *mut u8) -> CUresult = unsafe { as_fn(p) };
+        // SAFETY: the buffer is larger than the params the driver writes.
+        if unsafe { g(node, buf.as_mut_ptr().cast()) } == CUDA_SUCCESS {
+            // Little-endian u32s at bytes 8, 12, 16: words 1 (low, high) and 2 (low).
+            let w = |o: usize| buf[o / 8] >> (8 * (o % 8)) & 0xffff_ffff;
+            return Some(grid_blocks(
+                w(KERNEL_NODE_GRID) as u32,
+                w(KERNEL_NODE_GRID + 4) as u32,
+                w(KERNEL_NODE_GRID + 8) as u32,
+            ));
+        }
+    }
+    None
 }

@@ -1,10 +1,10 @@
 //! Kernel launches: each is charged its thread blocks to the claim's token bucket on
-//! the launch's GPU (`crate::throttle`), then forwarded. Graph launches are in
+//! the launch's GPU (`enforce::throttle`), then forwarded. Graph launches are in
 //! `graphs.rs`.
 #![allow(non_snake_case)]
 
 use super::*;
-use crate::throttle::{self, grid_blocks};
+use crate::enforce::throttle::{self, grid_blocks};
 
 type LaunchFn = unsafe extern "C" fn(
     *mut c_void,
@@ -77,7 +77,7 @@ fn kernel(
     if p == 0 {
         return CUDA_ERROR_NOT_FOUND;
     }
-    throttle::launch(grid_blocks(g[0], g[1], g[2]), 1, None);
+    throttle::launch(&DriverDevices, grid_blocks(g[0], g[1], g[2]), 1, None);
     // SAFETY: the driver's function of this variant.
     let real: LaunchFn = unsafe { as_fn(p) };
     // SAFETY: forwarding the caller's arguments.
@@ -158,7 +158,7 @@ fn cooperative(
     if p == 0 {
         return CUDA_ERROR_NOT_FOUND;
     }
-    throttle::launch(grid_blocks(g[0], g[1], g[2]), 1, None);
+    throttle::launch(&DriverDevices, grid_blocks(g[0], g[1], g[2]), 1, None);
     // SAFETY: the driver's function of this variant.
     let real: CooperativeFn = unsafe { as_fn(p) };
     // SAFETY: forwarding the caller's arguments.
@@ -231,7 +231,7 @@ fn launch_ex(
     if !config.is_null() {
         // SAFETY: the caller's launch configuration (the driver rejects a NULL one).
         let g = unsafe { std::ptr::addr_of!((*config).grid).read_unaligned() };
-        throttle::launch(grid_blocks(g[0], g[1], g[2]), 1, None);
+        throttle::launch(&DriverDevices, grid_blocks(g[0], g[1], g[2]), 1, None);
     }
     // SAFETY: the driver's function of this variant.
     let real: LaunchExFn = unsafe { as_fn(p) };
@@ -281,8 +281,13 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
         for i in 0..n as usize {
             // SAFETY: the caller's array of `n` launch parameters.
             let e = unsafe { list.add(i).read_unaligned() };
-            let dev = throttle::stream_device(e.stream as u64);
-            throttle::launch(grid_blocks(e.grid[0], e.grid[1], e.grid[2]), 1, dev);
+            let dev = stream_device(e.stream as u64);
+            throttle::launch(
+                &DriverDevices,
+                grid_blocks(e.grid[0], e.grid[1], e.grid[2]),
+                1,
+                dev,
+            );
         }
     }
     // SAFETY: cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS*, unsigned, unsigned).

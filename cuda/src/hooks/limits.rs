@@ -49,7 +49,7 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
         return call_real!(Hook::cuCtxSetLimit, SetLimit, limit, value);
     };
     let key = (u64::from(dev as u32) << 8) | u64::from(limit as u8);
-    let Some(old) = accounting::forget(Kind::Limit, key) else {
+    let Some(old) = allocations::forget(Kind::Limit, key) else {
         let plan = match plan(Some(dev), bytes, "cuCtxSetLimit") {
             Ok(p) => p,
             Err(rc) => return rc,
@@ -59,7 +59,7 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
         return rc;
     };
     let keep = |c: Charge| {
-        accounting::record(
+        allocations::record(
             Kind::Limit,
             key,
             Entry {

@@ -122,7 +122,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 /// The driver's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
-    let taken = accounting::forget(Kind::Linear, ptr);
+    let taken = allocations::forget(Kind::Linear, ptr);
     if let Some(e) = &taken {
         scrub(accounting::state(), e, ptr);
     }

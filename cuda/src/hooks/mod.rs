@@ -1,15 +1,46 @@
-//! The exported driver and NVML entry points. Each hook is thin: find the device,
-//! reserve in the region (`accounting`), call the driver, roll back on failure, and
-//! remember the charge for the matching free. With no claim mounted every hook only
-//! forwards. No hook panics; a missing driver function gives `CUDA_ERROR_NOT_FOUND`.
+//! The exported driver and NVML entry points, and the exported `dlsym`. Each hook is
+//! thin: find the device, reserve in the region (`enforce::accounting`), call the
+//! driver, roll back on failure, and remember the charge for the matching free
+//! (`enforce::allocations`). With no claim mounted every hook only forwards. No hook
+//! panics; a missing driver function gives `CUDA_ERROR_NOT_FOUND`.
+//!
+//! The loader's hook table knows the hooks by name only: this module gives it their
+//! addresses ([`hook_address`]) where a lookup needs them.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use crate::accounting::{self, Charge, Entry, Kind, Refused, State};
+use crate::enforce::accounting::{self, Charge, Refused, State};
+use crate::enforce::allocations::{self, Entry, Kind};
+use crate::enforce::sizes;
 use crate::ffi::*;
-use crate::interpose::{DriverFn, Hook, as_fn, driver, hook_address, real, remember};
-pub(crate) use crate::interpose::{cuda_uuid, current_device};
-use crate::{gpa_table, sizes};
+use crate::loader::driver_fns::{DriverFn, as_fn, driver};
+use crate::loader::gpa_table;
+use crate::loader::hook_table::{self, Hook};
+use crate::stderr;
+use devices::{DriverDevices, cuda_uuid, current_device, device_count, stream_device};
+
+macro_rules! hook_names {
+    ($($sym:ident),* $(,)?) => {
+        /// The address of the library's own function for `h`: what a lookup of a
+        /// hooked name hands out.
+        pub fn hook_address(h: Hook) -> usize {
+            match h { $(Hook::$sym => $sym as *const () as usize),* }
+        }
+    };
+}
+
+include!("../loader/hook_names.rs");
+
+/// The driver's function for `h` ([`hook_table::real`]).
+#[inline]
+fn real(h: Hook) -> usize {
+    hook_table::real(h, hook_address)
+}
+
+/// Keeps `p` as the driver's function for `h` ([`hook_table::remember`]).
+fn remember(h: Hook, p: *mut c_void) {
+    hook_table::remember(h, p, hook_address);
+}
 
 /// Calls the driver's function for `$hook` with type `$ty`, or returns NOT_FOUND.
 macro_rules! call_real {
@@ -27,7 +58,7 @@ macro_rules! call_real {
 
 fn refused_code(st: &State, r: Refused, what: &str) -> CUresult {
     if r == Refused::NoSlot && !st.fail_closed {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "{what}: the device's UUID is unavailable; refusing"
         ));
     }
@@ -55,7 +86,7 @@ static ALLOC_ROUTE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32:
 /// now: a process that allocates before `cuInit` gets an error from the driver).
 #[cold]
 fn decide_alloc_route(st: &State) -> u32 {
-    let Some(n) = crate::throttle::device_count().filter(|&n| n > 0) else {
+    let Some(n) = device_count().filter(|&n| n > 0) else {
         return ROUTE_PER_CALL;
     };
     let mut seen = None;
@@ -127,7 +158,7 @@ fn plan(dev: Option<CUdevice>, bytes: u64, what: &str) -> Result<Plan, CUresult>
 #[inline]
 fn reserve_or_resettle(st: &'static State, g: usize, bytes: u64) -> Result<Charge, Refused> {
     match st.reserve(g, bytes) {
-        Err(Refused::OverBudget) if accounting::any_pool() => {
+        Err(Refused::OverBudget) if allocations::any_pool() => {
             pools::resettle_pools();
             st.reserve(g, bytes)
         }
@@ -142,7 +173,7 @@ fn settle(plan: Plan, rc: CUresult, kind: Kind, id: impl FnOnce() -> u64, scrub_
             // Decided now, so that the free of a claim that does not scrub looks no
             // further.
             let scrub_bytes = if st.scrubs(c) { scrub_bytes } else { 0 };
-            accounting::record(
+            allocations::record(
                 kind,
                 id(),
                 Entry {
@@ -165,7 +196,7 @@ fn scrub(st: &State, e: &Entry, ptr: CUdeviceptr) {
     }
     let rc = memset_sync(ptr, e.scrub_bytes);
     if rc != CUDA_SUCCESS {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "scrubbing {} bytes failed with CUDA error {rc}; the memory is freed unscrubbed",
             e.scrub_bytes
         ));
@@ -201,7 +232,7 @@ fn release_after(kind: Kind, id: u64, rc: CUresult, taken: Option<Entry>) {
         if rc == CUDA_SUCCESS {
             accounting::state().release(e.charge);
         } else {
-            accounting::record(kind, id, e);
+            allocations::record(kind, id, e);
         }
     }
 }
@@ -250,6 +281,7 @@ fn sync_stream(stream: CUstream) -> CUresult {
 
 mod arrays;
 mod contexts;
+mod devices;
 mod graphs;
 mod launch;
 mod limits;

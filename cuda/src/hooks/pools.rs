@@ -2,7 +2,7 @@
 #![allow(non_snake_case)]
 
 use super::*;
-use crate::forklock::{ForkGuard, ForkLock};
+use crate::enforce::forklock::{ForkGuard, ForkLock};
 
 type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 type AllocPoolFn =
@@ -65,7 +65,7 @@ fn least_growth(pool: CUmemoryPool, size: usize) -> u64 {
 /// then re-reads it.
 fn trim_to_charge(st: &State, pool: CUmemoryPool, stream: CUstream) {
     let _ = sync_stream(stream);
-    let keep = accounting::peek(Kind::Pool, pool as u64).map_or(0, |e| e.charge.bytes);
+    let keep = allocations::peek(Kind::Pool, pool as u64).map_or(0, |e| e.charge.bytes);
     let t = real(Hook::cuMemPoolTrimTo);
     if t != 0 {
         // SAFETY: cuMemPoolTrimTo(CUmemoryPool, size_t).
@@ -74,7 +74,7 @@ fn trim_to_charge(st: &State, pool: CUmemoryPool, stream: CUstream) {
         unsafe { f(pool, keep as usize) };
     }
     if !settle_pool(st, pool, None) {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "a memory pool grew past the budget and could not be trimmed back"
         ));
     }
@@ -130,7 +130,7 @@ fn settle_locked(
     pending: Option<Charge>,
     reserved: impl FnOnce() -> Option<u64>,
 ) -> bool {
-    let old = accounting::forget(kind, key).map(|e| e.charge);
+    let old = allocations::forget(kind, key).map(|e| e.charge);
     let mut held: Option<Charge> = match (old, pending) {
         (Some(o), Some(p)) if (o.claim, o.gpu) == (p.claim, p.gpu) => Some(Charge {
             bytes: o.bytes.saturating_add(p.bytes),
@@ -159,7 +159,7 @@ fn settle_locked(
         Err(c) => (c, false),
     };
     if kept.bytes > 0 {
-        accounting::record(
+        allocations::record(
             kind,
             key,
             Entry {
@@ -270,7 +270,7 @@ fn remember_async(st: &State, g: usize, pool: CUmemoryPool, size: usize) {
         return;
     }
     ASYNC_TRACKED.store(true, std::sync::atomic::Ordering::Relaxed);
-    accounting::record(
+    allocations::record(
         Kind::Async,
         ptr,
         Entry {
@@ -445,7 +445,7 @@ fn note_async(rc: CUresult, dptr: *mut CUdeviceptr) {
 fn free_async(h: Hook, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let per_thread = h == Hook::cuMemFreeAsync_ptsz;
     let taken = if ASYNC_TRACKED.load(std::sync::atomic::Ordering::Relaxed) {
-        accounting::forget(Kind::Async, ptr)
+        allocations::forget(Kind::Async, ptr)
     } else {
         None
     };
@@ -457,7 +457,7 @@ fn free_async(h: Hook, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let rc = call_real!(h, FreeAsyncFn, ptr, stream);
     if let Some(e) = taken {
         if rc != CUDA_SUCCESS {
-            accounting::record(Kind::Async, ptr, e);
+            allocations::record(Kind::Async, ptr, e);
         } else if ANY_DEAD.load(std::sync::atomic::Ordering::Acquire) {
             dead_pool_pointer_freed(e.owner, stream_of(stream, per_thread));
         }
@@ -505,7 +505,7 @@ fn scrub_async(per_thread: bool, ptr: CUdeviceptr, bytes: u64, stream: CUstream)
         unsafe { f(ptr, 0, bytes as usize, stream) }
     };
     if rc != CUDA_SUCCESS {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "cuMemFreeAsync: scrubbing {bytes} bytes failed with CUDA error {rc}; freed unscrubbed"
         ));
     }
@@ -513,10 +513,10 @@ fn scrub_async(per_thread: bool, ptr: CUdeviceptr, bytes: u64, stream: CUstream)
 
 pub(super) fn resettle_pools() {
     let st = accounting::state();
-    if !st.active() || !accounting::any_pool() {
+    if !st.active() || !allocations::any_pool() {
         return;
     }
-    for pool in accounting::keys(Kind::Pool) {
+    for pool in allocations::keys(Kind::Pool) {
         let _ = settle_pool(st, pool as CUmemoryPool, None);
     }
 }
@@ -566,7 +566,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     type DestroyFn = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
     let st = accounting::state();
-    let charged = st.active() && accounting::peek(Kind::Pool, pool as u64).is_some();
+    let charged = st.active() && allocations::peek(Kind::Pool, pool as u64).is_some();
     if !charged {
         return call_real!(Hook::cuMemPoolDestroy, DestroyFn, pool);
     }
@@ -595,7 +595,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let _ = settle_locked(st, Kind::Pool, pool as u64, None, || pool_reserved(pool));
         return rc;
     }
-    let Some(e) = accounting::forget(Kind::Pool, pool as u64) else {
+    let Some(e) = allocations::forget(Kind::Pool, pool as u64) else {
         return rc;
     };
     let held = still.unwrap_or(e.charge.bytes);
@@ -606,9 +606,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         st.release(charge);
         return rc;
     }
-    let live = accounting::count(Kind::Async, |a| a.owner == pool as u64);
+    let live = allocations::count(Kind::Async, |a| a.owner == pool as u64);
     if live == 0 {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "cuMemPoolDestroy: a destroyed pool still holds {} bytes for pointers the library does not know; they stay charged",
             charge.bytes
         ));

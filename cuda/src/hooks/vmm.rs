@@ -12,7 +12,7 @@
 //! takes a range, which ends every mapping that starts inside it.
 #![allow(non_snake_case)]
 
-use crate::forklock::ForkLock;
+use crate::enforce::forklock::ForkLock;
 use std::collections::{BTreeMap, HashMap};
 
 use super::*;
@@ -389,7 +389,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
 fn scrub_range(va: CUdeviceptr, bytes: u64, what: &str) {
     let rc = memset_sync(va, bytes);
     if rc != CUDA_SUCCESS {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "{what}: scrubbing {bytes} bytes failed with CUDA error {rc}; the memory is freed unscrubbed"
         ));
     }
@@ -406,7 +406,7 @@ fn scrub_handle(handle: u64, dev: CUdevice, size: u64) {
     );
     let (map, unmap) = (real(Hook::cuMemMap), real(Hook::cuMemUnmap));
     if [reserve, free, access, map, unmap].contains(&0) {
-        accounting::log(format_args!(
+        stderr::log(format_args!(
             "cuMemRelease: the driver lacks the VMM calls to scrub a handle; freed unscrubbed"
         ));
         return;
@@ -462,7 +462,7 @@ fn scrub_handle(handle: u64, dev: CUdevice, size: u64) {
 }
 
 fn scrub_failed(rc: CUresult) {
-    accounting::log(format_args!(
+    stderr::log(format_args!(
         "cuMemRelease: scrubbing a handle failed with CUDA error {rc}; it is freed unscrubbed"
     ));
 }

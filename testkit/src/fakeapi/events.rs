@@ -429,10 +429,7 @@ mod tests {
     /// refuses one broken field, with the real server's field path.
     #[test]
     fn events_v1_creation_is_validated_strictly() {
-        assert_eq!(
-            validate_events_v1_create(&event_v1(recorded())),
-            Vec::new()
-        );
+        assert_eq!(validate_events_v1_create(&event_v1(recorded())), Vec::new());
         let long = "x".repeat(129);
         let cases: Vec<(&str, Value, Vec<&str>)> = vec![
             // Then an old-style Event to the legacy rules, which this one passes (its
@@ -508,8 +505,16 @@ mod tests {
             ("type", json!("Normal"), "type"),
             ("action", json!("Kill"), "action"),
             ("reportingInstance", json!("node-b"), "reportingInstance"),
-            ("regarding", json!({"kind": "Pod", "name": "pod-b", "namespace": "ns"}), "involvedObject"),
-            ("eventTime", json!("2026-01-01T00:00:00.123457Z"), "eventTime"),
+            (
+                "regarding",
+                json!({"kind": "Pod", "name": "pod-b", "namespace": "ns"}),
+                "involvedObject",
+            ),
+            (
+                "eventTime",
+                json!("2026-01-01T00:00:00.123457Z"),
+                "eventTime",
+            ),
         ] {
             let mut v = recorded();
             v[field] = value;

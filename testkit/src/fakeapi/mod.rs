@@ -4,8 +4,12 @@
 //! where they matter to Tessera: `/version`; nodes get/list; resourceslices list (label
 //! and field selectors), watch, create (`generateName`, `dryRun=All`), update (409 on a
 //! stale resourceVersion) and delete (preconditions); resourceclaims get, list, create,
-//! update, status update and delete; pods get and list; events create (core/v1 Events
-//! validated as the API server does).
+//! update, status update and delete; pods get and list; events create and update
+//! through core/v1 and events.k8s.io/v1, and merge PATCH through events.k8s.io/v1 (the
+//! series updates of kube-runtime's event `Recorder`), one stored Event shown in either
+//! group's shape and validated as the API server does ([`events`]). Other PATCH formats
+//! (strategic merge, JSON patch, apply) are refused with 415, and PATCH of other
+//! resources with 405.
 //!
 //! It is parameterized by Kubernetes version (1.34–1.37) and feature gates: disabled
 //! gates drop their fields silently, and ResourceSlices are validated per version
@@ -17,6 +21,7 @@
 #![allow(clippy::result_large_err)]
 
 mod events;
+mod patch;
 mod selectors;
 mod store;
 
@@ -32,6 +37,7 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -351,6 +357,21 @@ fn kind_of(resource: &str) -> &'static str {
         .unwrap_or("Unknown")
 }
 
+/// Whether the target is events.k8s.io's view of Events.
+fn is_events_v1(t: &Target) -> bool {
+    t.resource == "events" && t.group == "events.k8s.io"
+}
+
+/// A stored object as the target's group shows it: Events are stored in the core/v1
+/// shape and converted for events.k8s.io. Pure.
+fn present(t: &Target, obj: Value) -> Value {
+    if is_events_v1(t) {
+        events::core_to_events_v1(obj)
+    } else {
+        obj
+    }
+}
+
 fn query_map(query: &str) -> BTreeMap<String, String> {
     form_urlencoded_parse(query)
 }
@@ -487,6 +508,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return bad_request(format!("cannot read body: {e}")),
@@ -524,7 +551,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         ),
         Some(t) => match injected_fault(&shared, verb, t.resource) {
             Some(r) => r,
-            None => route(&shared, t, verb, &q, &body, dry_run).await,
+            None => route(&shared, t, verb, &q, &body, &content_type, dry_run).await,
         },
     };
     let record = RequestRecord {
@@ -558,6 +585,7 @@ async fn route(
     verb: &str,
     q: &BTreeMap<String, String>,
     body: &Bytes,
+    content_type: &str,
     dry_run: bool,
 ) -> Response<Body> {
     let writable = matches!(
@@ -573,6 +601,9 @@ async fn route(
         "watch" => watch(shared, t, q),
         "create" if writable && t.name.is_none() => create(shared, t, body, dry_run),
         "update" if writable => update(shared, t, body, dry_run),
+        "patch" if is_events_v1(t) && t.subresource.is_none() => {
+            patch(shared, t, body, content_type, dry_run)
+        }
         "delete" if writable && t.resource != "events" => delete(shared, t, body, dry_run),
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -590,7 +621,7 @@ fn get(shared: &Arc<Shared>, t: &Target) -> Response<Body> {
     let name = t.name.as_deref().unwrap_or_default();
     let st = shared.store();
     match st.get(&key(t.resource, t.namespace.as_deref(), name)) {
-        Some(obj) => json_response(StatusCode::OK, obj),
+        Some(obj) => json_response(StatusCode::OK, &present(t, obj.clone())),
         None => not_found(t, name),
     }
 }
@@ -642,7 +673,7 @@ fn list(shared: &Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Respo
         .list(t.resource, t.namespace.as_deref())
         .into_iter()
         .filter(|o| labels.matches(o) && fields.matches(o))
-        .cloned()
+        .map(|o| present(t, o.clone()))
         .collect();
     let kind = format!("{}List", kind_of(t.resource));
     let api_version = if t.group.is_empty() {
@@ -678,6 +709,7 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Resp
         .unwrap_or(1800);
     let resource = t.resource;
     let namespace = t.namespace.clone();
+    let events_v1 = is_events_v1(t);
     let (backlog, mut rx) = {
         let st = shared.store();
         let backlog: Vec<WatchEvent> = match rv {
@@ -718,8 +750,13 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Resp
     };
     tokio::spawn(async move {
         let line = |e: &WatchEvent| {
-            let mut v = serde_json::to_vec(&json!({"type": e.kind, "object": e.object}))
-                .unwrap_or_default();
+            let object = if events_v1 {
+                events::core_to_events_v1(e.object.clone())
+            } else {
+                e.object.clone()
+            };
+            let mut v =
+                serde_json::to_vec(&json!({"type": e.kind, "object": object})).unwrap_or_default();
             v.push(b'\n');
             Ok(Frame::data(Bytes::from(v)))
         };
@@ -833,6 +870,30 @@ fn admit(
             }
             Ok(obj)
         }
+        ("events", None) => {
+            // events.k8s.io/v1: validated in its own shape, stored in core/v1's.
+            let msgs = events::path_segment_name_errors(name);
+            if !msgs.is_empty() {
+                return Err(bad_request(format!(
+                    "Name parameter invalid: {name:?}: {}",
+                    msgs.join(";")
+                )));
+            }
+            let ev: EventV1 = serde_json::from_value(obj.clone()).map_err(decode_err)?;
+            let errs = match old {
+                None => events::validate_events_v1_create(&ev),
+                Some(old) => {
+                    let old: EventV1 =
+                        serde_json::from_value(events::core_to_events_v1(old.clone()))
+                            .map_err(decode_err)?;
+                    events::validate_events_v1_update(&ev, &old)
+                }
+            };
+            if !errs.is_empty() {
+                return Err(invalid(t, name, &errs));
+            }
+            Ok(events::events_v1_to_core(obj))
+        }
         _ => Ok(obj),
     }
 }
@@ -919,25 +980,76 @@ fn create(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Resp
     meta["generation"] = json!(1);
     if dry_run {
         meta["resourceVersion"] = json!("");
-        return json_response(StatusCode::CREATED, &obj);
+        return json_response(StatusCode::CREATED, &present(t, obj));
     }
     let stored = st.put(k, obj, "ADDED");
-    json_response(StatusCode::CREATED, &stored)
+    json_response(StatusCode::CREATED, &present(t, stored))
 }
 
 fn update(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Response<Body> {
-    let name = t.name.clone().unwrap_or_default();
     let obj: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return bad_request(format!("the body of the request could not be decoded: {e}")),
     };
+    replace(shared, &mut shared.store(), t, obj, dry_run)
+}
+
+/// A merge PATCH (the only format served): the stored object as the target's group
+/// shows it, with `body` merged in, then replaced as by an update (validation,
+/// resourceVersion precondition if the patch sets one).
+fn patch(
+    shared: &Arc<Shared>,
+    t: &Target,
+    body: &Bytes,
+    content_type: &str,
+    dry_run: bool,
+) -> Response<Body> {
+    let name = t.name.clone().unwrap_or_default();
+    // Parameters such as `; charset=utf-8` do not change the format.
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if media_type != patch::MERGE_PATCH {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: {} (the fake API server's only patch format)",
+                patch::MERGE_PATCH
+            ),
+            None,
+        );
+    }
+    let body: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("the body of the request could not be decoded: {e}")),
+    };
+    let mut st = shared.store();
+    let Some(old) = st
+        .get(&key(t.resource, t.namespace.as_deref(), &name))
+        .cloned()
+    else {
+        return not_found(t, &name);
+    };
+    let merged = patch::merge_patch(present(t, old), &body);
+    replace(shared, &mut st, t, merged, dry_run)
+}
+
+/// Replaces the object the target names with `obj` (in the target group's shape), as
+/// an update does: 400 on a name other than the URL's, 404, 409 on a stale
+/// resourceVersion, 422 from admission.
+fn replace(
+    shared: &Arc<Shared>,
+    st: &mut Store,
+    t: &Target,
+    obj: Value,
+    dry_run: bool,
+) -> Response<Body> {
+    let name = t.name.clone().unwrap_or_default();
     if obj["metadata"]["name"].as_str() != Some(name.as_str()) {
         return bad_request(format!(
             "the name of the object ({}) does not match the name on the URL ({name})",
             obj["metadata"]["name"].as_str().unwrap_or("")
         ));
     }
-    let mut st = shared.store();
     let k = key(t.resource, t.namespace.as_deref(), &name);
     let Some(old) = st.get(&k).cloned() else {
         return not_found(t, &name);
@@ -977,10 +1089,10 @@ fn update(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Resp
         generation
     });
     if dry_run {
-        return json_response(StatusCode::OK, &obj);
+        return json_response(StatusCode::OK, &present(t, obj));
     }
     let stored = st.put(k, obj, "MODIFIED");
-    json_response(StatusCode::OK, &stored)
+    json_response(StatusCode::OK, &present(t, stored))
 }
 
 fn delete(shared: &Arc<Shared>, t: &Target, body: &Bytes, dry_run: bool) -> Response<Body> {

@@ -5,6 +5,7 @@
 //! a single file, while a file a tenant writes into the container's writable layer is
 //! no mount point at all, so it counts for nothing. Pure functions; the caller reads
 //! the files.
+#![forbid(unsafe_code)]
 
 use tessera_abi::limits::Limits;
 

@@ -164,7 +164,7 @@ extern "C" fn resolve(i: u32) -> usize {
     let Some(&(name, ver, fail)) = SHIMS.get(i as usize) else {
         return fail_null as *const () as usize;
     };
-    let (found, object) = crate::elf_symbols::find(name, ver);
+    let (found, object) = super::elf_symbols::find(name, ver);
     if found != 0 {
         pin(object);
         SLOTS[i as usize].store(found, Ordering::Release);

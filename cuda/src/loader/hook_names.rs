@@ -1,7 +1,8 @@
 // The driver and NVML entry points the library intercepts, by exported name, in table
-// order. One list for both libraries: `src/interpose.rs` (the hooks) and `front/lib.rs`
-// (the front's jump stubs) each define `hook_names!` and include this file, and
-// `tests/front.rs` checks the two built objects export the same names.
+// order. One list for both libraries: `src/loader/hook_table.rs` (the `Hook` table),
+// `src/hooks/mod.rs` (the hooks' own addresses) and `front/lib.rs` (the front's jump
+// stubs) each define `hook_names!` and include this file, and `tests/front.rs` checks
+// the two built objects export the same names.
 hook_names!(
     cuGetProcAddress,
     cuGetProcAddress_v2,

@@ -1,5 +1,6 @@
 //! Sizes the library charges, and the numbers its virtual views report. Pure
 //! functions.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_int, c_uint};
 

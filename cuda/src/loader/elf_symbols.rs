@@ -2,7 +2,7 @@
 //! dynamic symbol tables read as ld.so reads them (GNU or SysV hash table, version
 //! definitions), and the loaded objects' address ranges. The release build's glibc
 //! shims use it (`glibc_shims.rs`), the interception library to find the front library
-//! (`interpose.rs`), and the front library itself (`front/lib.rs`, built without std,
+//! (`front.rs`), and the front library itself (`cuda/front/lib.rs`, built without std,
 //! which includes this file): it allocates nothing, uses only `core`, and calls nothing
 //! but `dl_iterate_phdr` (in libc, declared here).
 
