@@ -324,3 +324,144 @@ async fn nodes_pods_and_the_request_log() {
         ["get nodes", "list pods", "get pods", "delete nodes"]
     );
 }
+
+/// An events.k8s.io/v1 Event as kube-runtime's Recorder posts it, on pod `default/p`.
+fn recorded_event(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": "default"},
+        "eventTime": "2026-01-01T00:00:00.123456Z",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "default", "uid": "u-1"},
+        "reportingController": "tessera.dev/watchdog", "reportingInstance": "node-a",
+        "type": "Warning", "reason": "GpuMemoryOverBudget", "action": "CheckGpuMemory",
+        "note": "over budget"
+    })
+}
+
+/// Events through events.k8s.io/v1: one stored Event shown in either group's shape;
+/// a merge PATCH adds a series (what the Recorder sends for a repeated Event), while
+/// changing what the Event says is refused (422); other patch formats get 415, a
+/// missing Event 404, a PATCH through core/v1 405.
+#[tokio::test]
+async fn events_k8s_io_events_are_created_patched_and_shown_in_both_groups() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Patch, PatchParams};
+    let s = start().await;
+    let client = s.client().unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let ev: Event = serde_json::from_value(recorded_event("p.1")).unwrap();
+    let created = events.create(&PostParams::default(), &ev).await.unwrap();
+    assert_eq!(created.note.as_deref(), Some("over budget"));
+    assert!(created.metadata.uid.is_some());
+    // The same Event through core/v1.
+    let old_style = core.get("p.1").await.unwrap();
+    assert_eq!(old_style.involved_object.uid.as_deref(), Some("u-1"));
+    assert_eq!(old_style.message.as_deref(), Some("over budget"));
+    assert_eq!(
+        old_style.reporting_component.as_deref(),
+        Some("tessera.dev/watchdog")
+    );
+    // A series.
+    let series = serde_json::json!({
+        "series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}
+    });
+    let patched = events
+        .patch("p.1", &PatchParams::default(), &Patch::Merge(&series))
+        .await
+        .unwrap();
+    assert_eq!(patched.series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(patched.note.as_deref(), Some("over budget"));
+    assert_eq!(events.get("p.1").await.unwrap().series, patched.series);
+    // The whole Event with a series, as the Recorder sends it, is a series update too.
+    let mut whole = recorded_event("p.1");
+    whole["series"] =
+        serde_json::json!({"count": 3, "lastObservedTime": "2026-01-01T00:02:00.000000Z"});
+    let patched = events
+        .patch("p.1", &PatchParams::default(), &Patch::Merge(&whole))
+        .await
+        .unwrap();
+    assert_eq!(patched.series.map(|s| s.count), Some(3));
+    fn code<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> u16 {
+        match r {
+            Err(kube::Error::Api(s)) => s.code,
+            other => panic!("{other:?}"),
+        }
+    }
+    let renote = serde_json::json!({"note": "something else"});
+    let err = events
+        .patch("p.1", &PatchParams::default(), &Patch::Merge(&renote))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains("message: Invalid value"),
+        "{status:?}"
+    );
+    assert_eq!(
+        code(
+            events
+                .patch("p.1", &PatchParams::default(), &Patch::Strategic(&series))
+                .await
+        ),
+        415
+    );
+    assert_eq!(
+        code(
+            events
+                .patch("p.2", &PatchParams::default(), &Patch::Merge(&series))
+                .await
+        ),
+        404
+    );
+    assert_eq!(
+        code(
+            core.patch("p.1", &PatchParams::default(), &Patch::Merge(&series))
+                .await
+        ),
+        405
+    );
+    // Creation is validated strictly: no eventTime, a type other than Normal or Warning.
+    let mut bad = recorded_event("p.3");
+    bad.as_object_mut().unwrap().remove("eventTime");
+    bad["type"] = serde_json::json!("Error");
+    let bad: Event = serde_json::from_value(bad).unwrap();
+    let err = events
+        .create(&PostParams::default(), &bad)
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = &err else {
+        panic!("{err:?}")
+    };
+    let fields: Vec<&str> = status
+        .details
+        .iter()
+        .flat_map(|d| &d.causes)
+        .map(|c| c.field.as_str())
+        .collect();
+    assert_eq!(fields, ["eventTime", "type"], "{status:?}");
+    let verbs: Vec<String> = s
+        .requests()
+        .iter()
+        .map(|r| format!("{} {}", r.rbac(), r.status))
+        .collect();
+    assert_eq!(
+        verbs,
+        [
+            "create events.k8s.io/events 201",
+            "get events 200",
+            "patch events.k8s.io/events 200",
+            "get events.k8s.io/events 200",
+            "patch events.k8s.io/events 200",
+            "patch events.k8s.io/events 422",
+            "patch events.k8s.io/events 415",
+            "patch events.k8s.io/events 404",
+            "patch events 405",
+            "create events.k8s.io/events 422",
+        ]
+    );
+}

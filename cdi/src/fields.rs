@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::validate::ValidationError;
+use crate::error::ValidationError;
 use crate::version::SpecVersion;
 
 /// The JSON objects of a spec, each with its own field list.

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+mod error;
 mod fields;
 pub mod qualified;
 pub mod spec;

@@ -200,11 +200,12 @@ impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
-        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
-            source_name: source_name.into(),
-            field: ".".into(),
-            message: format!("not valid YAML: {e}"),
-        })?;
+        let value: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
+                source_name: source_name.into(),
+                field: ".".into(),
+                message: format!("not valid YAML: {e}"),
+            })?;
         Self::from_value(value, source_name)
     }
 

@@ -4,7 +4,7 @@
 //! * [`nvml::NvmlBackend`] talks to the NVIDIA driver through nvml-wrapper (optionally a
 //!   given `libnvidia-ml.so.1`, which is how tests point it at a fake library).
 //! * [`mock::MockBackend`] reads a YAML node description and keeps the simulated node's
-//!   state in [`state::NodeState`] under `--state-dir`. The fake `libnvidia-ml.so.1`
+//!   state in [`mock::state::NodeState`] under `--state-dir`. The fake `libnvidia-ml.so.1`
 //!   used in tests reads the very same state file, so the simulated node has one source
 //!   of truth.
 

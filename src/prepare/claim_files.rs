@@ -90,8 +90,7 @@ pub fn render(plan: &ClaimPlan) -> Result<ClaimFiles, ClaimFilesError> {
     control::initial_bytes(&control)
         .map_err(|e| ClaimFilesError::Render(format!("control: {e}")))?;
     let uuids: Vec<&str> = budgets.iter().map(|(u, _)| u.as_str()).collect();
-    let region =
-        region::initial_bytes(&uuids, region::DEFAULT_SLOTS)
+    let region = region::initial_bytes(&uuids, region::DEFAULT_SLOTS)
         .map_err(|e| ClaimFilesError::Render(format!("region: {e}")))?;
     Ok(ClaimFiles {
         limits,
@@ -126,11 +125,7 @@ fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> ClaimFiles
 /// Creates `claims/<uid>` atomically with the rendered files. `limits` and `control`
 /// are 0444 (mounted read-only; the plugin, as root, still updates `control`), the
 /// region 0666 (containers may run as any user).
-pub fn create(
-    run_dir: &Path,
-    uid: &str,
-    files: &ClaimFiles,
-) -> Result<PathBuf, ClaimFilesError> {
+pub fn create(run_dir: &Path, uid: &str, files: &ClaimFiles) -> Result<PathBuf, ClaimFilesError> {
     let claims = run_dir.join(CLAIMS_DIR);
     fs::create_dir_all(&claims).map_err(|e| io_err("creating", &claims, e))?;
     let tmp = claims.join(format!(".{uid}.tmp"));
@@ -187,10 +182,7 @@ pub fn remove(run_dir: &Path, uid: &str) -> Result<(), ClaimFilesError> {
 
 /// Removes every entry of `claims/` that is not the directory of a claim in `known`:
 /// half-made, half-removed and orphaned directories. Returns what it removed.
-pub fn sweep(
-    run_dir: &Path,
-    known: &BTreeSet<String>,
-) -> Result<Vec<String>, ClaimFilesError> {
+pub fn sweep(run_dir: &Path, known: &BTreeSet<String>) -> Result<Vec<String>, ClaimFilesError> {
     let claims = run_dir.join(CLAIMS_DIR);
     let mut removed = Vec::new();
     let entries = match fs::read_dir(&claims) {

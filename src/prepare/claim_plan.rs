@@ -258,10 +258,10 @@ pub struct Held {
     pub budgets: BTreeMap<u32, Budget>,
 }
 
-/// Decides the claim's devices on this node. Checks, in order: UID, allocation, that
-/// our results are in our pool, that each device exists, the opaque configs, the
-/// shares of shared GPUs, that no device is held by another claim, and that no shared
-/// GPU ends up over-committed. Deterministic.
+/// Decides the claim's devices on this node. Checks, in order: UID, allocation, the
+/// opaque configs (all of them, used or not), that our results are in our pool, that
+/// each device exists, the shares of shared GPUs, that no device is held by another
+/// claim, and that no shared GPU ends up over-committed. Deterministic.
 pub fn plan_claim(
     claim: &ResourceClaim,
     expected_uid: &str,

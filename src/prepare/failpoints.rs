@@ -1,6 +1,7 @@
 //! Crash-test fail points: named places in prepare and unprepare where a test build
 //! aborts the process, so the crash tests can check recovery from each. Compiled to
-//! nothing without the `failpoints` feature, which only the test kit enables.
+//! nothing without the `failpoints` feature, which only the plugin's own test builds
+//! enable (a dev-dependency on itself, in the root `Cargo.toml`).
 
 use std::collections::BTreeSet;
 

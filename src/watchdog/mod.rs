@@ -22,7 +22,7 @@
 //!   of a claim this plugin unprepared or is unpreparing (a MIG device still in use).
 //!   Reported (log naming the PIDs, gauges per GPU and per MIG GPU instance).
 //!
-//! The decisions ([`judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
+//! The decisions ([`mod@judge`]) are pure; [`Watchdog`] is the edge (NVML, procfs, kill,
 //! Events, and the live pod lookup of [`pods`]).
 
 pub mod events;

@@ -85,6 +85,10 @@ pub enum AllocError {
     /// The search exceeded its step budget.
     #[error("allocation search gave up after {0} steps")]
     SearchLimit(u64),
+    /// The claim (`namespace/name`) already holds devices: a claim is allocated once,
+    /// and the scheduler skips an allocated one (release it first).
+    #[error("claim {0} is already allocated")]
+    AlreadyAllocated(String),
 }
 
 struct Class {
@@ -807,6 +811,9 @@ impl Allocator {
     /// would appear in `status.allocation`.
     pub fn allocate(&mut self, claim: &ResourceClaim) -> Result<AllocationResult, AllocError> {
         let key = claim_key(claim);
+        if self.held.contains_key(&key) {
+            return Err(AllocError::AlreadyAllocated(key));
+        }
         let (reqs, constraints) = self.expand(claim)?;
         let specs_of: HashMap<String, Spec> = reqs
             .iter()

@@ -19,7 +19,10 @@ pub const INCLUDES_MAX_LIST_LEN: usize = 48;
 /// declared twice), which the unit tests catch.
 pub fn environment() -> &'static Arc<Env> {
     static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
-        #[allow(clippy::expect_used, reason = "a fixed declaration list; its unit tests build it")]
+        #[allow(
+            clippy::expect_used,
+            reason = "a fixed declaration list; its unit tests build it"
+        )]
         Arc::new(build().expect("the DRA CEL environment declares each overload once"))
     });
     &ENV

@@ -14,7 +14,8 @@ impl DeviceState {
             .filter_map(|r| r.lib_version.clone())
             .collect();
         keep.extend(self.library());
-        let removed = crate::prepare::library::gc(&self.cfg.run_dir, &keep).map_err(PrepareError::LibraryGc)?;
+        let removed = crate::prepare::library::gc(&self.cfg.run_dir, &keep)
+            .map_err(PrepareError::LibraryGc)?;
         if !removed.is_empty() {
             info!(versions = ?removed, "removed interception library versions no claim uses");
         }
