@@ -1,0 +1,36 @@
+# Shared by build.sh, up.sh, down.sh and smoke.sh (sourced, not run).
+
+# resolve_version ARG: sets K8S_MOD (the module dir), K8S_VERSION (the pinned release,
+# vX.Y.Z), K8S_MINOR and K8S_BIN (<repo>/target/k8s/<version>) for ARG = 1.34 | v1.34 |
+# v1.34.4.
+resolve_version() {
+  local arg=$1 here repo
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  repo=$(cd "$here/../.." && pwd)
+  [[ ${arg#v} =~ ^1\.([0-9]+)(\.[0-9]+)?$ ]] || { echo "bad version: $arg (want e.g. 1.34 or v1.37.2)" >&2; return 2; }
+  K8S_MINOR=${BASH_REMATCH[1]}
+  K8S_MOD=$here/k8s/v1.$K8S_MINOR
+  [ -f "$K8S_MOD/go.mod" ] || { echo "no module for $arg: $K8S_MOD/go.mod (make one with k8s/gen.sh)" >&2; return 2; }
+  K8S_VERSION=$(sed -n 's/^\tk8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$K8S_MOD/go.mod")
+  [ -n "$K8S_VERSION" ] || { echo "no k8s.io/kubernetes require in $K8S_MOD/go.mod" >&2; return 1; }
+  if [ -n "${BASH_REMATCH[2]}" ] && [ "v${arg#v}" != "$K8S_VERSION" ]; then
+    echo "$K8S_MOD/go.mod pins $K8S_VERSION, not $arg (k8s/gen.sh v${arg#v} to change it)" >&2; return 2
+  fi
+  K8S_BIN=$repo/target/k8s/$K8S_VERSION
+}
+
+# now: seconds since the epoch with milliseconds.
+now() { date +%s.%3N; }
+# since T0: seconds elapsed since T0 (one decimal).
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# kill_pid PID [NAME]: SIGTERM, up to 10 s, then SIGKILL; waits until it is gone.
+kill_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  echo "pid $pid ${2:-} survived SIGKILL" >&2
+}
