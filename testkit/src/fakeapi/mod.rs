@@ -7,7 +7,7 @@
 //! update, status update and delete; pods get and list; events create and update
 //! through core/v1 and events.k8s.io/v1, and merge PATCH through events.k8s.io/v1 (the
 //! series updates of kube-runtime's event `Recorder`), one stored Event shown in either
-//! group's shape and validated as the API server does ([`events`]). Other PATCH formats
+//! group's shape and validated as the API server does (`events.rs`). Other PATCH formats
 //! (strategic merge, JSON patch, apply) are refused with 415, and PATCH of other
 //! resources with 405.
 //!
