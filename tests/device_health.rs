@@ -365,9 +365,13 @@ async fn without_taints_a_lost_gpu_leaves_the_slice_until_it_recovers() {
 }
 
 /// A NoSchedule XID (63) clears once gpu-3 was quiet for `xidClearAfter` (2 s here),
-/// not before: the taint is still stored just before the period ends, then leaves
-/// the stored slice and the stream turns the device Healthy, while a fatal XID on
-/// gpu-2 injected at the same time stays. Runs on the real clock (the plugin's).
+/// not before: every read of the stored slice made before the period ended finds the
+/// taint; then it leaves the stored slice and the stream turns the device Healthy,
+/// while a fatal XID on gpu-2 injected at the same time stays. Runs on the real clock
+/// (the plugin's), so the test asserts only order: the period starts at the plugin's
+/// first poll after the injection, so any read completed before `injected + 2 s` must
+/// find the taint, and the device cannot turn Healthy before then; how long after the
+/// period the clear came is printed, not judged (a loaded machine delays polls).
 #[tokio::test]
 async fn a_noschedule_xid_clears_after_the_quiet_period() {
     const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
@@ -398,16 +402,32 @@ async fn a_noschedule_xid_clears_after_the_quiet_period() {
         status_of(d, "gpu-3").0 == pb::HealthStatus::Unhealthy
     })
     .await;
-    let just_before = QUIET - std::time::Duration::from_millis(200);
-    tokio::time::sleep(just_before.saturating_sub(injected.elapsed())).await;
-    assert!(tainted(), "cleared before its quiet period ended");
+    // Reads of the stored taint until the period ends: each one that completed before
+    // then must find it (a read completing later may find it either way).
+    let (mut reads, mut last_read) = (0, std::time::Duration::ZERO);
+    loop {
+        let still = tainted();
+        let at = injected.elapsed();
+        if at >= QUIET {
+            break;
+        }
+        assert!(
+            still,
+            "cleared {at:?} after the injection, before its quiet period ({QUIET:?}) ended"
+        );
+        (reads, last_read) = (reads + 1, at);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let list = next_until(&mut stream, "gpu-3 healthy again", |d| {
         status_of(d, "gpu-3").0 == pb::HealthStatus::Healthy
     })
     .await;
     let took = injected.elapsed();
+    println!(
+        "gpu-3 still tainted at {reads} reads up to {last_read:?} after the injection; \
+         Healthy in the stream {took:?} after it (quiet period {QUIET:?})"
+    );
     assert!(took >= QUIET, "cleared after {took:?}");
-    assert!(took < QUIET * 3, "cleared after {took:?}");
     assert_eq!(status_of(&list, "gpu-2").0, pb::HealthStatus::Unhealthy);
     harness::wait_until("gpu-3 untainted", || {
         stored_taints(&h.api, "gpu-3") == Some(None)

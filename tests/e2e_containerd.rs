@@ -301,6 +301,7 @@ async fn shared_claim_files(n: &mut Node) {
 /// Every scenario on one node, one containerd and one pod sandbox; prints each
 /// scenario's time and the suite's, set-up (chroot, daemon, image) included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and containerd (in a debootstrap chroot)"]
 async fn containerd_cri_applies_tessera_cdi_specs() {
     if e2e::prerequisites(
         "containerd suite",

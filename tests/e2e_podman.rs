@@ -287,6 +287,7 @@ async fn shared_claim_files(n: &Node) {
 
 /// Every scenario on one node and one podman set-up; prints each scenario's time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and podman"]
 async fn podman_applies_tessera_cdi_specs() {
     if e2e::prerequisites("podman suite", &["podman", "runc", "unshare", "cc"]).is_err() {
         return;
@@ -378,6 +379,7 @@ async fn share(
 /// separate per claim, merged with a whole GPU in one container, and not disabled by
 /// the tenant's environment or a forged limits file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and podman"]
 async fn podman_enforces_shared_budgets() {
     if e2e::prerequisites("podman suite", &["podman", "runc", "unshare", "cc"]).is_err() {
         return;
@@ -450,7 +452,8 @@ async fn podman_enforces_shared_budgets() {
         &format!("{client} alloc {} hold", 12 * GIB),
     );
     assert!(started.ok, "{}", Podman::cdi_errors(&started));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // A container start takes a second or so; a loaded machine gets a minute.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let logs = n.podman.logs(holder);
         if logs.stdout.contains("holding") {

@@ -168,7 +168,7 @@ async fn watch_streams_events() {
     let list = api.list(&ListParams::default()).await.unwrap();
     let rv = list.metadata.resource_version.unwrap();
     let mut stream = api
-        .watch(&WatchParams::default().timeout(10), &rv)
+        .watch(&WatchParams::default().timeout(60), &rv)
         .await
         .unwrap()
         .boxed();
@@ -180,7 +180,7 @@ async fn watch_streams_events() {
     api.delete(&name, &DeleteParams::default()).await.unwrap();
     let mut kinds = Vec::new();
     while kinds.len() < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        let ev = tokio::time::timeout(Duration::from_secs(30), stream.next())
             .await
             .unwrap()
             .unwrap()

@@ -175,8 +175,13 @@ async fn two_requests_get_their_own_request_names() {
     p.stop().await;
 }
 
-fn mtime(path: &Path) -> std::time::SystemTime {
-    std::fs::metadata(path).unwrap().modified().unwrap()
+/// A file's identity and modification time: a rewrite (temp file, then rename) makes
+/// a new inode whatever the clock's granularity, and an in-place write a new mtime
+/// (the caller sleeps 20 ms, above the file system's timestamp granularity).
+fn stamp(path: &Path) -> (u64, std::time::SystemTime) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.ino(), m.modified().unwrap())
 }
 
 /// A second prepare returns the same answer and rewrites nothing.
@@ -190,12 +195,12 @@ async fn prepare_is_idempotent() {
         .await;
     let first = k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     let cp = h.opts.paths.state_dir.join("checkpoint.json");
-    let (spec_t, cp_t) = (mtime(&spec_path(&h, &c.uid)), mtime(&cp));
+    let (spec_t, cp_t) = (stamp(&spec_path(&h, &c.uid)), stamp(&cp));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let second = k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     assert_eq!(first, second);
-    assert_eq!(mtime(&spec_path(&h, &c.uid)), spec_t, "spec not rewritten");
-    assert_eq!(mtime(&cp), cp_t, "checkpoint not rewritten");
+    assert_eq!(stamp(&spec_path(&h, &c.uid)), spec_t, "spec not rewritten");
+    assert_eq!(stamp(&cp), cp_t, "checkpoint not rewritten");
     // Unprepare twice, and of a claim never prepared, succeeds.
     let never = KubeletClaim {
         namespace: NS.into(),

@@ -214,15 +214,18 @@ async fn publisher_republishes_after_external_deletion() {
         );
         assert_eq!(again[0].spec.devices.as_ref().unwrap().len(), 4);
         let _ = stop_tx.send(());
-        tokio::time::timeout(Duration::from_secs(5), task)
+        tokio::time::timeout(Duration::from_secs(30), task)
             .await
             .unwrap()
             .unwrap();
     }
 }
 
+/// Polls the fake API server until it stores `n` slices (normally within ms of a
+/// change; given up after 30 s).
 async fn wait_for_slices(api: &FakeApiServer, n: usize) -> Vec<ResourceSlice> {
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         let s = api.resource_slices();
         if s.len() == n {
             return s;

@@ -11,9 +11,12 @@
 //! windows after a 2 s warm-up.
 //!
 //! Rows: the five share sets (launch-then-synchronize loops), then 25/40 with
-//! graphs of 50 kernels, with four processes in the 25 claim, and with the 25 claim's
-//! thread blocks costing 3x the 40 claim's; then a claim going idle and active again,
-//! and a `computeLimit` alone on the GPU. Each is judged by the mean of its ten windows
+//! graphs of 50 kernels, with four processes in the 25 claim, with the 25 claim's
+//! cooperative launches, `_ptsz` launches or graphs of 50 against the 40 claim's plain
+//! loop (the launch paths of the `shares_under_controller` test, which bounds them
+//! loosely, judged here), and with the 25 claim's thread blocks costing 3x the 40
+//! claim's; then a claim going idle and active again, and a `computeLimit` alone on
+//! the GPU. Each is judged by the mean of its ten windows
 //! after the warm-up ("converged within 2 s" = that mean, from 2 s on, within ±2
 //! points); the worst single window is reported, not judged (one 200 ms kernel is 20
 //! points of a window).
@@ -74,6 +77,17 @@ fn main() {
     m.name = "25/40, 4 processes in 25".into();
     m.procs = vec![4, 1];
     scenarios.push(m);
+    // The launch paths HAMi never throttles, one process against a plain loop.
+    for (name, workload) in [
+        ("25/40, 25 cooperative", "coop"),
+        ("25/40, 25 _ptsz", "ptsz"),
+        ("25/40, 25 graphs vs loop", "graph50"),
+    ] {
+        let mut p = Scenario::row(&[25, 40]);
+        p.name = name.into();
+        p.workloads = vec![workload.into(), "loop".into()];
+        scenarios.push(p);
+    }
     // Workloads differ in what a thread block costs: the 25 claim's blocks take 3x as
     // long as the 40 claim's, so a block rate that ignored it would give it 3x its time.
     let mut c = Scenario::row(&[25, 40]);

@@ -54,6 +54,7 @@ fn over_budget_and_held(sb: &Sandbox, o: &RunOpts) -> (Vec<String>, String) {
 /// both build from, `src/loader/hook_names.rs`), and nothing ld.so must work for at
 /// load: no library but libc, no relocation per hook, no code run at load or exit.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn the_front_exports_the_hooks_and_dlsym_and_needs_nothing_at_load() {
     if !require("front-exports") {
         return;
@@ -102,6 +103,7 @@ fn the_front_exports_the_hooks_and_dlsym_and_needs_nothing_at_load() {
 /// A process that never calls CUDA maps the front library only: the interception
 /// library stays out, even in a process that looks up other names with `dlsym`.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_process_that_never_calls_cuda_does_not_load_the_interception_library() {
     if !require("front-lazy") {
         return;
@@ -140,6 +142,7 @@ fn a_process_that_never_calls_cuda_does_not_load_the_interception_library() {
 
 /// A CUDA process has both once it made its first call, and is enforced.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn the_first_cuda_call_loads_the_interception_library() {
     if !require("front-load") {
         return;
@@ -162,6 +165,7 @@ fn the_first_cuda_call_loads_the_interception_library() {
 /// returns CUDA_ERROR_UNKNOWN (999), a hooked name looked up by `dlsym` is that
 /// failure too, nothing reaches the driver, and stderr says why.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn without_the_interception_library_cuda_fails_and_says_why() {
     if !require("front-fail-closed") {
         return;
@@ -196,6 +200,7 @@ fn without_the_interception_library_cuda_fails_and_says_why() {
 /// `ld.so.preload`, which names `libtessera_cuda.so` itself (beside a library directory
 /// without a front): preloaded directly, it still enforces and still answers `dlsym`.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn the_interception_library_preloaded_directly_still_enforces() {
     if !require("front-legacy") {
         return;
@@ -236,6 +241,7 @@ fn the_interception_library_preloaded_directly_still_enforces() {
 /// Through the front alone, and with a tenant's `LD_PRELOAD` of the library ahead of
 /// the front (where the library finds the front by itself: no attach).
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_program_linked_against_libcuda_is_enforced_through_the_front() {
     if !require("front-linked") {
         return;

@@ -18,6 +18,7 @@ fn one_gpu(budget: u64) -> Sandbox {
 /// Linear memory is charged at the 2 MiB pages the driver backs it with, and the
 /// allocation that would pass the budget is refused with CUDA_ERROR_OUT_OF_MEMORY.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn linear_allocations_are_charged_at_driver_size_and_refused_over_budget() {
     if !require("linear") {
         return;
@@ -40,6 +41,7 @@ fn linear_allocations_are_charged_at_driver_size_and_refused_over_budget() {
 
 /// Frees return what was charged: the budget is whole again afterwards.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn frees_release_what_was_charged() {
     if !require("frees") {
         return;
@@ -63,6 +65,7 @@ fn frees_release_what_was_charged() {
 /// the first freed, its pool included (taken back from the live first process when
 /// nothing else is left). The region reports allocations, not pools.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn pools_leave_the_whole_budget_usable() {
     if !require("pools") {
         return;
@@ -113,6 +116,7 @@ fn pools_leave_the_whole_budget_usable() {
 /// Pitched memory is charged at pitch × height with the pitch the driver returned
 /// (512-byte aligned by the fake), not at width × height.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn pitch_allocations_are_charged_at_the_returned_pitch() {
     if !require("pitch") {
         return;
@@ -134,6 +138,7 @@ fn pitch_allocations_are_charged_at_the_returned_pitch() {
 
 /// Managed memory counts against the budget like device memory.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn managed_allocations_are_charged_and_refused_over_budget() {
     if !require("managed") {
         return;
@@ -153,6 +158,7 @@ fn managed_allocations_are_charged_and_refused_over_budget() {
 /// 32 MiB chunks), for the device's pool and for explicit pools, through both the
 /// legacy and the per-thread (_ptsz) entry points.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn async_allocations_count_what_pools_retain() {
     if !require("async") {
         return;
@@ -181,6 +187,7 @@ fn async_allocations_count_what_pools_retain() {
 
 /// A trimmed pool gives its memory back to the budget.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn trimmed_pools_release_their_charge() {
     if !require("trim") {
         return;
@@ -209,6 +216,7 @@ fn trimmed_pools_release_their_charge() {
 /// VMM physical memory is charged at its (granularity-aligned) size and released
 /// with its handle.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn vmm_allocations_are_charged_and_released() {
     if !require("vmm") {
         return;
@@ -229,6 +237,7 @@ fn vmm_allocations_are_charged_and_released() {
 /// Arrays are charged at what cuArrayGetMemoryRequirements reports (the fake pads
 /// rows, row count and metadata), not at width × height × element size.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn arrays_are_charged_at_the_driver_reported_size() {
     if !require("arrays") {
         return;
@@ -250,6 +259,7 @@ fn arrays_are_charged_at_the_driver_reported_size() {
 
 /// cuMemGetInfo and cuDeviceTotalMem report the budget, and free what is left of it.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn memory_queries_report_the_budget() {
     if !require("meminfo") {
         return;
@@ -274,6 +284,7 @@ fn memory_queries_report_the_budget() {
 /// Mipmapped arrays are charged at the driver's size for all levels and released
 /// when destroyed.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn mipmapped_arrays_are_charged_at_the_driver_reported_size() {
     if !require("mipmap") {
         return;
@@ -299,6 +310,7 @@ fn mipmapped_arrays_are_charged_at_the_driver_reported_size() {
 /// cuCtxSetLimit reservations count: the malloc heap and printf FIFO at their size,
 /// the stack per resident thread; lowering a limit gives the difference back.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn context_limit_reservations_are_charged() {
     if !require("limits") {
         return;
@@ -323,6 +335,7 @@ fn context_limit_reservations_are_charged() {
 /// device's graph pool reserves, with the growth a launch can cause reserved first;
 /// cuDeviceGraphMemTrim gives it back.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn graph_memory_is_charged_when_materialized_and_trimmed() {
     if !require("graphs") {
         return;
@@ -380,6 +393,7 @@ fn with_contexts(budget: u64) -> (Sandbox, RunOpts) {
 /// CUDA_ERROR_OUT_OF_MEMORY before the driver makes it; destroy, the last primary
 /// release and a reset give the charge back.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn contexts_are_charged_when_created_and_released_when_destroyed() {
     if !require("contexts") {
         return;
@@ -472,12 +486,13 @@ fn contexts_are_charged_when_created_and_released_when_destroyed() {
 /// the region is short only by the first context's unmeasurable excess over the
 /// estimate and the floored one's.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn memory_freed_during_a_context_creation_does_not_lower_its_charge() {
     if !require("context-floor") {
         return;
     }
     let (sb, mut o) = with_contexts(1000 * MIB);
-    o.env.push(("FAKE_CUDA_CTX_DELAY_MS".into(), "400".into()));
+    o.env.push(("FAKE_CUDA_CTX_DELAY_MS".into(), "100".into()));
     let (a, got) = sb.spawn_client(
         &o,
         &[
@@ -487,7 +502,7 @@ fn memory_freed_during_a_context_creation_does_not_lower_its_charge() {
             "67108864",
             "bgfree",
             "0",
-            "100",
+            "during",
             "ctxcreate",
             "0",
             "2",
@@ -498,7 +513,7 @@ fn memory_freed_during_a_context_creation_does_not_lower_its_charge() {
             "67108864",
             "bgfree",
             "3",
-            "100",
+            "during",
             "ctxcreate",
             "0",
             "2",
@@ -527,6 +542,7 @@ fn memory_freed_during_a_context_creation_does_not_lower_its_charge() {
 
 /// A primary context the budget cannot hold is refused before the driver creates it.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_context_over_the_budget_is_refused() {
     if !require("context-refused") {
         return;
@@ -542,6 +558,7 @@ fn a_context_over_the_budget_is_refused() {
 /// budget, the last unmap of a released handle returns its budget, and a handle
 /// mapped twice is freed only with its second mapping.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn vmm_memory_stays_charged_until_released_and_unmapped() {
     if !require("vmm-lifetime") {
         return;
@@ -659,6 +676,7 @@ fn vmm_memory_stays_charged_until_released_and_unmapped() {
 /// within the budget. Destroying the pool returns its charge, and memory a pool
 /// released at a synchronisation is found again before an allocation is refused.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn pool_growth_past_the_budget_is_undone_and_destroyed_pools_release() {
     if !require("pool-growth") {
         return;
@@ -728,6 +746,7 @@ fn pool_growth_past_the_budget_is_undone_and_destroyed_pools_release() {
 /// ledger, 80 MiB would be held). Freeing the first pool's pointer returns its 16
 /// MiB, so 32 MiB fit again; at the end everything is returned.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_destroyed_pool_stays_charged_until_its_last_pointer_is_freed() {
     if !require("pool-destroy-live") {
         return;
@@ -781,6 +800,7 @@ fn a_destroyed_pool_stays_charged_until_its_last_pointer_is_freed() {
 /// MiB stream-ordered allocation makes a fresh pool grow by 32 MiB: it fits once the
 /// dead slot is reclaimed.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_pool_growth_reclaims_what_a_dead_process_held() {
     if !require("settle-reclaims") {
         return;
@@ -789,13 +809,17 @@ fn a_pool_growth_reclaims_what_a_dead_process_held() {
     let sb = one_gpu(budget);
     let (mut a, got) = sb.spawn_client(&opts(), &["ctx", "0", "alloc", "33554432", "hold"], 3);
     assert_eq!(got, ["ok", "ok 0", "holding"]);
+    // The second process allocates once the first is dead (the test's go-ahead file).
+    let go = sb.dir.path().join("go");
+    let go_arg = go.to_str().unwrap();
     let (mut b, got) = sb.spawn_client(
         &opts(),
-        &["ctx", "0", "sleep", "500", "async", "1048576", "hold"],
+        &["ctx", "0", "waitfile", go_arg, "async", "1048576", "hold"],
         1,
     );
     assert_eq!(got, ["ok"]);
     a.kill_now();
+    std::fs::write(&go, b"").unwrap();
     assert_eq!(b.read_lines(3), ["ok", "ok 0", "holding"]);
     assert!(sb.ledger().live[0] <= budget);
     assert_eq!(
@@ -810,6 +834,7 @@ fn a_pool_growth_reclaims_what_a_dead_process_held() {
 /// first claim with a dead slot. A dead process held 4 MiB of claim A's 8 MiB and 8
 /// MiB of claim B's 16 MiB; a 10 MiB allocation fits only in B once B is reclaimed.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_refusal_reclaims_dead_processes_in_every_claim() {
     if !require("reclaim-every-claim") {
         return;
@@ -828,13 +853,17 @@ fn a_refusal_reclaims_dead_processes_in_every_claim() {
     );
     assert_eq!(got, ["ok", "ok 0", "ok 1", "holding"]);
     assert_eq!(sb.region("claim-b").gpus[0].used, 8 * MIB);
+    // The second process allocates once the first is dead (the test's go-ahead file).
+    let go = sb.dir.path().join("go");
+    let go_arg = go.to_str().unwrap();
     let (mut y, got) = sb.spawn_client(
         &opts(),
-        &["ctx", "0", "sleep", "500", "alloc", "10485760", "hold"],
+        &["ctx", "0", "waitfile", go_arg, "alloc", "10485760", "hold"],
         1,
     );
     assert_eq!(got, ["ok"]);
     x.kill_now();
+    std::fs::write(&go, b"").unwrap();
     assert_eq!(y.read_lines(3), ["ok", "ok 0", "holding"]);
     assert_eq!(sb.region("claim-b").gpus[0].used, 10 * MIB);
     assert_eq!(sb.ledger().live[0], 10 * MIB);
@@ -848,6 +877,7 @@ fn a_refusal_reclaims_dead_processes_in_every_claim() {
 /// has released its memory (a synchronisation, then a memory query re-reads it) the
 /// claim is charged nothing, as the ledger holds nothing.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn concurrent_pool_settles_leak_no_charge() {
     if !require("settle-race") {
         return;
@@ -882,6 +912,7 @@ fn concurrent_pool_settles_leak_no_charge() {
 /// holds its lock across the driver call) leaves the child able to call the hook: it
 /// returns instead of waiting forever for a lock no thread of the child will release.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn a_fork_during_a_primary_retain_does_not_hang_the_child() {
     if !require("fork-retain") {
         return;
@@ -899,6 +930,7 @@ fn a_fork_during_a_primary_retain_does_not_hang_the_child() {
 /// memory allocated past the library (as before it loaded) and memory on a GPU no
 /// claim budgets.
 #[test]
+#[ignore = "needs root (unshare -m)"]
 fn frees_of_uncharged_memory_pass_through_and_release_nothing() {
     if !require("uncharged-frees") {
         return;

@@ -80,6 +80,7 @@ fn zig_library(test: &str) -> Option<PathBuf> {
 /// stubs that ld.so would still open and map in every process of the container (about
 /// 95 µs of each start), so the library finds their functions itself.
 #[test]
+#[ignore = "needs root and cargo-zigbuild"]
 fn the_release_library_needs_glibc_2_17_and_only_libc() {
     let Some(lib) = zig_library("glibc-2.17") else {
         return;
@@ -128,6 +129,7 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
 /// unwinder statically (ld.so would silently skip a preload that needs libgcc_s, and
 /// loading it cost every process of the container a second library).
 #[test]
+#[ignore = "needs root and cargo-zigbuild"]
 fn the_release_library_enforces_without_libgcc_s() {
     let Some(lib) = zig_library("no-libgcc_s") else {
         return;
@@ -314,6 +316,7 @@ fn zig_cc(args: &[&str]) {
 ///   lookups work), the budget refuses an allocation over it, and the flusher thread
 ///   starts and is named (`pthread_create`, `pthread_attr_*`, `pthread_setname_np`).
 #[test]
+#[ignore = "needs root, cargo-zigbuild and debootstrap"]
 fn the_release_library_works_on_glibc_2_31() {
     let Some(lib) = zig_library("old-glibc") else {
         return;
@@ -470,7 +473,8 @@ fn the_release_library_works_on_glibc_2_31() {
     let watchdog = Deadline::new(child.id(), 120);
     // "ok" (ctx), "ok <wall> <cpu>" (the launches), "holding".
     let got = child.read_lines(3);
-    // The new thread names itself: wait up to 2 s for the name.
+    // The new thread names itself: wait for the name (at once on an idle machine; given
+    // up after 30 s).
     let pid = child.id();
     let threads = || -> Vec<String> {
         std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -481,7 +485,7 @@ fn the_release_library_works_on_glibc_2_31() {
             .map(|c| c.trim().to_string())
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut names = threads();
     while !names.iter().any(|n| n == "tessera-flush") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));

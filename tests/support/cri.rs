@@ -333,14 +333,15 @@ exec chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root c
             cgroup_parent: format!("/tessera-e2e-{}-{}", std::process::id(), name),
             child: Some(child),
         };
+        // Until it listens (the socket file exists from `bind` on, a moment before).
         let t = Instant::now();
-        while !c.socket.exists() {
+        while std::os::unix::net::UnixStream::connect(&c.socket).is_err() {
             if let Some(st) = c.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("containerd exited ({st}):\n{}", c.log_tail(30));
             }
             assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "containerd did not create {} in 30 s:\n{}",
+                t.elapsed() < Duration::from_secs(60),
+                "containerd did not listen on {} in 60 s:\n{}",
                 c.socket.display(),
                 c.log_tail(30)
             );

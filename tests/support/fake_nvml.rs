@@ -160,12 +160,19 @@ impl FakeHost {
     }
 
     /// Re-runs `test_name` of this test binary in a child process with the host's
-    /// environment. Panics with the child's output unless exactly that test ran and
-    /// passed.
+    /// environment (ignored or not: the parent runs, so the test was asked for).
+    /// Panics with the child's output unless exactly that test ran and passed; else
+    /// prints what the test printed.
     pub fn run_in_child(&self, test_name: &str) {
         let exe = std::env::current_exe().expect("current test binary");
         let output = Command::new(exe)
-            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                test_name,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(STATE_DIR_ENV, self.state_dir())
             .env(FIXTURE_ENV, &self.root)
             .env(CHILD_TEST_ENV, test_name)
@@ -178,6 +185,18 @@ impl FakeHost {
             "child process for `{test_name}` did not run and pass ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
             output.status
         );
+        // The child's own lines (figures a test prints), for `--nocapture`: without
+        // the harness's (its first print follows `test <name> ... ` on that line).
+        for l in stdout.lines() {
+            let l = l.split_once(" ... ").map_or(l, |(_, rest)| rest);
+            let harness = l.is_empty()
+                || l == "ok"
+                || l.starts_with("running ")
+                || l.starts_with("test result:");
+            if !harness {
+                println!("{l}");
+            }
+        }
     }
 }
 

@@ -146,6 +146,13 @@ pub fn make_driver_root(root: &Path) {
     std::fs::write(root.join("driver-root/usr/bin/nvidia-smi"), b"").unwrap();
 }
 
+/// Whether a process listens on the Unix socket at `path`: a connection succeeds. (The
+/// file alone is not enough: it exists from `bind` on, and a connection made before the
+/// `listen` right after it is refused, which a loaded machine makes likely enough.)
+pub fn listening(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 pub async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ok() {
@@ -172,7 +179,7 @@ impl InProcess {
         let task = tokio::spawn(plugin::run(opts, model, api.client().unwrap(), async {
             let _ = rx.await;
         }));
-        wait_until("registration socket", || reg.exists()).await;
+        wait_until("registration socket", || listening(&reg)).await;
         InProcess {
             stop: Some(tx),
             task: Some(task),
@@ -405,7 +412,7 @@ pub struct ChildPlugin {
 
 impl ChildPlugin {
     /// Starts `tessera plugin` on the mock node with `fail_points` armed, talking to
-    /// `api` through a kubeconfig file; waits for its registration socket.
+    /// `api` through a kubeconfig file; waits until its registration socket listens.
     pub async fn start(api: &FakeApiServer, root: &Path, fail_points: &str) -> Self {
         let p = paths(root);
         let kubeconfig = root.join("kubeconfig");
@@ -442,7 +449,7 @@ impl ChildPlugin {
             .expect("spawn tessera plugin");
         let mut me = ChildPlugin { child };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !reg.exists() {
+        while !listening(&reg) {
             if let Ok(Some(status)) = me.child.try_wait() {
                 panic!("plugin exited early: {status}");
             }

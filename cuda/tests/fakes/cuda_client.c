@@ -12,7 +12,9 @@
  *   vreserve <bytes>           cuMemAddressReserve -> "ok <id>" (the address)
  *   vmap <va-id> <vmm-id> <bytes>   cuMemMap at offset 0 + cuMemSetAccess (read-write)
  *   vunmap <va-id> <bytes> / vfree <va-id> <bytes>   cuMemUnmap / cuMemAddressFree
- *   bgunmap <va-id> <bytes> <ms>  cuMemUnmap from another thread after <ms>
+ *   bgunmap <va-id> <bytes> <ms>|during   cuMemUnmap from another thread after <ms>, or
+ *                              "during" the next slow call of the fake driver (a delay
+ *                              knob of fake_cuda.c: the unmap lands inside that call)
  *   vretain <va-id>            cuMemRetainAllocationHandle of the address -> "ok <id>"
  *   pooldestroy                cuMemPoolDestroy of the pool "pool" created
  *   dalloc <bytes>             cuMemAlloc through the fake's own entry point, past any
@@ -34,6 +36,10 @@
  *   meminfo                    cuMemGetInfo  -> "ok <free> <total>"
  *   total <dev>                cuDeviceTotalMem -> "ok <bytes>"
  *   sleep <ms> / hold          (hold: print "holding" and sleep until killed)
+ *   waitfile <path>            wait until <path> exists (at most 60 s; the test's go-ahead)
+ *   waitslow                   wait until a slow call of the fake driver is under way
+ *                              (at most 60 s; one a background call makes)
+ *   bgwait                     wait until every background call has returned
  *   random <seconds> <max>     random alloc/free of up to <max> bytes; -> "ok <allocs> <refusals>"
  *   bench-pair|bench-launch|bench-meminfo <n>   timing loops -> "ok <wall ns/op> <cpu ns/op>"
  *   bench-direct-pair|-launch|-meminfo <n>     the same through the fake's own entry points
@@ -75,21 +81,47 @@ static void *get(const char *base, int ver, const char *exact) {
 }
 #define FN(var, type, base, ver, exact) __typeof__(type) var = (__typeof__(type))get(base, ver, exact)
 
+/* The fake driver's ordering hooks (fake_cuda.c: its slow calls under way, and the
+ * background calls it waits for), or counters of our own when the driver has none. */
+static int own_slow, own_pending;
+static int *slow_calls = &own_slow, *bg_pending = &own_pending;
+static int load(int *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+/* Polls `*p` (every ms, at most 60 s) until it is (want_zero ? 0 : > 0). */
+static int wait_count(int *p, int want_zero) {
+    for (int i = 0; i < 60000; i++) {
+        if (want_zero ? load(p) == 0 : load(p) > 0) return 0;
+        usleep(1000);
+    }
+    return 1;
+}
+/* A background call's start: after <ms>, or once a slow call is under way ("during"). */
+static void bg_start(unsigned ms, int during) {
+    usleep(ms * 1000);
+    if (during) wait_count(slow_calls, 0);
+}
+/* <ms> or "during" as a background command's delay argument. */
+static unsigned bg_delay(const char *arg, int *during) {
+    *during = !strcmp(arg, "during");
+    return *during ? 0 : (unsigned)strtoul(arg, NULL, 0);
+}
+
 /* A free made from another thread (the "bgfree" command). */
-struct bgfree { CUresult (*free)(u64); u64 ptr; unsigned ms; };
+struct bgfree { CUresult (*free)(u64); u64 ptr; unsigned ms; int during; };
 static void *bgfree_run(void *arg) {
     struct bgfree *b = arg;
-    usleep(b->ms * 1000);
+    bg_start(b->ms, b->during);
     b->free(b->ptr);
+    __atomic_sub_fetch(bg_pending, 1, __ATOMIC_SEQ_CST);
     return NULL;
 }
 
-/* An unmap made from another thread after <ms> (the "bgunmap" command). */
-struct bgunmap { CUresult (*unmap)(u64, size_t); u64 va; size_t size; unsigned ms; };
+/* An unmap made from another thread (the "bgunmap" command). */
+struct bgunmap { CUresult (*unmap)(u64, size_t); u64 va; size_t size; unsigned ms; int during; };
 static void *bgunmap_run(void *arg) {
     struct bgunmap *b = arg;
-    usleep(b->ms * 1000);
+    bg_start(b->ms, b->during);
     b->unmap(b->va, b->size);
+    __atomic_sub_fetch(bg_pending, 1, __ATOMIC_SEQ_CST);
     return NULL;
 }
 
@@ -138,6 +170,10 @@ int main(int argc, char **argv) {
     if (!lib) { fprintf(stderr, "client: %s\n", dlerror()); return 3; }
     gpa = (gpa2_t)dlsym(lib, "cuGetProcAddress_v2");
     if (!gpa) return 3;
+    int *hook = (int *)dlsym(lib, "fakecuda_slow_calls");
+    if (hook) slow_calls = hook;
+    hook = (int *)dlsym(lib, "fakecuda_bg_pending");
+    if (hook) bg_pending = hook;
     setvbuf(stdout, NULL, _IOLBF, 0);
     void *pool = NULL;
     for (int i = 2; i < argc; i++) {
@@ -365,7 +401,10 @@ int main(int argc, char **argv) {
             FN(f, CUresult (*)(u64), "cuMemFree", 3020, "cuMemFree_v2");
             static struct bgfree bg;
             static pthread_t t;
-            bg = (struct bgfree){f, ids[ARG(1)], (unsigned)ARG(2)};
+            int during;
+            unsigned ms = bg_delay(argv[i + 2], &during);
+            bg = (struct bgfree){f, ids[ARG(1)], ms, during};
+            __atomic_add_fetch(bg_pending, 1, __ATOMIC_SEQ_CST);
             rc = pthread_create(&t, NULL, bgfree_run, &bg) ? 1 : pthread_detach(t);
             i += 2;
             printf(rc ? "err %d\n" : "ok\n", rc);
@@ -374,7 +413,10 @@ int main(int argc, char **argv) {
             FN(un, CUresult (*)(u64, size_t), "cuMemUnmap", 10020, "cuMemUnmap");
             static struct bgunmap bu;
             static pthread_t t;
-            bu = (struct bgunmap){un, ids[ARG(1)], (size_t)ARG(2), (unsigned)ARG(3)};
+            int during;
+            unsigned ms = bg_delay(argv[i + 3], &during);
+            bu = (struct bgunmap){un, ids[ARG(1)], (size_t)ARG(2), ms, during};
+            __atomic_add_fetch(bg_pending, 1, __ATOMIC_SEQ_CST);
             rc = pthread_create(&t, NULL, bgunmap_run, &bu) ? 1 : pthread_detach(t);
             i += 3;
             printf(rc ? "err %d\n" : "ok\n", rc);
@@ -461,6 +503,14 @@ int main(int argc, char **argv) {
             usleep((useconds_t)ARG(1) * 1000);
             i += 1;
             printf("ok\n");
+        } else if (!strcmp(c, "waitfile")) {
+            int n = 0;
+            while (access(argv[i + 1], F_OK) != 0 && n++ < 60000) usleep(1000);
+            i += 1;
+            printf(n > 60000 ? "err timeout\n" : "ok\n");
+        } else if (!strcmp(c, "waitslow") || !strcmp(c, "bgwait")) {
+            int late = !strcmp(c, "waitslow") ? wait_count(slow_calls, 0) : wait_count(bg_pending, 1);
+            printf(late ? "err timeout\n" : "ok\n");
         } else if (!strcmp(c, "hold")) {
             printf("holding\n");
             for (;;) pause();

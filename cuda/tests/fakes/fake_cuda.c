@@ -41,6 +41,8 @@
  *   FAKE_CUDA_RELEASE_FAIL_MS the process's first cuMemRelease sleeps this long, then
  *                             fails (999) releasing nothing: a refusal racing with the
  *                             tenant's other calls
+ *   (CTX_DELAY, UNMAP_DELAY and RELEASE_FAIL make slow calls, see fakecuda_slow_calls
+ *   below: a call another thread makes "during" one lands inside it, however late.)
  *   FAKE_CUDA_CONTEXT_BYTES   device memory each context holds (default 0): a created
  *                             context from cuCtxCreate to cuCtxDestroy, a primary context
  *                             from its first retain to its last release or a reset (a
@@ -459,6 +461,23 @@ static CUresult i_cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
     if (d < 0 || d >= ndev) return INVALID_DEVICE;
     *b = devs[d].total; return OK;
 }
+/* Ordering hooks for cuda_client's background calls (its bgfree and bgunmap commands),
+ * found with dlsym. A driver call slowed down on purpose (FAKE_CUDA_CTX_DELAY_MS,
+ * FAKE_CUDA_UNMAP_DELAY_MS, FAKE_CUDA_RELEASE_FAIL_MS) counts itself in
+ * fakecuda_slow_calls while it is under way; the client counts its background calls in
+ * fakecuda_bg_pending until they return. A context creation or a failing release
+ * returns only once no background call is pending (at most 60 s), so that a call the
+ * client makes "during" it (its thread waits for a slow call to be under way) lands
+ * inside it, in that order, however the machine schedules the two threads. */
+int fakecuda_slow_calls;
+int fakecuda_bg_pending;
+static void slow_call(const char *ms, int wait_bg) {
+    __atomic_add_fetch(&fakecuda_slow_calls, 1, __ATOMIC_SEQ_CST);
+    usleep((useconds_t)atoi(ms) * 1000);
+    for (int i = 0; wait_bg && i < 60000 && __atomic_load_n(&fakecuda_bg_pending, __ATOMIC_SEQ_CST) > 0; i++)
+        usleep(1000);
+    __atomic_sub_fetch(&fakecuda_slow_calls, 1, __ATOMIC_SEQ_CST);
+}
 static CUresult i_cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d) {
     if (!inited) return NOT_INITIALIZED;
     if (d < 0 || d >= ndev) return INVALID_DEVICE;
@@ -472,7 +491,7 @@ static CUresult i_cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d) {
     if (rc == OK) { primary_refs[d]++; *c = &primary[d]; }
     pthread_mutex_unlock(&mu);
     const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
-    if (rc == OK && delay) usleep((useconds_t)atoi(delay) * 1000);
+    if (rc == OK && delay) slow_call(delay, 1);
     return rc;
 }
 static CUresult i_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
@@ -501,7 +520,7 @@ static CUresult i_cuCtxCreate_v2(struct ctx **c, unsigned flags, CUdevice d) {
     pthread_mutex_unlock(&mu);
     if (rc != OK) return rc;
     const char *delay = getenv("FAKE_CUDA_CTX_DELAY_MS");
-    if (delay) usleep((useconds_t)atoi(delay) * 1000);
+    if (delay) slow_call(delay, 1);
     struct ctx *n = malloc(sizeof *n);
     *n = (struct ctx){CTX_MAGIC, d};
     *c = n; current = n; return OK;
@@ -903,7 +922,7 @@ static CUresult i_cuMemRelease(u64 handle) {
     static int failed;
     if (fail && *fail && !__atomic_exchange_n(&failed, 1, __ATOMIC_SEQ_CST)) {
         /* fault injection: the first release takes its time and is then refused */
-        usleep((useconds_t)atoi(fail) * 1000);
+        slow_call(fail, 1);
         return 999; /* CUDA_ERROR_UNKNOWN */
     }
     pthread_mutex_lock(&mu);
@@ -990,7 +1009,7 @@ static CUresult i_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     }
     pthread_mutex_unlock(&mu);
     const char *delay = getenv("FAKE_CUDA_UNMAP_DELAY_MS");
-    if (found && delay) usleep((useconds_t)atoi(delay) * 1000); /* freed, not yet returned */
+    if (found && delay) slow_call(delay, 0); /* freed, not yet returned */
     return found ? OK : INVALID_VALUE;
 }
 /* CUmemAccessDesc: {location {type, id}, flags}. */
