@@ -532,32 +532,32 @@ mod tests {
     /// while one is in flight.
     #[test]
     fn a_slow_list_never_stalls_a_tick_beyond_the_wait() {
+        // The list takes 3 s; each refresh waits 50 ms for it. A refresh must return long
+        // before the list does (1.5 s is far outside a loaded machine's scheduling noise
+        // and far below 3 s), and the answer is used once it arrives.
         let t = Table::new(
             vec![live("ns", &[("shared", "u1")])],
-            Duration::from_millis(600),
+            Duration::from_secs(3),
         );
         let lookup: Arc<dyn PodLookup> = t.clone();
         let mut c = PodCache::default();
         let wait = Duration::from_millis(50);
+        let bound = Duration::from_millis(1500);
         let start = Instant::now();
         c.refresh(&uids(&["pod"]), BTreeSet::new(), &lookup, start, wait);
-        assert!(
-            start.elapsed() < Duration::from_millis(400),
-            "{:?}",
-            start.elapsed()
-        );
+        assert!(start.elapsed() < bound, "{:?}", start.elapsed());
         assert!(c.get("pod").is_none());
         assert!(!c.due(&uids(&["pod", "other"]), start + REFRESH));
         let found = loop {
             let now = Instant::now();
             c.refresh(&uids(&["pod"]), BTreeSet::new(), &lookup, now, wait);
-            assert!(now.elapsed() < Duration::from_millis(400));
+            assert!(now.elapsed() < bound, "{:?}", now.elapsed());
             if c.get("pod").is_some() {
                 break now;
             }
-            assert!(start.elapsed() < Duration::from_secs(5), "never answered");
+            assert!(start.elapsed() < Duration::from_secs(30), "never answered");
         };
-        assert!(found >= start + Duration::from_millis(500));
+        assert!(found >= start + Duration::from_millis(2900));
         assert_eq!(t.lists(), 1);
     }
 
