@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use harness::{DRIVER, Harness, NODE, NS};
 use kube::api::DeleteParams;
-use serde::Deserialize;
 use serde_json::json;
 use tessera::plugin::{self, registration_socket_path};
 use testkit::kubelet_standin::{self, DraClient, KubeletClaim};
@@ -493,36 +492,10 @@ fn rolling_update_socket_names() {
 
 /// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/base/rbac.yaml` allows.
 fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
-    let text = std::fs::read_to_string(concat!(
+    testkit::rbac::allowed_by_cluster_role(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/deploy/base/rbac.yaml"
-    ))
-    .unwrap();
-    let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v = serde_yaml_ng::Value::deserialize(doc).unwrap();
-        if v["kind"] != "ClusterRole" {
-            continue;
-        }
-        for rule in v["rules"].as_sequence().unwrap() {
-            let list = |k: &str| -> Vec<String> {
-                rule[k]
-                    .as_sequence()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_str().unwrap().to_string())
-                    .collect()
-            };
-            for g in list("apiGroups") {
-                for r in list("resources") {
-                    for verb in list("verbs") {
-                        out.push((g.clone(), r.clone(), verb));
-                    }
-                }
-            }
-        }
-    }
-    out
+    )))
 }
 
 /// Every request the plugin makes (publish, prepare, unprepare, clean-up) is allowed by

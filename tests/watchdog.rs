@@ -1071,37 +1071,10 @@ fn over_budget_events_are_valid_kubernetes_events_on_the_pods() {
 
 /// `(apiGroup, resource, verb)` triples the ClusterRole in `deploy/base/rbac.yaml` allows.
 fn allowed_by_cluster_role() -> Vec<(String, String, String)> {
-    use serde::Deserialize;
-    let text = std::fs::read_to_string(concat!(
+    testkit::rbac::allowed_by_cluster_role(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/deploy/base/rbac.yaml"
-    ))
-    .unwrap();
-    let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v = serde_yaml_ng::Value::deserialize(doc).unwrap();
-        if v["kind"] != "ClusterRole" {
-            continue;
-        }
-        for rule in v["rules"].as_sequence().unwrap() {
-            let list = |k: &str| -> Vec<String> {
-                rule[k]
-                    .as_sequence()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_str().unwrap().to_string())
-                    .collect()
-            };
-            for g in list("apiGroups") {
-                for r in list("resources") {
-                    for verb in list("verbs") {
-                        out.push((g.clone(), r.clone(), verb));
-                    }
-                }
-            }
-        }
-    }
-    out
+    )))
 }
 
 /// A fake API server and a client of it, on a runtime of their own.

@@ -9,3 +9,4 @@ pub mod admission;
 pub mod demo;
 pub mod fakeapi;
 pub mod kubelet_standin;
+pub mod rbac;
