@@ -74,11 +74,14 @@ mount --bind "$DIR/etc/resolv.conf" /etc/resolv.conf
 mount --bind "$DIR/var-log" /var/log
 
 # ---------- ports: free ones on 127.0.0.1 ----------
+# Below the kernel's ephemeral range (ip_local_port_range, 32768-60999 here): a port in
+# it may become some outgoing connection's local port between this check and the bind
+# (seen once: the kubelet's "bind: address already in use").
 used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
 port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$(free_port)
     [[ $used == *" $p "* ]] || { used+="$p "; echo "$p"; return; }
   done
 }
@@ -331,19 +334,6 @@ wait_for containerd 30 test -S "$C/containerd.sock"
 ctr() { nsenter --mount --target "$(cat "$DIR/pids/containerd")" ctr --address "$C/containerd.sock" --namespace k8s.io "$@"; }
 
 # ---------- images, built here (no registry): busybox-static from the chroot ----------
-# docker-archive (`docker save` layout) of one layer; mkimage ROOTFS TAG OUT CMD_JSON
-mkimage() {
-  local rootfs=$1 tag=$2 out=$3 cmd=$4 t diff config cfg
-  t=$(mktemp -d "$DIR/images/tmp.XXXXXX")
-  (cd "$rootfs" && tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 -cf "$t/layer.tar" $(ls -A))
-  diff=$(sha256sum "$t/layer.tar" | cut -d' ' -f1)
-  config='{"architecture":"amd64","os":"linux","config":{"Cmd":'$cmd',"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff'"]},"history":[{"created_by":"tessera tests/cluster/up.sh"}]}'
-  cfg=$(printf %s "$config" | sha256sum | cut -d' ' -f1).json
-  printf %s "$config" >"$t/$cfg"
-  printf '[{"Config":"%s","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$tag" >"$t/manifest.json"
-  tar -C "$t" -cf "$out" manifest.json "$cfg" layer.tar
-  rm -rf "$t"
-}
 rootfs=$DIR/images/busybox-rootfs
 mkdir -p "$rootfs"/{bin,etc,dev,proc,sys,tmp,root,var/run}
 cp "$R/bin/busybox" "$rootfs/bin/"
