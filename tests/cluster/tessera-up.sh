@@ -36,6 +36,15 @@ fail() {
   exit 1
 }
 
+# Unix socket paths are limited to 107 bytes (sun_path): the kubelet must reach
+# <root-dir>/plugins_registry/gpu.tessera.dev-<pod UID>-reg.sock and
+# <root-dir>/plugins/gpu.tessera.dev/dra-<pod UID>.sock.
+reg_sock=$KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-00000000-0000-0000-0000-000000000000-reg.sock
+longest=${#reg_sock}
+if [ "$longest" -gt 107 ]; then
+  fail "DIR too long for the plugin's sockets: $KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-<uid>-reg.sock would be $longest bytes (max 107)"
+fi
+
 # ---------- the simulated node's host side ----------
 # Device nodes as the node would have them (tests/support/e2e.rs make_dev_root): one
 # per GPU, the MIG capability nodes of MIG-capable GPUs, nvidiactl and the uvm pair;
@@ -181,6 +190,19 @@ patches:
           - name: state
             hostPath: {path: $NODE_ROOT/state}
 EOF
+# Before 1.37 with DRAExtendedResource off (its default there), users apply the
+# k8s-1.34 overlay's change: DeviceClass gpu.tessera.dev without extendedResourceName.
+minor=$(cut -d. -f2 <<<"$K8S_VERSION")
+if [ "$minor" -lt 37 ] && ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates"; then
+  cat >>"$D/kustomization.yaml" <<EOF
+# DRAExtendedResource is off: as deploy/overlays/k8s-1.34.
+- target: {group: resource.k8s.io, version: v1, kind: DeviceClass, name: gpu.tessera.dev}
+  patch: |-
+    - op: remove
+      path: /spec/extendedResourceName
+EOF
+  log "DRAExtendedResource off: DeviceClass gpu.tessera.dev without extendedResourceName (as deploy/overlays/k8s-1.34)"
+fi
 k kustomize "$D" >"$OUT/rendered.yaml"
 # Nothing of the rendered DaemonSet may still point at a production host path.
 if grep -nE 'path: (/var/lib/kubelet|/var/run/cdi|/run/tessera|/var/lib/tessera|/dev$|/var/lib/tessera-mock)' "$OUT/rendered.yaml"; then

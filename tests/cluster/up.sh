@@ -9,6 +9,8 @@
 # Prints KUBECONFIG=<DIR>/kubeconfig (admin) and the time from start to Ready.
 # Env: TESSERA_CLUSTER_SHARES: extra host dirs containerd must see at the same path
 #      (e.g. CDI hostPaths outside DIR), space-separated.
+#      TESSERA_CLUSTER_GATES: when set (even empty: the release's defaults), the feature
+#      gates of all four components instead of Tessera's DRA gates all on.
 #
 # Layout (see README.md): every component runs in one private mount namespace (the
 # "cluster namespace") in which /etc/hosts maps the node name to 127.0.0.1, /etc/resolv.conf
@@ -176,6 +178,7 @@ gates=""
 for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess; do
   grep -q "^	$g: {" "$features" && gates+="${gates:+,}$g=true"
 done
+[ -n "${TESSERA_CLUSTER_GATES+set}" ] && gates=$TESSERA_CLUSTER_GATES
 # resource.k8s.io/v1 is GA (on by default); the beta versions too for older clients;
 # v1alpha3 (DeviceTaintRule) while DeviceTaintRule is alpha (1.34, 1.35).
 runtime_config=resource.k8s.io/v1=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true
@@ -366,6 +369,15 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+# The machine's disk is shared with other work: the default hard thresholds
+# (imagefs.available<15%, nodefs.available<10%; containerd's image store is on the
+# root filesystem, so both apply to it) put the node under DiskPressure (taint
+# node.kubernetes.io/disk-pressure, pods unschedulable) as soon as the disk is 85% full.
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
 # cgroup v1 host: refused by default from 1.35 (the field exists since 1.31).
 failCgroupV1: false
 containerRuntimeEndpoint: unix://$C/containerd.sock

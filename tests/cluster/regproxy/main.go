@@ -64,6 +64,7 @@ func main() {
 		log.Fatal("usage: tessera-regproxy -from DIR -to KUBELET_PLUGINS_REGISTRY")
 	}
 	live := map[string]*proxied{}
+	failed := map[string]bool{} // logged once, not retried while the socket stays
 	for {
 		entries, _ := os.ReadDir(*from)
 		seen := map[string]bool{}
@@ -73,7 +74,7 @@ func main() {
 				continue
 			}
 			seen[name] = true
-			if live[name] != nil {
+			if live[name] != nil || failed[name] {
 				continue
 			}
 			src := filepath.Join(*from, name)
@@ -86,7 +87,8 @@ func main() {
 			_ = os.Remove(dst)
 			l, err := net.Listen("unix", dst)
 			if err != nil {
-				log.Printf("%s: listen %s: %v", name, dst, err)
+				log.Printf("%s: listen %s: %v (given up until the plugin's socket is replaced)", name, dst, err)
+				failed[name] = true
 				conn.Close()
 				continue
 			}
@@ -95,6 +97,11 @@ func main() {
 			go s.Serve(l)
 			live[name] = &proxied{server: s, conn: conn, to: dst}
 			log.Printf("%s: serving %s for %s", name, dst, src)
+		}
+		for name := range failed {
+			if !seen[name] {
+				delete(failed, name)
+			}
 		}
 		for name, p := range live {
 			if !seen[name] {
