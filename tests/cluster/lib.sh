@@ -34,3 +34,28 @@ kill_pid() {
   for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
   echo "pid $pid ${2:-} survived SIGKILL" >&2
 }
+
+# mkimage ROOTFS TAG OUT CMD_JSON [ENTRYPOINT_JSON]: a docker-archive (`docker save`
+# layout) of one layer holding ROOTFS, for `ctr images import`. Reproducible: sorted
+# names, owner 0, mtime 0.
+mkimage() {
+  local rootfs=$1 tag=$2 out=$3 cmd=$4 entrypoint=${5:-null} t diff config cfg
+  t=$(mktemp -d "$(dirname "$out")/tmp.XXXXXX")
+  (cd "$rootfs" && tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 -cf "$t/layer.tar" $(ls -A))
+  diff=$(sha256sum "$t/layer.tar" | cut -d' ' -f1)
+  config='{"architecture":"amd64","os":"linux","config":{"Entrypoint":'$entrypoint',"Cmd":'$cmd',"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff'"]},"history":[{"created_by":"tessera tests/cluster"}]}'
+  cfg=$(printf %s "$config" | sha256sum | cut -d' ' -f1).json
+  printf %s "$config" >"$t/$cfg"
+  printf '[{"Config":"%s","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$tag" >"$t/manifest.json"
+  tar -C "$t" -cf "$out" manifest.json "$cfg" layer.tar
+  rm -rf "$t"
+}
+
+# free_port: a random TCP port below the kernel's ephemeral range (so that no outgoing
+# connection takes it before the listener binds), 10000 or above; callers check `ss`.
+free_port() {
+  local lo
+  lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "$lo" -gt 12000 ] || lo=32768
+  echo $((10000 + RANDOM % (lo - 10000)))
+}

@@ -9,6 +9,8 @@
 # Prints KUBECONFIG=<DIR>/kubeconfig (admin) and the time from start to Ready.
 # Env: TESSERA_CLUSTER_SHARES: extra host dirs containerd must see at the same path
 #      (e.g. CDI hostPaths outside DIR), space-separated.
+#      TESSERA_CLUSTER_GATES: when set (even empty: the release's defaults), the feature
+#      gates of all four components instead of Tessera's DRA gates all on.
 #
 # Layout (see README.md): every component runs in one private mount namespace (the
 # "cluster namespace") in which /etc/hosts maps the node name to 127.0.0.1, /etc/resolv.conf
@@ -74,11 +76,14 @@ mount --bind "$DIR/etc/resolv.conf" /etc/resolv.conf
 mount --bind "$DIR/var-log" /var/log
 
 # ---------- ports: free ones on 127.0.0.1 ----------
+# Below the kernel's ephemeral range (ip_local_port_range, 32768-60999 here): a port in
+# it may become some outgoing connection's local port between this check and the bind
+# (seen once: the kubelet's "bind: address already in use").
 used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
 port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$(free_port)
     [[ $used == *" $p "* ]] || { used+="$p "; echo "$p"; return; }
   done
 }
@@ -173,6 +178,7 @@ gates=""
 for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess; do
   grep -q "^	$g: {" "$features" && gates+="${gates:+,}$g=true"
 done
+[ -n "${TESSERA_CLUSTER_GATES+set}" ] && gates=$TESSERA_CLUSTER_GATES
 # resource.k8s.io/v1 is GA (on by default); the beta versions too for older clients;
 # v1alpha3 (DeviceTaintRule) while DeviceTaintRule is alpha (1.34, 1.35).
 runtime_config=resource.k8s.io/v1=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true
@@ -331,19 +337,6 @@ wait_for containerd 30 test -S "$C/containerd.sock"
 ctr() { nsenter --mount --target "$(cat "$DIR/pids/containerd")" ctr --address "$C/containerd.sock" --namespace k8s.io "$@"; }
 
 # ---------- images, built here (no registry): busybox-static from the chroot ----------
-# docker-archive (`docker save` layout) of one layer; mkimage ROOTFS TAG OUT CMD_JSON
-mkimage() {
-  local rootfs=$1 tag=$2 out=$3 cmd=$4 t diff config cfg
-  t=$(mktemp -d "$DIR/images/tmp.XXXXXX")
-  (cd "$rootfs" && tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 -cf "$t/layer.tar" $(ls -A))
-  diff=$(sha256sum "$t/layer.tar" | cut -d' ' -f1)
-  config='{"architecture":"amd64","os":"linux","config":{"Cmd":'$cmd',"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff'"]},"history":[{"created_by":"tessera tests/cluster/up.sh"}]}'
-  cfg=$(printf %s "$config" | sha256sum | cut -d' ' -f1).json
-  printf %s "$config" >"$t/$cfg"
-  printf '[{"Config":"%s","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$tag" >"$t/manifest.json"
-  tar -C "$t" -cf "$out" manifest.json "$cfg" layer.tar
-  rm -rf "$t"
-}
 rootfs=$DIR/images/busybox-rootfs
 mkdir -p "$rootfs"/{bin,etc,dev,proc,sys,tmp,root,var/run}
 cp "$R/bin/busybox" "$rootfs/bin/"
@@ -376,6 +369,15 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+# The machine's disk is shared with other work: the default hard thresholds
+# (imagefs.available<15%, nodefs.available<10%; containerd's image store is on the
+# root filesystem, so both apply to it) put the node under DiskPressure (taint
+# node.kubernetes.io/disk-pressure, pods unschedulable) as soon as the disk is 85% full.
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
 # cgroup v1 host: refused by default from 1.35 (the field exists since 1.31).
 failCgroupV1: false
 containerRuntimeEndpoint: unix://$C/containerd.sock

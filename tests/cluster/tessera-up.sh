@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# Installs Tessera on a running cluster of up.sh the way users install it: the image
+# (image.sh, imported into the cluster's containerd) and `kubectl apply -k` of
+# deploy/overlays/test-cluster (the production base with the simulated node), with this
+# cluster's paths and ports layered on top in DIR/tessera-deploy/. Then waits until the
+# plugin pod is Ready, has registered with the kubelet through its plugin registry, and
+# its ResourceSlices are stored by the API server.
+# Usage (root): tessera-up.sh DIR        (after `up.sh VERSION DIR`)
+# Exit status: 0 installed and registered; 2 installed (pod Ready, slices stored) but the
+# kubelet did not register the plugin; 1 anything else.
+# Env: TESSERA_REGPROXY=1: the plugin's registration socket goes to a private directory
+#      and regproxy/ (Go gRPC) serves it in the kubelet's plugin registry, forwarding
+#      to the plugin: the kubelet's own GetInfo call cannot reach Tessera's socket
+#      (README.md, "Findings"). Without it, the install fails at registration.
+# Writes: DIR/tessera-node/ (the simulated node's host side: dev/ of mknod'ed device
+# nodes, driver-root/ of fake driver files, run/, state/), DIR/tessera-deploy/
+# (kustomization), DIR/tessera/ (apply output, plugin log, slices as stored).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+repo=$(cd "$here/../.." && pwd)
+DIR=$(cd "${1:?usage: tessera-up.sh DIR}" && pwd)
+. "$DIR/env"
+export KUBECONFIG
+k() { "$K8S_BIN/kubectl" "$@"; }
+overlay=$repo/deploy/overlays/test-cluster
+NODE_ROOT=$DIR/tessera-node
+OUT=$DIR/tessera
+mkdir -p "$OUT"
+T0=$(now)
+log() { echo "[$(since "$T0")s] $*"; }
+fail() {
+  echo "tessera-up.sh: FAILED: $*" >&2
+  k -n tessera-system get pods -o wide >&2 || true
+  k -n tessera-system logs -l app.kubernetes.io/name=tessera --tail=30 >&2 || true
+  exit 1
+}
+
+# Unix socket paths are limited to 107 bytes (sun_path): the kubelet must reach
+# <root-dir>/plugins_registry/gpu.tessera.dev-<pod UID>-reg.sock and
+# <root-dir>/plugins/gpu.tessera.dev/dra-<pod UID>.sock.
+reg_sock=$KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-00000000-0000-0000-0000-000000000000-reg.sock
+longest=${#reg_sock}
+if [ "$longest" -gt 107 ]; then
+  fail "DIR too long for the plugin's sockets: $KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-<uid>-reg.sock would be $longest bytes (max 107)"
+fi
+
+# ---------- the simulated node's host side ----------
+# Device nodes as the node would have them (tests/support/e2e.rs make_dev_root): one
+# per GPU, the MIG capability nodes of MIG-capable GPUs, nvidiactl and the uvm pair;
+# fake driver files (tests/support/harness.rs make_driver_root), except that nvidia-smi
+# is a script: the one binary of the driver root the workload runs (see below).
+mkdir -p "$NODE_ROOT"/{dev,driver-root/usr/lib/x86_64-linux-gnu,driver-root/usr/bin,run,state,registry}
+python3 - "$overlay/mock-node.yaml" "$NODE_ROOT" <<'EOF'
+import os, stat, sys, yaml
+node = yaml.safe_load(open(sys.argv[1]))
+root = sys.argv[2]
+m = node["charDevices"]
+def mknod(path, major, minor):
+    p = os.path.join(root, "dev", path)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    if not os.path.exists(p):
+        os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(p, 0o666)
+for g in node["gpus"]:
+    mknod(f"nvidia{g['minor']}", m["nvidia"], g["minor"])
+    if g.get("migCapable") and "nvidia-caps" in m:
+        for gi in range(15):
+            gm = 3 + 135 * g["minor"] + 9 * gi          # mig/geometry.rs gi_cap_minor
+            mknod(f"nvidia-caps/nvidia-cap{gm}", m["nvidia-caps"], gm)
+            for ci in range(8):
+                mknod(f"nvidia-caps/nvidia-cap{gm + 1 + ci}", m["nvidia-caps"], gm + 1 + ci)
+mknod("nvidiactl", m["nvidia"], 255)
+mknod("nvidia-uvm", m["nvidia-uvm"], 0)
+mknod("nvidia-uvm-tools", m["nvidia-uvm"], 1)
+lib = os.path.join(root, "driver-root/usr/lib/x86_64-linux-gnu")
+for base in ["libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"]:
+    open(os.path.join(lib, f"{base}.{node['driverVersion']}"), "w").close()
+EOF
+# The stand-in nvidia-smi, mounted into claim containers by the CDI spec: `-L` lists the
+# GPU device nodes the container has (name, major:minor), then it stays up until
+# SIGTERM so that the test can look into the running container.
+cat >"$NODE_ROOT/driver-root/usr/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+# tests/cluster: a stand-in for nvidia-smi (the driver root is fake).
+for d in /dev/nvidia[0-9]*; do
+  [ -c "$d" ] || continue
+  set -- $(stat -c '%t %T' "$d")
+  echo "GPU ${d#/dev/nvidia}: $d (char $((0x$1)):$((0x$2)))"
+done
+trap 'exit 0' TERM INT
+sleep 2147483647 &
+wait
+EOF
+chmod 755 "$NODE_ROOT/driver-root/usr/bin/nvidia-smi"
+log "simulated node: $(find "$NODE_ROOT/dev" -type c | wc -l) device nodes in $NODE_ROOT/dev, driver root $NODE_ROOT/driver-root"
+
+# ---------- the image ----------
+"$here/image.sh" "$DIR" >/dev/null
+log "image imported"
+
+# ---------- the node label Node Feature Discovery would set (the DaemonSet's nodeSelector) ----------
+k label node "$NODE_NAME" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
+
+# ---------- the registration proxy (TESSERA_REGPROXY=1) ----------
+REGISTRY=$KUBELET_ROOT_DIR/plugins_registry
+if [ "${TESSERA_REGPROXY:-}" = 1 ]; then
+  proxy=$repo/target/cluster-image/tessera-regproxy
+  (cd "$here/regproxy" && GOFLAGS=-mod=mod GOPROXY=${GOPROXY:-off} CGO_ENABLED=0 \
+    nice -n 19 go build -trimpath -ldflags '-s -w' -o "$proxy" .) || fail "building regproxy"
+  REGISTRY=$NODE_ROOT/registry
+  # In the cluster's mount namespace (down.sh stops it by its PID).
+  setsid nsenter --mount --target "$(cat "$DIR/pids/kubelet")" "$proxy" \
+    -from "$REGISTRY" -to "$KUBELET_ROOT_DIR/plugins_registry" </dev/null >"$DIR/logs/tessera-regproxy.log" 2>&1 &
+  echo $! >"$DIR/pids/tessera-regproxy"
+  log "TESSERA_REGPROXY=1: the plugin registers in $REGISTRY; regproxy (pid $!) serves it in $KUBELET_ROOT_DIR/plugins_registry"
+fi
+
+# ---------- this cluster's layer: kubelet root dir, CDI dir, node root, API port ----------
+used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
+while :; do METRICS_PORT=$(free_port); [[ $used == *" $METRICS_PORT "* ]] || break; done
+D=$DIR/tessera-deploy
+mkdir -p "$D"
+cat >"$D/kustomization.yaml" <<EOF
+# Written by tests/cluster/tessera-up.sh for the cluster in $DIR: the test-cluster
+# overlay with this cluster's kubelet root dir ($KUBELET_ROOT_DIR), CDI dir, simulated
+# node root ($NODE_ROOT), API server port and a free metrics port.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(realpath --relative-to="$D" "$overlay")
+patches:
+- target: {group: apps, version: v1, kind: DaemonSet, name: tessera-plugin}
+  patch: |-
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata:
+      name: tessera-plugin
+    spec:
+      template:
+        metadata:
+          annotations:
+            prometheus.io/port: "$METRICS_PORT"
+        spec:
+          containers:
+          - name: plugin
+            args:
+            - --backend=mock:/etc/tessera-mock/mock-node.yaml
+            - --plugin-dir=$KUBELET_ROOT_DIR/plugins/gpu.tessera.dev
+            - --dev-root=/host
+            - --host-dev-root=$NODE_ROOT
+            - --driver-root=/driver-root
+            - --host-driver-root=$NODE_ROOT/driver-root
+            - --proc-root=/host/proc
+            - --run-dir=/run/tessera
+            - --host-run-dir=$NODE_ROOT/run
+            - --state-dir=/var/lib/tessera
+            - --cdi-dir=/var/run/cdi
+            - --interception-lib=/usr/local/lib/tessera/libtessera_cuda.so
+            env:
+            - name: KUBERNETES_SERVICE_PORT
+              value: "$API_PORT"
+            - name: TESSERA_METRICS_ADDR
+              value: 127.0.0.1:$METRICS_PORT
+            ports:
+            - containerPort: 9464
+              \$patch: delete
+            - name: metrics
+              containerPort: $METRICS_PORT
+            # The plugin's socket directory at the kubelet's own path: the endpoint the
+            # plugin registers is a path the kubelet opens.
+            volumeMounts:
+            - mountPath: /var/lib/kubelet/plugins
+              \$patch: delete
+            - name: plugins
+              mountPath: $KUBELET_ROOT_DIR/plugins
+          volumes:
+          - name: plugins-registry
+            hostPath: {path: $REGISTRY}
+          - name: plugins
+            hostPath: {path: $KUBELET_ROOT_DIR/plugins}
+          - name: cdi
+            hostPath: {path: $CDI_DIR}
+          - name: host-dev
+            hostPath: {path: $NODE_ROOT/dev}
+          - name: driver-root
+            hostPath: {path: $NODE_ROOT/driver-root}
+          - name: run-tessera
+            hostPath: {path: $NODE_ROOT/run}
+          - name: state
+            hostPath: {path: $NODE_ROOT/state}
+EOF
+# Before 1.37 with DRAExtendedResource off (its default there), users apply the
+# k8s-1.34 overlay's change: DeviceClass gpu.tessera.dev without extendedResourceName.
+minor=$(cut -d. -f2 <<<"$K8S_VERSION")
+if [ "$minor" -lt 37 ] && ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates"; then
+  cat >>"$D/kustomization.yaml" <<EOF
+# DRAExtendedResource is off: as deploy/overlays/k8s-1.34.
+- target: {group: resource.k8s.io, version: v1, kind: DeviceClass, name: gpu.tessera.dev}
+  patch: |-
+    - op: remove
+      path: /spec/extendedResourceName
+EOF
+  log "DRAExtendedResource off: DeviceClass gpu.tessera.dev without extendedResourceName (as deploy/overlays/k8s-1.34)"
+fi
+k kustomize "$D" >"$OUT/rendered.yaml"
+# Nothing of the rendered DaemonSet may still point at a production host path.
+if grep -nE 'path: (/var/lib/kubelet|/var/run/cdi|/run/tessera|/var/lib/tessera|/dev$|/var/lib/tessera-mock)' "$OUT/rendered.yaml"; then
+  fail "the rendered DaemonSet still has production host paths (above)"
+fi
+
+# ---------- kubectl apply -k ----------
+# Pods are refused until the service-account controller made the namespace's "default".
+for i in $(seq 150); do k get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+t_apply=$(now)
+k apply -k "$D" >"$OUT/apply.out" 2>"$OUT/apply.err" || { cat "$OUT/apply.out" "$OUT/apply.err" >&2; fail "kubectl apply -k $D"; }
+sed 's/^/  apply: /' "$OUT/apply.out"
+[ -s "$OUT/apply.err" ] && sed 's/^/  apply (stderr): /' "$OUT/apply.err"
+log "kubectl apply -k $D"
+
+# ---------- the plugin pod: Ready, registered, slices published ----------
+k -n tessera-system rollout status ds/tessera-plugin --timeout=180s >/dev/null || fail "the DaemonSet did not roll out in 180s"
+pod=$(k -n tessera-system get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}')
+t_ready=$(since "$t_apply")
+log "plugin pod $pod Ready ${t_ready}s after kubectl apply"
+# (The plugin's log has ANSI colours: stripped.)
+plog() { k -n tessera-system logs "$pod" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
+slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o jsonpath='{.items[*].metadata.name}'; }
+for i in $(seq 150); do [ -n "$(slices)" ] && break; sleep 0.2; done
+[ -n "$(slices)" ] || fail "no ResourceSlices of gpu.tessera.dev for $NODE_NAME"
+t_slices=$(since "$t_apply")
+k get resourceslices -o yaml >"$OUT/resourceslices.yaml"
+k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,POOL:.spec.pool.name,GEN:.spec.pool.generation,COUNT:.spec.pool.resourceSliceCount,DEVICES:.spec.devices[*].name' | sed 's/^/  /'
+log "ResourceSlices stored ${t_slices}s after kubectl apply (all of them: $OUT/resourceslices.yaml)"
+for i in $(seq 150); do plog | grep -q "registered with the kubelet" && break; sleep 0.2; done
+registered=1
+if ! plog | grep -q "registered with the kubelet"; then
+  registered=0
+  grep -E 'RegisterPlugin error' "$DIR/logs/kubelet.log" | tail -1 | sed 's/^/  kubelet: /' >&2
+  echo "  FAIL the plugin logged no registration with the kubelet (30s); continuing without it" >&2
+else
+  echo "  ok   the plugin logged: registered with the kubelet"
+fi
+for i in $(seq 50); do reg=$(ls "$KUBELET_ROOT_DIR/plugins_registry/"); [ -n "$reg" ] && break; sleep 0.1; done
+echo "  registration socket in the kubelet's plugin registry: $reg"
+[[ $reg == gpu.tessera.dev-*reg.sock ]] || fail "no gpu.tessera.dev registration socket in $KUBELET_ROOT_DIR/plugins_registry"
+[ "${TESSERA_REGPROXY:-}" = 1 ] && sed 's/^/  regproxy: /' "$DIR/logs/tessera-regproxy.log"
+plog >"$OUT/plugin.log"
+if grep -E ' (WARN|ERROR) ' "$OUT/plugin.log"; then
+  echo "  (warnings of the plugin above; full log $OUT/plugin.log)"
+fi
+echo "TESSERA_POD=$pod" >"$OUT/env"
+echo "METRICS_PORT=$METRICS_PORT" >>"$OUT/env"
+if [ "$registered" = 0 ]; then
+  echo "tessera installed on $NODE_NAME ($K8S_VERSION) but NOT registered with the kubelet: pod Ready ${t_ready}s, slices ${t_slices}s after kubectl apply" >&2
+  exit 2
+fi
+echo "tessera installed on $NODE_NAME ($K8S_VERSION): pod Ready ${t_ready}s, slices ${t_slices}s after kubectl apply"
