@@ -52,7 +52,7 @@ for p in $victims; do kill -KILL "$p" 2>/dev/null; done
 # 3. The daemons.
 #    SIGTERM to all at once, then each is waited for (SIGKILL after 10 s).
 t=$(now)
-daemons="tessera-regproxy containerd kube-scheduler kube-controller-manager kube-apiserver etcd"
+daemons="containerd kube-scheduler kube-controller-manager kube-apiserver etcd"
 for d in $daemons; do p=$(pidof_ "$d") && kill -TERM "$p" 2>/dev/null; done
 for d in $daemons; do p=$(pidof_ "$d") && kill_pid "$p" "$d"; done
 echo "daemons stopped ($(since "$t")s)"

@@ -8,10 +8,6 @@
 # Usage (root): tessera-up.sh DIR        (after `up.sh VERSION DIR`)
 # Exit status: 0 installed and registered; 2 installed (pod Ready, slices stored) but the
 # kubelet did not register the plugin; 1 anything else.
-# Env: TESSERA_REGPROXY=1: the plugin's registration socket goes to a private directory
-#      and regproxy/ (Go gRPC) serves it in the kubelet's plugin registry, forwarding
-#      to the plugin: the kubelet's own GetInfo call cannot reach Tessera's socket
-#      (README.md, "Findings"). Without it, the install fails at registration.
 # Writes: DIR/tessera-node/ (the simulated node's host side: dev/ of mknod'ed device
 # nodes, driver-root/ of fake driver files, run/, state/), DIR/tessera-deploy/
 # (kustomization), DIR/tessera/ (apply output, plugin log, slices as stored).
@@ -102,19 +98,7 @@ log "image imported"
 # ---------- the node label Node Feature Discovery would set (the DaemonSet's nodeSelector) ----------
 k label node "$NODE_NAME" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
 
-# ---------- the registration proxy (TESSERA_REGPROXY=1) ----------
 REGISTRY=$KUBELET_ROOT_DIR/plugins_registry
-if [ "${TESSERA_REGPROXY:-}" = 1 ]; then
-  proxy=$repo/target/cluster-image/tessera-regproxy
-  (cd "$here/regproxy" && GOFLAGS=-mod=mod GOPROXY=${GOPROXY:-off} CGO_ENABLED=0 \
-    nice -n 19 go build -trimpath -ldflags '-s -w' -o "$proxy" .) || fail "building regproxy"
-  REGISTRY=$NODE_ROOT/registry
-  # In the cluster's mount namespace (down.sh stops it by its PID).
-  setsid nsenter --mount --target "$(cat "$DIR/pids/kubelet")" "$proxy" \
-    -from "$REGISTRY" -to "$KUBELET_ROOT_DIR/plugins_registry" </dev/null >"$DIR/logs/tessera-regproxy.log" 2>&1 &
-  echo $! >"$DIR/pids/tessera-regproxy"
-  log "TESSERA_REGPROXY=1: the plugin registers in $REGISTRY; regproxy (pid $!) serves it in $KUBELET_ROOT_DIR/plugins_registry"
-fi
 
 # ---------- this cluster's layer: kubelet root dir, CDI dir, node root, API port ----------
 used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
@@ -244,7 +228,6 @@ fi
 for i in $(seq 50); do reg=$(ls "$KUBELET_ROOT_DIR/plugins_registry/"); [ -n "$reg" ] && break; sleep 0.1; done
 echo "  registration socket in the kubelet's plugin registry: $reg"
 [[ $reg == gpu.tessera.dev-*reg.sock ]] || fail "no gpu.tessera.dev registration socket in $KUBELET_ROOT_DIR/plugins_registry"
-[ "${TESSERA_REGPROXY:-}" = 1 ] && sed 's/^/  regproxy: /' "$DIR/logs/tessera-regproxy.log"
 plog >"$OUT/plugin.log"
 if grep -E ' (WARN|ERROR) ' "$OUT/plugin.log"; then
   echo "  (warnings of the plugin above; full log $OUT/plugin.log)"
