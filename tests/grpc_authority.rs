@@ -12,7 +12,6 @@
 mod harness;
 
 #[path = "../cdi/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod cdi_common;
 
 use std::path::Path;
