@@ -91,6 +91,11 @@ ETCD_PORT=$(port) ETCD_PEER_PORT=$(port) API_PORT=$(port) KCM_PORT=$(port) SCHED
 KUBELET_PORT=$(port) KUBELET_HEALTHZ_PORT=$(port)
 BRIDGE=tessera$(printf '%05d' $((RANDOM % 100000)))
 POD_CIDR=10.244.0.0/24
+# The apiserver must be given a Service range, but nothing here may send traffic to it:
+# no kube-proxy runs, the pods' bridge has no route to it, the `kubernetes` Service has no
+# endpoints (--endpoint-reconciler-type=none), and the serving certificate does not name
+# its first IP, so a client that tried would fail closed. Tessera's pod reaches the API
+# server at 127.0.0.1 (KUBERNETES_SERVICE_HOST in the test overlay).
 SERVICE_CIDR=10.96.0.0/16
 
 # ---------- PKI (openssl): CA, serving and client certs, service-account key ----------
@@ -111,7 +116,7 @@ extendedKeyUsage = clientAuth
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature,keyEncipherment
 extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1
+subjectAltName = IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 EOF
 ossl() { openssl "$@" 2>>"$DIR/logs/openssl.log"; }
 ossl ecparam -name prime256v1 -genkey -noout -out "$P/ca.key"
