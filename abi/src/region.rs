@@ -64,8 +64,9 @@ pub mod gpu {
     pub const USED: usize = 64;
     pub const PEAK: usize = 72;
     pub const REFUSED: usize = 80;
-    /// The token bucket's theoretical arrival time (`CLOCK_MONOTONIC` ns; 0 = never
-    /// charged).
+    /// The token bucket's theoretical arrival time (`CLOCK_MONOTONIC` ns to 256 ns; 0 =
+    /// never charged), its low 8 bits the code of the rate it was booked at
+    /// ([`super::rate_code`]).
     pub const TAT: usize = 88;
     /// Thread blocks launched by all processes of the claim (cumulative).
     pub const BLOCKS: usize = 96;
@@ -900,6 +901,44 @@ pub fn cost_ns(blocks: u64, rate: u64) -> u64 {
     ns.min(MAX_DEBT_NS)
 }
 
+/// Low bits of the TAT word that carry the rate code (see [`Bucket`]); the time is kept
+/// to this many bits' quantum (256 ns).
+pub const RATE_CODE_BITS: u32 = 8;
+const CODE_MASK: u64 = (1 << RATE_CODE_BITS) - 1;
+
+/// The rate code stored beside a TAT: eight steps per octave, `8·⌊log₂ r⌋ + the next
+/// three bits of r`, so codes are monotonic in the rate (0 for rate 1, 255 from about
+/// 4.2·10⁹ blocks/s up).
+#[inline]
+pub fn rate_code(rate: u64) -> u8 {
+    let rate = rate.max(1);
+    let e = rate.ilog2();
+    let frac = if e >= 3 {
+        (rate >> (e - 3)) & 7
+    } else {
+        (rate << (3 - e)) & 7
+    };
+    (u64::from(e) * 8 + frac).min(255) as u8
+}
+
+/// The largest rate with `code` (rates with a higher code are above it): the bound a
+/// debt booked under `code` is rescaled from, so that a rescale never undercharges.
+#[inline]
+pub fn rate_code_ceiling(code: u8) -> u64 {
+    if code == 255 {
+        return u64::MAX;
+    }
+    // The least rate with the next code, minus one: 2^e·(8 + f)/8, rounded up.
+    let next = u32::from(code) + 1;
+    let (e, m) = (next / 8, 8 + u64::from(next % 8));
+    let least = if e >= 3 {
+        m << (e - 3)
+    } else {
+        ((m << e) + 7) >> 3
+    };
+    least.saturating_sub(1).max(1)
+}
+
 /// One (claim, GPU) token bucket in the region, shared by every process of the claim,
 /// with the launch counters beside it. A GCRA on one atomic word: the theoretical
 /// arrival time (TAT). A launch is admitted when the bucket is not in debt (TAT ≤ now),
@@ -907,6 +946,12 @@ pub fn cost_ns(blocks: u64, rate: u64) -> u64 {
 /// may run `burst` ahead of its rate, and a kernel bigger than the burst still runs
 /// (it puts the bucket in debt, which the next launches wait out). No lock: a process
 /// killed at any point leaves the bucket usable.
+///
+/// The word's low [`RATE_CODE_BITS`] carry the code of the rate the debt was booked at
+/// ([`rate_code`]). When the controller raises the rate, a waiting launch rescales the
+/// debt to the new rate: without it, launches booked while the rate was briefly low
+/// (a claim's first seconds, a bad window on a loaded node) would keep the claim
+/// stalled for up to [`MAX_DEBT_NS`] whatever rate the controller set afterwards.
 #[derive(Clone, Copy)]
 pub struct Bucket<'a> {
     tat: &'a AtomicU64,
@@ -915,46 +960,75 @@ pub struct Bucket<'a> {
     waited: &'a AtomicU64,
 }
 
+/// A TAT word: time `t` rounded to the quantum, with the rate code in the low bits.
+/// The rounding is dithered by the low bits of `now` (up with probability
+/// remainder/quantum), so that on average a launch is charged its exact cost however
+/// small; a clock too coarse to have such bits rounds up, never down.
+#[inline]
+fn pack(t: u64, now: u64, code: u8) -> u64 {
+    let (q, rem) = (t & !CODE_MASK, t & CODE_MASK);
+    let q = if rem > (now & CODE_MASK) {
+        q.saturating_add(CODE_MASK + 1)
+    } else {
+        q
+    };
+    (q & !CODE_MASK) | u64::from(code)
+}
+
 impl Bucket<'_> {
-    /// Tries to charge a launch costing `cost` ns (see [`cost_ns`]) at `now`
-    /// (`CLOCK_MONOTONIC` ns) with tolerance `burst_ns` (0 =
-    /// [`DEFAULT_BURST_NS`]). One compare-and-swap when admitted; no
-    /// system call.
+    /// Tries to charge a launch of `blocks` thread blocks at `rate` blocks/s (non-zero;
+    /// its cost is [`cost_ns`]) at `now` (`CLOCK_MONOTONIC` ns) with tolerance
+    /// `burst_ns` (0 = [`DEFAULT_BURST_NS`]). A debt booked at a lower rate is first
+    /// rescaled to `rate`. One compare-and-swap when admitted; no system call.
     #[inline]
-    pub fn try_admit(&self, now: u64, cost: u64, burst_ns: u64) -> Admit {
+    pub fn try_admit(&self, now: u64, blocks: u64, rate: u64, burst_ns: u64) -> Admit {
         let burst = if burst_ns == 0 {
             DEFAULT_BURST_NS
         } else {
             burst_ns
         };
+        let rate = rate.max(1);
+        let code = rate_code(rate);
+        let cost = cost_ns(blocks, rate);
         let floor = now.saturating_sub(burst);
         let mut old = self.tat.load(Ordering::Relaxed);
         loop {
+            let (t, booked) = (old & !CODE_MASK, (old & CODE_MASK) as u8);
             // A time further ahead than any launch can put it is a corrupted region.
-            let sane = if old > now.saturating_add(MAX_DEBT_NS) {
+            let mut t = if t > now.saturating_add(MAX_DEBT_NS) {
                 0
             } else {
-                old
+                t
             };
-            let base = sane.max(floor);
-            if base > now {
-                return Admit::Until(base);
+            if t > now && booked < code {
+                // Owed at the old rate's ceiling, paid at the new one (never more).
+                let scaled = u128::from(t - now) * u128::from(rate_code_ceiling(booked).min(rate))
+                    / u128::from(rate);
+                t = now + scaled as u64;
             }
-            match self.tat.compare_exchange_weak(
-                old,
-                base.saturating_add(cost),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Admit::Now,
+            let base = t.max(floor);
+            let (new, verdict) = if base > now {
+                if t == old & !CODE_MASK || booked >= code {
+                    return Admit::Until(base);
+                }
+                // Store the rescaled debt, so that every waiter sees it.
+                (pack(t, now, code), Admit::Until(base))
+            } else {
+                (pack(base.saturating_add(cost), now, code), Admit::Now)
+            };
+            match self
+                .tat
+                .compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return verdict,
                 Err(actual) => old = actual,
             }
         }
     }
 
-    /// The theoretical arrival time now stored.
+    /// The theoretical arrival time now stored (ns, to the quantum; without the code).
     pub fn tat(&self) -> u64 {
-        self.tat.load(Ordering::Relaxed)
+        self.tat.load(Ordering::Relaxed) & !CODE_MASK
     }
 
     /// Adds to the launch counters.

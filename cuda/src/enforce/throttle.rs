@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use tessera_abi::region::{Admit, cost_ns};
+use tessera_abi::region::Admit;
 
 use super::accounting::{self, LaunchPart, State};
 use super::forklock::ForkLock;
@@ -168,7 +168,7 @@ fn charge(parts: &[LaunchPart], blocks: u64, kernels: u64) {
                 count(p, blocks, kernels);
                 return;
             }
-            match p.bucket.try_admit(now, cost_ns(blocks, rate), burst) {
+            match p.bucket.try_admit(now, blocks, rate, burst) {
                 Admit::Now => {
                     count(p, blocks, kernels);
                     return;
