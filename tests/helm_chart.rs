@@ -963,5 +963,5 @@ fn the_chart_renders_what_kustomize_renders() {
         }
         eprintln!("deploy/{dir}: {} objects equal", kust.len());
     }
-    assert!(compared >= 5 * 14 + 1, "{compared} objects compared");
+    assert!(compared > 5 * 14, "{compared} objects compared");
 }
