@@ -302,7 +302,19 @@ pub async fn run(
         opts.rolling_update_pod_uid.as_deref(),
     );
     let reg_listener = listen(&reg_path)?;
-    let (status_tx, _status_rx) = watch::channel(None);
+    let (status_tx, mut status_rx) = watch::channel(None);
+    // The kubelet's registration status feeds /readyz.
+    {
+        let health = health.clone();
+        tokio::spawn(async move {
+            while status_rx.changed().await.is_ok() {
+                let status = status_rx.borrow_and_update().clone();
+                if let Some(status) = status {
+                    health.set_registered(status);
+                }
+            }
+        });
+    }
     let registrar = Registrar {
         driver_name: opts.driver_name.clone(),
         endpoint: dra_path.display().to_string(),

@@ -568,8 +568,9 @@ fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
     out.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// `--metrics-addr` serves `/healthz` (alive) and `/readyz` (sockets served and the
-/// pool published), which the DaemonSet probes; nothing listens after shutdown.
+/// `--metrics-addr` serves `/healthz` (alive) and `/readyz` (sockets served, the pool
+/// published, and registered by the kubelet: 503 before the stand-in registers), which
+/// the DaemonSet probes; nothing listens after shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_endpoints_follow_the_plugin() {
     let mut h = Harness::new().await;
@@ -579,6 +580,24 @@ async fn health_endpoints_follow_the_plugin() {
         .unwrap();
     h.opts.metrics_addr = Some(addr);
     let p = h.start_plugin().await;
+    // Published but not registered with the kubelet: not ready (a rolling update must
+    // not remove the old pod for a plugin the kubelet cannot call yet).
+    for _ in 0..1000 {
+        if !h.api.resource_slices().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!h.api.resource_slices().is_empty(), "the pool is published");
+    let before = tokio::task::spawn_blocking(move || http_status(addr, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(
+        before,
+        Some(503),
+        "/readyz before the kubelet's registration"
+    );
+    let _kubelet = h.kubelet().await;
     let ready = tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
@@ -591,7 +610,10 @@ async fn health_endpoints_follow_the_plugin() {
     })
     .await
     .unwrap();
-    assert!(ready, "/readyz turns 200 once the pool is published");
+    assert!(
+        ready,
+        "/readyz turns 200 once the pool is published and the kubelet registered the plugin"
+    );
     assert!(!h.api.resource_slices().is_empty());
     let (live, missing) = tokio::task::spawn_blocking(move || {
         (http_status(addr, "/healthz"), http_status(addr, "/nope"))

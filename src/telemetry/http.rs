@@ -1,6 +1,7 @@
 //! The plugin's health endpoints on `--metrics-addr`: `/healthz` (the process serves
-//! HTTP: liveness) and `/readyz` (the kubelet sockets are served and the last
-//! ResourceSlice publication succeeded: readiness). The DaemonSet probes both.
+//! HTTP: liveness) and `/readyz` (the kubelet sockets are served, the last
+//! ResourceSlice publication succeeded and the kubelet has registered the plugin:
+//! readiness, which a DaemonSet's rolling update waits for before removing the old pod). The DaemonSet probes both.
 //! `/metrics` serves the Prometheus exposition ([`crate::telemetry::metrics`]) once the plugin has
 //! set the scraper.
 //!
@@ -50,6 +51,8 @@ type InFlight = watch::Receiver<Option<Exposition>>;
 /// What readiness depends on, and the metrics scraper; shared by the plugin's tasks.
 pub struct Health {
     serving: AtomicBool,
+    /// The kubelet's last `NotifyRegistrationStatus`: `None` until it called.
+    registered: Mutex<Option<Result<(), String>>>,
     published: AtomicBool,
     publish_error: Mutex<Option<String>>,
     scraper: std::sync::OnceLock<Scraper>,
@@ -64,6 +67,7 @@ impl Default for Health {
     fn default() -> Self {
         Health {
             serving: AtomicBool::new(false),
+            registered: Mutex::new(None),
             published: AtomicBool::new(false),
             publish_error: Mutex::new(None),
             scraper: std::sync::OnceLock::new(),
@@ -117,6 +121,7 @@ impl std::fmt::Debug for Health {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Health")
             .field("serving", &self.serving)
+            .field("registered", &self.registered)
             .field("published", &self.published)
             .finish()
     }
@@ -126,6 +131,13 @@ impl Health {
     /// The kubelet's sockets (DRA and registration) are listening.
     pub fn set_serving(&self, on: bool) {
         self.serving.store(on, Ordering::Release);
+    }
+
+    /// What the kubelet reported of the registration (`NotifyRegistrationStatus`).
+    pub fn set_registered(&self, result: Result<(), String>) {
+        if let Ok(mut r) = self.registered.lock() {
+            *r = Some(result);
+        }
     }
 
     /// Sets what `/metrics` serves (once; later calls are ignored).
@@ -239,6 +251,15 @@ impl Health {
                 .and_then(|e| e.clone())
                 .unwrap_or_else(|| "not published yet".into());
             return Err(format!("ResourceSlices: {why}"));
+        }
+        // Only a plugin the kubelet has registered can prepare: a DaemonSet's rolling
+        // update removes the old pod once the new one is Ready, and prepares in between
+        // would find no plugin (seen on the real kubelet 1.34: "connection refused" on the
+        // old pod's socket, the claim's pod started 78 s later).
+        match self.registered.lock().ok().and_then(|r| r.clone()) {
+            None => return Err("not registered with the kubelet yet".into()),
+            Some(Err(e)) => return Err(format!("the kubelet refused the registration: {e}")),
+            Some(Ok(())) => {}
         }
         Ok(())
     }
@@ -365,7 +386,7 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 mod tests {
     use super::*;
 
-    /// Ready only when serving and published; a publication error says why.
+    /// Ready only when serving, published and registered; an error says why.
     #[tokio::test]
     async fn readiness_needs_sockets_and_slices() {
         let h = Arc::new(Health::default());
@@ -379,6 +400,14 @@ mod tests {
         h.set_published(Err("403 Forbidden".into()));
         assert!(h.ready().unwrap_err().contains("403"));
         h.set_published(Ok(()));
+        assert!(h.ready().unwrap_err().contains("not registered"));
+        h.set_registered(Err("version mismatch".into()));
+        assert!(
+            h.ready()
+                .unwrap_err()
+                .contains("refused the registration: version mismatch")
+        );
+        h.set_registered(Ok(()));
         assert_eq!(respond(&h, "/readyz", "").await.status(), StatusCode::OK);
         assert_eq!(
             respond(&h, "/metrics", "").await.status(),

@@ -41,55 +41,8 @@ if [ "$longest" -gt 107 ]; then
   fail "DIR too long for the plugin's sockets: $KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-<uid>-reg.sock would be $longest bytes (max 107)"
 fi
 
-# ---------- the simulated node's host side ----------
-# Device nodes as the node would have them (tests/support/e2e.rs make_dev_root): one
-# per GPU, the MIG capability nodes of MIG-capable GPUs, nvidiactl and the uvm pair;
-# fake driver files (tests/support/harness.rs make_driver_root), except that nvidia-smi
-# is a script: the one binary of the driver root the workload runs (see below).
-mkdir -p "$NODE_ROOT"/{dev,driver-root/usr/lib/x86_64-linux-gnu,driver-root/usr/bin,run,state,registry}
-python3 - "$overlay/mock-node.yaml" "$NODE_ROOT" <<'EOF'
-import os, stat, sys, yaml
-node = yaml.safe_load(open(sys.argv[1]))
-root = sys.argv[2]
-m = node["charDevices"]
-def mknod(path, major, minor):
-    p = os.path.join(root, "dev", path)
-    os.makedirs(os.path.dirname(p), exist_ok=True)
-    if not os.path.exists(p):
-        os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(p, 0o666)
-for g in node["gpus"]:
-    mknod(f"nvidia{g['minor']}", m["nvidia"], g["minor"])
-    if g.get("migCapable") and "nvidia-caps" in m:
-        for gi in range(15):
-            gm = 3 + 135 * g["minor"] + 9 * gi          # mig/geometry.rs gi_cap_minor
-            mknod(f"nvidia-caps/nvidia-cap{gm}", m["nvidia-caps"], gm)
-            for ci in range(8):
-                mknod(f"nvidia-caps/nvidia-cap{gm + 1 + ci}", m["nvidia-caps"], gm + 1 + ci)
-mknod("nvidiactl", m["nvidia"], 255)
-mknod("nvidia-uvm", m["nvidia-uvm"], 0)
-mknod("nvidia-uvm-tools", m["nvidia-uvm"], 1)
-lib = os.path.join(root, "driver-root/usr/lib/x86_64-linux-gnu")
-for base in ["libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"]:
-    open(os.path.join(lib, f"{base}.{node['driverVersion']}"), "w").close()
-EOF
-# The stand-in nvidia-smi, mounted into claim containers by the CDI spec: `-L` lists the
-# GPU device nodes the container has (name, major:minor), then it stays up until
-# SIGTERM so that the test can look into the running container.
-cat >"$NODE_ROOT/driver-root/usr/bin/nvidia-smi" <<'EOF'
-#!/bin/sh
-# tests/cluster: a stand-in for nvidia-smi (the driver root is fake).
-for d in /dev/nvidia[0-9]*; do
-  [ -c "$d" ] || continue
-  set -- $(stat -c '%t %T' "$d")
-  echo "GPU ${d#/dev/nvidia}: $d (char $((0x$1)):$((0x$2)))"
-done
-trap 'exit 0' TERM INT
-sleep 2147483647 &
-wait
-EOF
-chmod 755 "$NODE_ROOT/driver-root/usr/bin/nvidia-smi"
-log "simulated node: $(find "$NODE_ROOT/dev" -type c | wc -l) device nodes in $NODE_ROOT/dev, driver root $NODE_ROOT/driver-root"
+# ---------- the simulated node's host side (mock-node-root.sh) ----------
+"$here/mock-node-root.sh" "$DIR" | sed 's/^/  /'
 
 # ---------- the image ----------
 "$here/image.sh" "$DIR" >/dev/null

@@ -383,6 +383,12 @@ evictionHard:
   nodefs.available: 1%
   nodefs.inodesFree: 1%
   imagefs.available: 1%
+# No image garbage collection: the images are imported, not pulled (there is no
+# registry), so a collected one is gone for good. With the default threshold (85 %) the
+# kubelet removed the unused localhost/tessera/busybox:1 five minutes after start on the
+# 86 % full shared disk, and the test pods then failed with ErrImageNeverPull.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 # cgroup v1 host: refused by default from 1.35 (the field exists since 1.31).
 failCgroupV1: false
 containerRuntimeEndpoint: unix://$C/containerd.sock
