@@ -6,7 +6,8 @@
 //! overlay), then `tests/cluster/tessera-e2e.sh` runs the scenarios against real
 //! objects: the inventory equals the slices the API server stores, the one-GPU workload
 //! runs with its device and is unprepared when deleted, and the allocations the real
-//! scheduler makes agree with `tessera plan`.
+//! scheduler makes agree with `tessera plan`. `tests/cluster/tessera-helm-e2e.sh` does
+//! the same with the Helm chart (`deploy/helm/tessera`), on a cluster of its own.
 //!
 //! One test per release, one cluster at a time. Prerequisites (`.ci/run` installs and
 //! builds them): root, Go, debootstrap, openssl, curl, unshare, nsenter, python3 and
@@ -80,10 +81,10 @@ fn dump_logs(dir: &Path) {
     }
 }
 
-/// Builds (or finds cached) the release's binaries, then runs the end-to-end script:
-/// up, install, the scenarios, down.
-fn tessera_on(version: &str) {
-    let suite = format!("real cluster {version}");
+/// Builds (or finds cached) the release's binaries, then runs an end-to-end script on a
+/// fresh cluster: up, install, the scenarios, down.
+fn e2e_on(script: &str, version: &str) {
+    let suite = format!("{script} {version}");
     if e2e::prerequisites(
         &suite,
         &[
@@ -116,17 +117,17 @@ fn tessera_on(version: &str) {
         .unwrap();
     let dir = tmp.path().to_path_buf();
     let t = Instant::now();
-    let status = Command::new(cluster.join("tessera-e2e.sh"))
+    let status = Command::new(cluster.join(script))
         .arg(version)
         .arg(&dir)
         .status()
-        .expect("tests/cluster/tessera-e2e.sh");
+        .unwrap_or_else(|e| panic!("tests/cluster/{script}: {e}"));
     eprintln!("{suite}: {status} after {:.0?}", t.elapsed());
     if !status.success() {
         dump_logs(&dir);
         let kept = tmp.keep();
         panic!(
-            "{suite}: tessera-e2e.sh failed ({status}); its dir is kept: {}",
+            "{suite} failed ({status}); its dir is kept: {}",
             kept.display()
         );
     }
@@ -137,12 +138,28 @@ fn tessera_on(version: &str) {
 #[test]
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn tessera_runs_on_kubernetes_1_34() {
-    tessera_on("1.34");
+    e2e_on("tessera-e2e.sh", "1.34");
 }
 
 /// The newest release the module proxy serves that builds with this machine's Go.
 #[test]
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn tessera_runs_on_kubernetes_1_37() {
-    tessera_on("1.37");
+    e2e_on("tessera-e2e.sh", "1.37");
+}
+
+/// The Helm chart on 1.34: server-side dry runs of every mode, `helm install` with the
+/// mock backend and the one-GPU workload through it, `helm upgrade` to a new image tag
+/// while pods are created (none fails to prepare), `helm uninstall` leaving no object.
+#[test]
+#[ignore = "needs root, Go and debootstrap (a real cluster)"]
+fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_34() {
+    e2e_on("tessera-helm-e2e.sh", "1.34");
+}
+
+/// The same on the newest release.
+#[test]
+#[ignore = "needs root, Go and debootstrap (a real cluster)"]
+fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_37() {
+    e2e_on("tessera-helm-e2e.sh", "1.37");
 }
