@@ -539,7 +539,8 @@ impl Allocator {
                 .all(|(k, r)| parse_q(&caps[k].value.0).is_ok_and(|v| v >= *r));
             return fits.then(BTreeMap::new);
         }
-        let consumed = capacity::consumed_capacity(&caps, &requests).ok()?;
+        let rules = capacity::Rounding::for_gates(&self.gates);
+        let consumed = capacity::consumed_capacity(&caps, &requests, rules).ok()?;
         for (name, want) in &consumed {
             let total = parse_q(&caps[name].value.0).ok()?;
             let mut used = self
