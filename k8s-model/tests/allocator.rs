@@ -765,6 +765,63 @@ fn a_stepped_request_is_written_in_the_releases_format() {
     assert_eq!(consumed(34, &[("memory", "1")]), ["1048576", "0", "80Gi"]);
 }
 
+/// 1.34's allocator checks a pick's capacity on the wrong device: the one at the pick's
+/// index within its request (0 for a request's first device) in the chosen device's
+/// slice (`allocateDevice` passes `r.deviceIndex` to `CmpRequestOverCapacity`, every
+/// 1.34.x; 1.35 passes the device). Found by tests/cluster/scenario-plan-agreement.sh:
+/// on the real 1.34.4 scheduler with gpu-1 shared, examples/claims/shared-gpus.yaml's
+/// `light` was unschedulable ("some requested capacity has not been defined", at -v=7:
+/// gpu-0, first in the slice, has no `compute`) where `tessera plan` allocated gpu-1;
+/// `whole` (no request) was allocated. So on 1.34 a capacity request fails unless the
+/// slice's first device has those capacities, and requests without one are checked
+/// against that device's usage, not the shared device's (two whole shares fit).
+#[test]
+fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
+    let shared = with(
+        dev("s1", &[("type", "gpu-shared")]),
+        json!({"allowMultipleAllocations": true, "capacity": {
+            "memory": {"value": "80Gi"}, "compute": {"value": "100"}}}),
+    );
+    let plain = with(
+        dev("g0", &[]),
+        json!({"capacity": {"memory": {"value": "16Gi"}}}),
+    );
+    let gates = |minor: u32| {
+        FeatureGates::parse(
+            KubeVersion::new(minor).unwrap(),
+            "DRAConsumableCapacity=true",
+        )
+        .unwrap()
+    };
+    let asking = || claim_of("ask", vec![cap_req("r", "shared", &[("memory", "20Gi")])]);
+    let whole = |n: &str| claim_of(n, vec![cap_req("r", "shared", &[])]);
+
+    // The shared device second: on 1.34 g0 (16Gi, no compute) is checked.
+    let second = pool("n", vec![devices(vec![plain.clone(), shared.clone()])]);
+    let mut a = Allocator::new(&second, &classes(), &gates(34)).unwrap();
+    assert!(unsatisfiable(a.allocate(&asking())).contains("0 available"));
+    let r = a.allocate(&whole("w1")).unwrap();
+    assert_eq!(picked(&r), ["r=s1"]);
+    let cc = results(&r)[0].consumed_capacity.clone().unwrap();
+    assert_eq!(
+        (cc["memory"].0.as_str(), cc["compute"].0.as_str()),
+        ("80Gi", "100")
+    );
+    // g0's usage is checked, not s1's: a second whole share fits.
+    assert_eq!(picked(&a.allocate(&whole("w2")).unwrap()), ["r=s1"]);
+
+    // 1.35 checks s1 itself.
+    let mut a = Allocator::new(&second, &classes(), &gates(35)).unwrap();
+    assert_eq!(picked(&a.allocate(&asking()).unwrap()), ["r=s1"]);
+    unsatisfiable(a.allocate(&whole("w1")));
+
+    // The shared device first: on 1.34 the check happens to hit it.
+    let first = pool("n", vec![devices(vec![shared, plain])]);
+    let mut a = Allocator::new(&first, &classes(), &gates(34)).unwrap();
+    assert_eq!(picked(&a.allocate(&asking()).unwrap()), ["r=s1"]);
+    unsatisfiable(a.allocate(&whole("w1")));
+}
+
 /// Two requests of one claim may share a multi-allocatable device, each with its own
 /// shareID and its own consumed capacity; a capacity without a policy is consumed as
 /// asked; one request's devices stay distinct, and capacity runs out exactly at the
