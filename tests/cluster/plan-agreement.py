@@ -141,7 +141,7 @@ def show(rs, pool):
     return " ".join(parts)
 
 
-def compare_request(sched, plan, problems, notes):
+def compare_request(sched, plan, problems):
     ok = True
     sk = sorted(dev_key(r) for r in sched)
     pk = sorted(dev_key(r) for r in plan)
@@ -219,13 +219,11 @@ def compare(path, sched_dir, plan_path, table_path, config):
         pool = (first[0].get("driver"), first[0].get("pool"))
         claim_ok = True
         for rq in sorted(set(s_req) | set(p_req)):
-            problems, notes = [], []
-            ok = compare_request(s_req.get(rq, []), p_req.get(rq, []), problems, notes)
+            problems = []
+            ok = compare_request(s_req.get(rq, []), p_req.get(rq, []), problems)
             rows.append([fname, name, rq, show(s_req.get(rq, []), pool), show(p_req.get(rq, []), pool), "yes" if ok else "no"])
             for p in problems:
                 print(f"  DIFF {fname} {name} {rq}: {p}")
-            for n in notes:
-                print(f"  note {fname} {name} {rq}: {n}")
             claim_ok &= ok
         if s_alloc.get("nodeSelector") != p_alloc.get("nodeSelector"):
             print(f"  DIFF {fname} {name}: nodeSelector: scheduler {json.dumps(s_alloc.get('nodeSelector'))}, plan {json.dumps(p_alloc.get('nodeSelector'))}")
