@@ -703,6 +703,125 @@ fn request_policies_round_or_refuse_a_capacity_request() {
     check("c", &[], "ranged", "10");
 }
 
+/// A request rounded to a step is a new quantity even when it is already on a step, in
+/// the release's format: 1.37 writes it in the step's format (`NewQuantity(v,
+/// validRange.Step.Format)`), 1.34–1.36 in BinarySI. Found by tests/cluster's
+/// scenario-plan-agreement.sh: on the real 1.37.2 scheduler, examples/claims/
+/// shared-gpus.yaml's `memory: 20Gi` on Tessera's `step: "1048576"` was recorded as
+/// `21474836480` where `tessera plan` printed `20Gi`. Below `min` the result is `min` as
+/// written; a policy's default and a device without a policy are copied as written.
+#[test]
+fn a_stepped_request_is_written_in_the_releases_format() {
+    // As Tessera publishes a shared H100 (src/publish/slices.rs): DecimalSI steps.
+    let device = with(
+        dev("s0", &[("type", "gpu-shared")]),
+        json!({"allowMultipleAllocations": true, "capacity": {
+            "memory": {"value": "85520809984", "requestPolicy": {"default": "85520809984",
+                "validRange": {"min": "1048576", "step": "1048576"}}},
+            "compute": {"value": "100", "requestPolicy": {"default": "0",
+                "validRange": {"min": "0", "max": "100", "step": "1"}}},
+            "binary": {"value": "80Gi", "requestPolicy": {"default": "80Gi",
+                "validRange": {"min": "1Mi", "step": "1Mi"}}}}}),
+    );
+    let slices = pool("n", vec![devices(vec![device])]);
+    let consumed = |minor: u32, caps: &[(&str, &str)]| -> Vec<String> {
+        let gates = FeatureGates::parse(
+            KubeVersion::new(minor).unwrap(),
+            "DRAConsumableCapacity=true",
+        )
+        .unwrap();
+        let mut a = Allocator::new(&slices, &classes(), &gates).unwrap();
+        let r = a
+            .allocate(&claim_of("c", vec![cap_req("r", "shared", caps)]))
+            .unwrap();
+        let cc = results(&r)[0].consumed_capacity.clone().unwrap();
+        ["memory", "compute", "binary"]
+            .iter()
+            .map(|k| cc[*k].0.clone())
+            .collect()
+    };
+    let on_step = [("memory", "20Gi"), ("compute", "25"), ("binary", "20Gi")];
+    assert_eq!(consumed(37, &on_step), ["21474836480", "25", "20Gi"]);
+    for minor in [34, 35, 36] {
+        assert_eq!(
+            consumed(minor, &on_step),
+            ["20Gi", "25", "20Gi"],
+            "1.{minor}"
+        );
+    }
+    // Off a step: rounded up, same formats.
+    let off_step = [
+        ("memory", "1500Ki"),
+        ("compute", "2500m"),
+        ("binary", "1500Ki"),
+    ];
+    assert_eq!(consumed(37, &off_step), ["2097152", "3", "2Mi"]);
+    assert_eq!(consumed(34, &off_step), ["2Mi", "3", "2Mi"]);
+    // Below min: min as written; nothing asked: the defaults as written.
+    assert_eq!(
+        consumed(37, &[("memory", "1"), ("binary", "1")]),
+        ["1048576", "0", "1Mi"]
+    );
+    assert_eq!(consumed(34, &[("memory", "1")]), ["1048576", "0", "80Gi"]);
+}
+
+/// 1.34's allocator checks a pick's capacity on the wrong device: the one at the pick's
+/// index within its request (0 for a request's first device) in the chosen device's
+/// slice (`allocateDevice` passes `r.deviceIndex` to `CmpRequestOverCapacity`, every
+/// 1.34.x; 1.35 passes the device). Found by tests/cluster/scenario-plan-agreement.sh:
+/// on the real 1.34.4 scheduler with gpu-1 shared, examples/claims/shared-gpus.yaml's
+/// `light` was unschedulable ("some requested capacity has not been defined", at -v=7:
+/// gpu-0, first in the slice, has no `compute`) where `tessera plan` allocated gpu-1;
+/// `whole` (no request) was allocated. So on 1.34 a capacity request fails unless the
+/// slice's first device has those capacities, and requests without one are checked
+/// against that device's usage, not the shared device's (two whole shares fit).
+#[test]
+fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
+    let shared = with(
+        dev("s1", &[("type", "gpu-shared")]),
+        json!({"allowMultipleAllocations": true, "capacity": {
+            "memory": {"value": "80Gi"}, "compute": {"value": "100"}}}),
+    );
+    let plain = with(
+        dev("g0", &[]),
+        json!({"capacity": {"memory": {"value": "16Gi"}}}),
+    );
+    let gates = |minor: u32| {
+        FeatureGates::parse(
+            KubeVersion::new(minor).unwrap(),
+            "DRAConsumableCapacity=true",
+        )
+        .unwrap()
+    };
+    let asking = || claim_of("ask", vec![cap_req("r", "shared", &[("memory", "20Gi")])]);
+    let whole = |n: &str| claim_of(n, vec![cap_req("r", "shared", &[])]);
+
+    // The shared device second: on 1.34 g0 (16Gi, no compute) is checked.
+    let second = pool("n", vec![devices(vec![plain.clone(), shared.clone()])]);
+    let mut a = Allocator::new(&second, &classes(), &gates(34)).unwrap();
+    assert!(unsatisfiable(a.allocate(&asking())).contains("0 available"));
+    let r = a.allocate(&whole("w1")).unwrap();
+    assert_eq!(picked(&r), ["r=s1"]);
+    let cc = results(&r)[0].consumed_capacity.clone().unwrap();
+    assert_eq!(
+        (cc["memory"].0.as_str(), cc["compute"].0.as_str()),
+        ("80Gi", "100")
+    );
+    // g0's usage is checked, not s1's: a second whole share fits.
+    assert_eq!(picked(&a.allocate(&whole("w2")).unwrap()), ["r=s1"]);
+
+    // 1.35 checks s1 itself.
+    let mut a = Allocator::new(&second, &classes(), &gates(35)).unwrap();
+    assert_eq!(picked(&a.allocate(&asking()).unwrap()), ["r=s1"]);
+    unsatisfiable(a.allocate(&whole("w1")));
+
+    // The shared device first: on 1.34 the check happens to hit it.
+    let first = pool("n", vec![devices(vec![shared, plain])]);
+    let mut a = Allocator::new(&first, &classes(), &gates(34)).unwrap();
+    assert_eq!(picked(&a.allocate(&asking()).unwrap()), ["r=s1"]);
+    unsatisfiable(a.allocate(&whole("w1")));
+}
+
 /// Two requests of one claim may share a multi-allocatable device, each with its own
 /// shareID and its own consumed capacity; a capacity without a policy is consumed as
 /// asked; one request's devices stay distinct, and capacity runs out exactly at the

@@ -37,5 +37,6 @@ esac
 step "scenario inventory" "$here/scenario-inventory.sh" "$DIR"
 step "scenario one-gpu" "$here/scenario-one-gpu.sh" "$DIR"
 step "scenario inventory after one-gpu" "$here/scenario-inventory.sh" "$DIR"
+step "scenario plan agreement" "$here/scenario-plan-agreement.sh" "$DIR"
 [ "$status" = 0 ] && echo "=== $version: all passed ($DIR)" || echo "=== $version: FAILED ($DIR)" >&2
 exit "$status"

@@ -63,6 +63,8 @@ struct Candidate {
     /// `None`: usable on every node.
     node: Option<String>,
     multi: bool,
+    /// The slice (index in the input) it is listed in.
+    slice: usize,
 }
 
 /// A pool left out, and why.
@@ -164,6 +166,8 @@ pub struct Allocator {
     shared_use: HashMap<usize, BTreeMap<String, Q>>,
     shared_count: HashMap<usize, usize>,
     counters_used: HashMap<(String, String, String), BTreeMap<String, Q>>,
+    /// Candidates by (slice, index in the slice's devices).
+    by_position: HashMap<(usize, usize), usize>,
     held: BTreeMap<String, Held>,
     share_seq: u64,
     /// Step budget per claim (a guard against pathological searches).
@@ -225,6 +229,7 @@ impl Allocator {
             shared_use: HashMap::new(),
             shared_count: HashMap::new(),
             counters_used: HashMap::new(),
+            by_position: HashMap::new(),
             held: BTreeMap::new(),
             share_seq: 0,
             step_limit: 1_000_000,
@@ -326,7 +331,7 @@ impl Allocator {
             valid.insert(k.clone());
         }
         let consumable = self.gates.consumable_capacity();
-        for s in slices {
+        for (slice_index, s) in slices.iter().enumerate() {
             let k = (s.spec.driver.clone(), s.spec.pool.name.clone());
             if !valid.contains(&k) {
                 continue;
@@ -339,7 +344,7 @@ impl Allocator {
             if s.spec.pool.generation != max_gen {
                 continue;
             }
-            for d in s.spec.devices.iter().flatten() {
+            for (index, d) in s.spec.devices.iter().flatten().enumerate() {
                 let node = if s.spec.all_nodes == Some(true) || s.spec.node_selector.is_some() {
                     None
                 } else if s.spec.per_device_node_selection == Some(true) {
@@ -359,7 +364,10 @@ impl Allocator {
                     device: d.clone(),
                     node,
                     multi: consumable && d.allow_multiple_allocations == Some(true),
+                    slice: slice_index,
                 });
+                self.by_position
+                    .insert((slice_index, index), self.candidates.len() - 1);
             }
         }
         if self.nodes.is_empty() {
@@ -529,7 +537,28 @@ impl Allocator {
             .iter()
             .filter_map(|(k, v)| capacity::local_name(k, &c.id.driver).map(|n| (n.to_string(), *v)))
             .collect();
-        if requests.len() != spec.capacity.len() || requests.keys().any(|k| !caps.contains_key(k)) {
+        if requests.len() != spec.capacity.len() {
+            return None;
+        }
+        let rules = capacity::Rounding::for_gates(&self.gates);
+        if self.gates.version().minor() == 34 && self.gates.consumable_capacity() {
+            // 1.34's allocator (allocateDevice, every 1.34.x up to v0.34.13 of
+            // k8s.io/dynamic-resource-allocation) checks a pick's capacity against
+            // `slice.Spec.Devices[r.deviceIndex]`: the device at the index of this pick
+            // within its request (0 for the first) in the chosen device's slice, not the
+            // chosen device; fixed in 1.35. What is consumed is still computed from the
+            // chosen device.
+            let k = picks.iter().filter(|p| p.spec_name == spec.name).count();
+            let checked = *self.by_position.get(&(c.slice, k))?;
+            if !self.capacity_left(checked, &requests, picks, rules) {
+                return None;
+            }
+            if !c.multi {
+                return Some(BTreeMap::new());
+            }
+            return capacity::consumed_capacity(&caps, &requests, rules).ok();
+        }
+        if requests.keys().any(|k| !caps.contains_key(k)) {
             return None;
         }
         if !c.multi {
@@ -539,7 +568,7 @@ impl Allocator {
                 .all(|(k, r)| parse_q(&caps[k].value.0).is_ok_and(|v| v >= *r));
             return fits.then(BTreeMap::new);
         }
-        let consumed = capacity::consumed_capacity(&caps, &requests).ok()?;
+        let consumed = capacity::consumed_capacity(&caps, &requests, rules).ok()?;
         for (name, want) in &consumed {
             let total = parse_q(&caps[name].value.0).ok()?;
             let mut used = self
@@ -558,6 +587,55 @@ impl Allocator {
             }
         }
         Some(consumed)
+    }
+
+    /// The scheduler's capacity check (`CmpRequestOverCapacity`) on device `cand`:
+    /// every requested capacity exists there, and for each of its capacities what this
+    /// request consumes by its policy, added to what earlier claims and this claim's
+    /// picks consume of `cand`, stays within the capacity's value.
+    fn capacity_left(
+        &self,
+        cand: usize,
+        requests: &BTreeMap<String, Q>,
+        picks: &[Pick],
+        rules: capacity::Rounding,
+    ) -> bool {
+        let caps = self.candidates[cand]
+            .device
+            .capacity
+            .clone()
+            .unwrap_or_default();
+        if requests.keys().any(|k| !caps.contains_key(k)) {
+            return false;
+        }
+        let zero = Q::from_i64(0);
+        for (name, cap) in &caps {
+            let Ok(Some(want)) = capacity::consumed_by_policy(cap, requests.get(name), rules)
+            else {
+                return false;
+            };
+            let Ok(total) = parse_q(&cap.value.0) else {
+                return false;
+            };
+            let mut used = *self
+                .shared_use
+                .get(&cand)
+                .and_then(|m| m.get(name))
+                .unwrap_or(&zero);
+            for p in picks.iter().filter(|p| p.cand == cand) {
+                if let Some(q) = p.consumed.get(name) {
+                    match used.checked_add(q) {
+                        Some(u) => used = u,
+                        None => return false,
+                    }
+                }
+            }
+            match used.checked_add(&want) {
+                Some(sum) if sum <= total => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     fn counters_fit(&self, cand: usize, picks: &[Pick]) -> bool {

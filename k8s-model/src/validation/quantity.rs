@@ -174,6 +174,29 @@ impl ParsedQuantity {
         Self::from_i128(i128::from(v))
     }
 
+    /// Go's `NewQuantity(value, format)`: an integer value rendered in `format`.
+    pub fn from_i64_in(v: i64, format: QuantityFormat) -> Self {
+        ParsedQuantity {
+            format,
+            ..Self::from_i64(v)
+        }
+    }
+
+    /// Go's `NewMilliQuantity(milli, format)`: `milli`/1000 rendered in `format`.
+    pub fn from_milli_in(milli: i64, format: QuantityFormat) -> Self {
+        ParsedQuantity {
+            mantissa: i128::from(milli),
+            exp10: -3,
+            format,
+        }
+        .normalized()
+        .unwrap_or(ParsedQuantity {
+            mantissa: 0,
+            exp10: 0,
+            format,
+        })
+    }
+
     fn from_i128(v: i128) -> Self {
         ParsedQuantity {
             mantissa: v,
