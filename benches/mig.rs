@@ -8,7 +8,9 @@
 //! 3. What a MIG prepare through `DeviceState` costs beyond the backend's own calls and
 //!    the fsyncs it must do.
 //!
-//! Directories live under `CARGO_TARGET_TMPDIR` (on disk, not a tmpfs `/tmp`).
+//! `TESSERA_BENCH_QUICK=1` (CI) runs each part briefly (fewer steps, seeds and
+//! iterations) and judges no target. Directories live under `CARGO_TARGET_TMPDIR` (on
+//! disk, not a tmpfs `/tmp`).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -43,8 +45,10 @@ const H100: &str = "NVIDIA H100 80GB HBM3";
 // 1. Packing.
 const PACK_GPUS: u32 = 4;
 const STEPS: usize = 2_000;
+const QUICK_STEPS: usize = 200;
 const SEED: u64 = 0x7e55_e7a0;
 const EXTRA_SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
+const QUICK_EXTRA_SEEDS: [u64; 1] = [1];
 const RELEASE_PROBABILITY: f64 = 0.4;
 /// Request mix: profile and weight in percent.
 const MIX: [(&str, u64); 6] = [
@@ -59,10 +63,12 @@ const MIX: [(&str, u64); 6] = [
 // 2. Pool build.
 const POOL_GPUS: u32 = 8;
 const POOL_ITERATIONS: usize = 200;
+const QUICK_POOL_ITERATIONS: usize = 10;
 const TARGET_POOL: Duration = Duration::from_millis(5);
 
 // 3. MIG prepare.
 const PREPARE_ITERATIONS: usize = 200;
+const QUICK_PREPARE_ITERATIONS: usize = 10;
 const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
 /// Atomic writes (file fsync + rename + directory fsync) of one MIG prepare on a GPU
 /// whose MIG mode is already on, counted in `src/prepare/state.rs` and
@@ -73,11 +79,57 @@ const MIG_DEVICE: &str = "gpu-0-mig-1g10gb-19-6";
 const MIG_PREPARE_FSYNC_PAIRS: u32 = 5;
 const TARGET_OVERHEAD: Duration = Duration::from_millis(1);
 
+/// How much of each part runs: all of it, or a quick pass (`TESSERA_BENCH_QUICK`).
+struct Size {
+    quick: bool,
+    steps: usize,
+    extra_seeds: &'static [u64],
+    pool_iterations: usize,
+    prepare_iterations: usize,
+}
+
+impl Size {
+    fn from_env() -> Self {
+        if std::env::var_os("TESSERA_BENCH_QUICK").is_some() {
+            Size {
+                quick: true,
+                steps: QUICK_STEPS,
+                extra_seeds: &QUICK_EXTRA_SEEDS,
+                pool_iterations: QUICK_POOL_ITERATIONS,
+                prepare_iterations: QUICK_PREPARE_ITERATIONS,
+            }
+        } else {
+            Size {
+                quick: false,
+                steps: STEPS,
+                extra_seeds: &EXTRA_SEEDS,
+                pool_iterations: POOL_ITERATIONS,
+                prepare_iterations: PREPARE_ITERATIONS,
+            }
+        }
+    }
+
+    /// A target's verdict, or "not judged" in a quick pass (too few samples).
+    fn verdict(&self, met: bool) -> &'static str {
+        if self.quick {
+            "not judged"
+        } else {
+            verdict(met)
+        }
+    }
+}
+
 fn main() {
     let started = Instant::now();
-    packing();
-    pool_build();
-    mig_prepare();
+    let size = Size::from_env();
+    if size.quick {
+        println!(
+            "quick mode (TESSERA_BENCH_QUICK): fewer steps, seeds and iterations; targets not judged"
+        );
+    }
+    packing(&size);
+    pool_build(&size);
+    mig_prepare(&size);
     println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
 }
 
@@ -106,7 +158,7 @@ impl Outcome {
     }
 }
 
-fn packing() {
+fn packing(size: &Size) {
     let node = h100_node(PACK_GPUS, false);
     let version = KubeVersion::NEWEST;
     let gates = FeatureGates::parse(version, "DRAPartitionableDevices=true").expect("gates");
@@ -125,8 +177,9 @@ fn packing() {
     let model = tessera::mig::model_for_product(H100).expect("H100 in the catalog");
 
     println!(
-        "== 1. MIG packing: {PACK_GPUS}x H100 80GB (mig), 1.{} split layout, {STEPS} steps ==",
-        version.minor()
+        "== 1. MIG packing: {PACK_GPUS}x H100 80GB (mig), 1.{} split layout, {} steps ==",
+        version.minor(),
+        size.steps
     );
     let mix: Vec<String> = MIX.iter().map(|(p, w)| format!("{p} {w}%")).collect();
     println!(
@@ -139,19 +192,20 @@ fn packing() {
     println!("seed {SEED:#x}:");
     print_header();
     for (label, slices) in orders {
-        let o = replay(slices, &classes, &gates, model, SEED);
+        let o = replay(slices, &classes, &gates, model, SEED, size.steps);
         print_outcome(label, &o);
     }
     println!(
         "average of {} more seeds {:?}:",
-        EXTRA_SEEDS.len(),
-        EXTRA_SEEDS
+        size.extra_seeds.len(),
+        size.extra_seeds
     );
     print_header();
     for (label, slices) in orders {
-        let runs: Vec<Outcome> = EXTRA_SEEDS
+        let runs: Vec<Outcome> = size
+            .extra_seeds
             .iter()
-            .map(|&s| replay(slices, &classes, &gates, model, s))
+            .map(|&s| replay(slices, &classes, &gates, model, s, size.steps))
             .collect();
         print_average(label, &runs);
     }
@@ -200,6 +254,7 @@ fn replay(
     gates: &FeatureGates,
     model: &GpuModel,
     seed: u64,
+    steps: usize,
 ) -> Outcome {
     let mut alloc = Allocator::new(slices, classes, gates).expect("allocator");
     assert!(
@@ -214,7 +269,7 @@ fn replay(
     let mut used = vec![0u8; PACK_GPUS as usize];
     let mut live: Vec<(String, usize, u8)> = Vec::new();
     let mut out = Outcome::default();
-    for step in 0..STEPS {
+    for step in 0..steps {
         let (release, pick, which) = (rng.unit(), rng.next() % total_weight, rng.next());
         if !live.is_empty() && release < RELEASE_PROBABILITY {
             let (name, gpu, mask) = live.swap_remove((which % live.len() as u64) as usize);
@@ -399,7 +454,7 @@ fn pool(node: &MockNode, version: KubeVersion, gates: &FeatureGates) -> Vec<Reso
 // 2. Pool build
 // ---------------------------------------------------------------------------------
 
-fn pool_build() {
+fn pool_build(size: &Size) {
     let node = h100_node(POOL_GPUS, false);
     let inv = node.inventory();
     let gpus = NodeConfig::default()
@@ -418,12 +473,12 @@ fn pool_build() {
     let no_mig = BTreeMap::new();
     // What the publisher compares against: the pool it wrote last time.
     let stored = build_pool(&params, &inv, &gpus, &no_mig);
-    let mut build = Vec::with_capacity(POOL_ITERATIONS);
-    let mut diff = Vec::with_capacity(POOL_ITERATIONS);
-    let mut total = Vec::with_capacity(POOL_ITERATIONS);
+    let mut build = Vec::with_capacity(size.pool_iterations);
+    let mut diff = Vec::with_capacity(size.pool_iterations);
+    let mut total = Vec::with_capacity(size.pool_iterations);
     let cpu_start = on_cpu();
     let loop_start = Instant::now();
-    for _ in 0..POOL_ITERATIONS {
+    for _ in 0..size.pool_iterations {
         let t = Instant::now();
         let desired = build_pool(&params, &inv, &gpus, &no_mig);
         let built = t.elapsed();
@@ -459,11 +514,11 @@ fn pool_build() {
         ms(p50),
         ms(p99),
         ms(TARGET_POOL),
-        verdict(p99 <= TARGET_POOL)
+        size.verdict(p99 <= TARGET_POOL)
     );
     if let Some(cpu) = cpu {
         // Whole iterations (they also drop the pool): was the wall time spent computing?
-        let n = u32::try_from(POOL_ITERATIONS).expect("iterations");
+        let n = u32::try_from(size.pool_iterations).expect("iterations");
         println!(
             "  per loop iteration: on-CPU {}, wall {}",
             ms(cpu / n),
@@ -549,7 +604,7 @@ impl<B: GpuBackend> GpuBackend for TimedBackend<B> {
     }
 }
 
-fn mig_prepare() {
+fn mig_prepare(size: &Size) {
     let root = tempfile::Builder::new()
         .prefix("mig-bench-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -588,14 +643,14 @@ fn mig_prepare() {
     let state_dir = cfg.state_dir.clone();
     let (state, _) = DeviceState::open(cfg, gpus, backend.clone(), cdi).expect("open state");
 
-    let mut total = Vec::with_capacity(PREPARE_ITERATIONS);
-    let mut inside = Vec::with_capacity(PREPARE_ITERATIONS);
-    let mut beyond = Vec::with_capacity(PREPARE_ITERATIONS);
-    let mut floors = Vec::with_capacity(PREPARE_ITERATIONS);
-    let mut overhead_ms = Vec::with_capacity(PREPARE_ITERATIONS);
+    let mut total = Vec::with_capacity(size.prepare_iterations);
+    let mut inside = Vec::with_capacity(size.prepare_iterations);
+    let mut beyond = Vec::with_capacity(size.prepare_iterations);
+    let mut floors = Vec::with_capacity(size.prepare_iterations);
+    let mut overhead_ms = Vec::with_capacity(size.prepare_iterations);
     let mut fsync = FsyncCost::default();
     let mut calls = 0;
-    for i in 0..PREPARE_ITERATIONS {
+    for i in 0..size.prepare_iterations {
         let uid = format!("00000000-0000-4000-8000-{i:012x}");
         let claim = allocated_mig_claim(&format!("mig-{i}"), &uid);
         backend.take();
@@ -621,7 +676,8 @@ fn mig_prepare() {
     let (fs_type, _) = file_system_of(&state_dir);
 
     println!(
-        "== 3. MIG prepare of {MIG_DEVICE} via DeviceState (mock H100, MIG on), {PREPARE_ITERATIONS}x =="
+        "== 3. MIG prepare of {MIG_DEVICE} via DeviceState (mock H100, MIG on), {}x ==",
+        size.prepare_iterations
     );
     println!("  state dir on {fs_type}; backend calls per prepare: {calls}");
     print_stats("prepare total", &mut total);
@@ -645,7 +701,7 @@ fn mig_prepare() {
     println!(
         "  overhead beyond backend + floor: p50 {p50:.3} ms (target <= {}: {}), p99 {p99:.3} ms",
         ms(TARGET_OVERHEAD),
-        verdict(p50 <= TARGET_OVERHEAD.as_secs_f64() * 1e3)
+        size.verdict(p50 <= TARGET_OVERHEAD.as_secs_f64() * 1e3)
     );
 }
 

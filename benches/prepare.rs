@@ -1,8 +1,14 @@
-//! Prepare/unprepare latency through the real gRPC path: the in-process plugin
-//! (`tessera::plugin::run`) on the mock node, a test kubelet over the Unix sockets, and
-//! the fake API server. Reports percentiles next to the file system's fsync cost and
-//! checks them against the targets; a miss is reported, never a failure.
+//! Prepare/unprepare latency through the real gRPC path, per kind of claim: whole GPUs,
+//! shares of the mock node's shared GPU (gpu-1, with their claim files), and MIG
+//! partitions of its H100 (gpu-0). The in-process plugin (`tessera::plugin::run`) runs
+//! on the mock node with a test kubelet over the Unix sockets and the fake API server.
+//! Claims are allocated as the kube-scheduler would, by `tessera plan`'s model of it
+//! (`k8s_model::schedule`) over the slices the plugin published, with releases
+//! interleaved: a share gets its own shareID and consumedCapacity, a MIG claim a free
+//! placement. Reports percentiles per kind next to the file system's fsync cost and
+//! checks whole-GPU prepare against its targets; a miss is reported, never a failure.
 //!
+//! `TESSERA_BENCH_QUICK=1` (CI) runs a few claims per kind and judges no target.
 //! Directories live under `CARGO_TARGET_TMPDIR` (on disk, not a tmpfs `/tmp`), or
 //! under `TESSERA_BENCH_DIR` when set (keep it short: socket paths must fit 108 bytes).
 
@@ -14,18 +20,53 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use harness::{Harness, NODE};
+use harness::Harness;
+use k8s_model::schedule::{self, Outcome, Step};
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 const CLAIMS: usize = 1_000;
-const GPUS: usize = 4;
+const QUICK_CLAIMS: usize = 12;
 const FSYNC_SAMPLES: usize = 200;
-/// fsync pairs (file + directory) on the prepare path: checkpoint "started"
+const QUICK_FSYNC_SAMPLES: usize = 20;
+/// fsync pairs (file + directory) on the whole-GPU prepare path: checkpoint "started"
 /// (`CheckpointStore::store`), the CDI spec (`SpecWriter::write`), checkpoint "completed";
 /// each is `tessera_cdi::atomic::write_atomic` = file fsync, rename, directory fsync.
 const PREPARE_FSYNC_PAIRS: u32 = 3;
 const TARGET_P50: Duration = Duration::from_millis(1);
 const TARGET_P99: Duration = Duration::from_millis(3);
+
+/// One kind of claim: the request a user writes, and how many such claims are held
+/// (prepared) at once: claim i is unprepared, and released, before claim i + `held` is
+/// allocated and prepared.
+struct Kind {
+    name: &'static str,
+    /// The `exactly` of the claim's one request, `gpu`.
+    request: &'static str,
+    held: usize,
+}
+
+const KINDS: [Kind; 3] = [
+    // The mock node's whole GPUs: gpu-0 (the H100 in `mig` mode, whole while no
+    // partition is taken), gpu-2 and gpu-3 (T4s).
+    Kind {
+        name: "whole",
+        request: "{deviceClassName: gpu.tessera.dev}",
+        held: 3,
+    },
+    // Four shares of gpu-1 at once: 4 x 16 GiB of its 79.6 GiB, 4 x 20 % compute.
+    Kind {
+        name: "shared",
+        request: "{deviceClassName: shared.tessera.dev, capacity: {requests: {memory: 16Gi, compute: '20'}}}",
+        held: 4,
+    },
+    // Four 1g.10gb partitions of gpu-0 at once (it has seven placements).
+    Kind {
+        name: "mig",
+        request: r#"{deviceClassName: mig.tessera.dev, selectors: [{cel: {expression: 'device.attributes["gpu.tessera.dev"].profile == "1g.10gb"'}}]}"#,
+        held: 4,
+    },
+];
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -36,55 +77,148 @@ fn main() {
     rt.block_on(bench());
 }
 
+/// A user's claim of `kind`, named `name`, parsed from YAML.
+fn claim(kind: &Kind, name: &str) -> ResourceClaim {
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {}}}\n\
+         spec: {{devices: {{requests: [{{name: gpu, exactly: {}}}]}}}}\n",
+        harness::NS,
+        kind.request
+    );
+    serde_yaml_ng::from_str(&yaml).expect("bench claim")
+}
+
+/// The allocation results of `n` claims of `kind`, from the scheduler model over
+/// the published `slices`: allocate claim i after releasing claim i - `held`.
+fn schedule_kind(
+    h: &Harness,
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+    kind: &Kind,
+    n: usize,
+) -> Vec<(String, Vec<DeviceRequestAllocationResult>)> {
+    let name = |i: usize| format!("bench-{}-{i}", kind.name);
+    let mut steps = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        if i >= kind.held {
+            steps.push(Step::Release(vec![(
+                harness::NS.to_string(),
+                name(i - kind.held),
+            )]));
+        }
+        steps.push(Step::Allocate(Box::new(claim(kind, &name(i)))));
+    }
+    let classes = tessera::device_classes::read(None).expect("built-in classes");
+    let plan = schedule::run(slices, &classes, &steps, h.api.gates()).expect("plan");
+    plan.outcomes
+        .into_iter()
+        .filter_map(|o| match o {
+            Outcome::Allocated(c) => {
+                let results = c
+                    .status
+                    .and_then(|s| s.allocation)
+                    .and_then(|a| a.devices)
+                    .and_then(|d| d.results)
+                    .expect("allocation results");
+                Some((c.metadata.name.expect("name"), results))
+            }
+            Outcome::Failed { claim, reason } => panic!(
+                "{}: the scheduler model could not allocate {:?}: {reason}",
+                kind.name, claim.metadata.name
+            ),
+            Outcome::Released { .. } => None,
+        })
+        .collect()
+}
+
+/// One kind's figures.
+struct Figures {
+    kind: &'static str,
+    prepare: Vec<Duration>,
+    unprepare: Vec<Duration>,
+    run: Duration,
+    devices: Vec<String>,
+}
+
 async fn bench() {
+    let quick = std::env::var_os("TESSERA_BENCH_QUICK").is_some();
+    let (claims, fsync_samples) = if quick {
+        (QUICK_CLAIMS, QUICK_FSYNC_SAMPLES)
+    } else {
+        (CLAIMS, FSYNC_SAMPLES)
+    };
+    if quick {
+        println!("quick mode (TESSERA_BENCH_QUICK): {claims} claims per kind, targets not judged");
+    }
     let parent = std::env::var_os("TESSERA_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     let h = Harness::new_in(&parent).await;
     let plugin = h.start_plugin().await;
+    let mut slices = Vec::new();
+    harness::wait_until("the published pool", || {
+        slices = h.api.resource_slices();
+        slices
+            .first()
+            .is_some_and(|f| slices.len() as i64 == f.spec.pool.resource_slice_count)
+    })
+    .await;
     let k = h.kubelet().await;
 
-    let setup = Instant::now();
-    let mut claims = Vec::with_capacity(CLAIMS);
-    for i in 0..CLAIMS {
-        let gpu = format!("gpu-{}", i % GPUS);
-        claims.push(
-            h.allocated_claim(&format!("bench-{i}"), &[("gpu", NODE, &gpu, None)], &[])
-                .await,
-        );
-    }
-    println!(
-        "setup: {CLAIMS} claims created and allocated in {:.1} s (not timed)",
-        setup.elapsed().as_secs_f64()
-    );
-
-    // Claim i holds gpu-(i % 4) until claim i + 4 needs it: up to 4 claims prepared.
-    let run = Instant::now();
-    let mut prepare = Vec::with_capacity(CLAIMS);
-    let mut unprepare = Vec::with_capacity(CLAIMS);
-    for i in 0..CLAIMS {
-        if i >= GPUS {
-            unprepare.push(timed_unprepare(&k, &claims[i - GPUS]).await);
+    let mut all = Vec::new();
+    for kind in &KINDS {
+        let setup = Instant::now();
+        let mut planned = Vec::with_capacity(claims);
+        let mut devices = std::collections::BTreeSet::new();
+        for (name, results) in schedule_kind(&h, &slices, kind, claims) {
+            devices.extend(results.iter().map(|r| r.device.clone()));
+            planned.push(h.allocated_claim_with(&name, results, &[]).await);
         }
-        prepare.push(timed_prepare(&k, &claims[i]).await);
+        println!(
+            "setup: {claims} {} claims allocated by the scheduler model and created in {:.1} s (not timed)",
+            kind.name,
+            setup.elapsed().as_secs_f64()
+        );
+        let (prepare, unprepare, run) = cycle(&k, &planned, kind.held).await;
+        assert!(
+            h.cdi_files().is_empty(),
+            "{}: CDI dir not empty after the run",
+            kind.name
+        );
+        assert!(
+            harness::list_files(&h.opts.paths.run_dir.join("claims")).is_empty(),
+            "{}: claim files left after the run",
+            kind.name
+        );
+        all.push(Figures {
+            kind: kind.name,
+            prepare,
+            unprepare,
+            run,
+            devices: devices.into_iter().collect(),
+        });
     }
-    for c in &claims[CLAIMS - GPUS..] {
-        unprepare.push(timed_unprepare(&k, c).await);
-    }
-    let run = run.elapsed();
-    assert!(h.cdi_files().is_empty(), "CDI dir not empty after the run");
     plugin.stop().await;
 
     let state_dir = &h.opts.paths.state_dir;
     let (fs_type, mount_point) = file_system_of(state_dir);
-    let fsync = measure_fsync(state_dir);
+    let fsync = measure_fsync(state_dir, fsync_samples);
 
-    println!(
-        "prepare+unprepare of {CLAIMS} claims over {GPUS} GPUs in {:.1} s",
-        run.as_secs_f64()
-    );
-    print_stats("prepare", &mut prepare);
-    print_stats("unprepare", &mut unprepare);
+    for f in &mut all {
+        println!(
+            "{}: {} claims on {} ({} held at once), each prepared and unprepared, in {:.2} s: {:.0} claims/s",
+            f.kind,
+            f.prepare.len(),
+            f.devices.join(", "),
+            KINDS
+                .iter()
+                .find(|k| k.name == f.kind)
+                .map_or(0, |k| k.held),
+            f.run.as_secs_f64(),
+            f.prepare.len() as f64 / f.run.as_secs_f64()
+        );
+        print_stats(&format!("{} prepare", f.kind), &mut f.prepare);
+        print_stats(&format!("{} unprepare", f.kind), &mut f.unprepare);
+    }
     println!(
         "state dir: {} on {fs_type} (mounted at {})",
         state_dir.display(),
@@ -96,25 +230,50 @@ async fn bench() {
     let dir_p50 = percentile(&mut fsync.dir.clone(), 50.0);
     let floor = (file_p50 + dir_p50) * PREPARE_FSYNC_PAIRS;
     println!(
-        "fsync floor of prepare: {PREPARE_FSYNC_PAIRS} x (file {} + dir {}) = {} ({} fsyncs)",
+        "fsync floor of a whole-GPU prepare: {PREPARE_FSYNC_PAIRS} x (file {} + dir {}) = {} ({} fsyncs)",
         ms(file_p50),
         ms(dir_p50),
         ms(floor),
         2 * PREPARE_FSYNC_PAIRS
     );
-    let p50 = percentile(&mut prepare, 50.0);
-    let p99 = percentile(&mut prepare, 99.0);
+    let whole = &mut all[0].prepare;
+    let p50 = percentile(whole, 50.0);
+    let p99 = percentile(whole, 99.0);
     let beyond_p50 = p50.saturating_sub(floor);
     let beyond_p99 = p99.saturating_sub(floor);
+    let judge = |met: bool| if quick { "not judged" } else { verdict(met) };
     println!(
-        "prepare beyond the floor: p50 {} (target <= {}: {}), p99 {} (target <= {}: {})",
+        "whole-GPU prepare beyond the floor: p50 {} (target <= {}: {}), p99 {} (target <= {}: {})",
         ms(beyond_p50),
         ms(TARGET_P50),
-        verdict(beyond_p50 <= TARGET_P50),
+        judge(beyond_p50 <= TARGET_P50),
         ms(beyond_p99),
         ms(TARGET_P99),
-        verdict(beyond_p99 <= TARGET_P99),
+        judge(beyond_p99 <= TARGET_P99),
     );
+}
+
+/// Prepares the claims in order, unpreparing claim i - `held` before claim i (as the
+/// scheduler model released it before allocating claim i), then the last `held`.
+/// Returns the prepare and unprepare latencies and the whole run's time.
+async fn cycle(
+    k: &DraClient,
+    claims: &[KubeletClaim],
+    held: usize,
+) -> (Vec<Duration>, Vec<Duration>, Duration) {
+    let run = Instant::now();
+    let mut prepare = Vec::with_capacity(claims.len());
+    let mut unprepare = Vec::with_capacity(claims.len());
+    for i in 0..claims.len() {
+        if i >= held {
+            unprepare.push(timed_unprepare(k, &claims[i - held]).await);
+        }
+        prepare.push(timed_prepare(k, &claims[i]).await);
+    }
+    for c in &claims[claims.len().saturating_sub(held)..] {
+        unprepare.push(timed_unprepare(k, c).await);
+    }
+    (prepare, unprepare, run.elapsed())
 }
 
 async fn timed_prepare(k: &DraClient, c: &KubeletClaim) -> Duration {
@@ -143,18 +302,20 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
 }
 
 fn print_stats(what: &str, v: &mut [Duration]) {
-    let (p50, p90, p99) = (
+    let (p50, p95, p99) = (
         percentile(v, 50.0),
-        percentile(v, 90.0),
+        percentile(v, 95.0),
         percentile(v, 99.0),
     );
     let max = v.last().copied().unwrap_or_default();
+    let mean = v.iter().sum::<Duration>() / v.len().max(1) as u32;
     println!(
-        "{what:<26} n={:<5} p50 {:>9}  p90 {:>9}  p99 {:>9}  max {:>9}",
+        "{what:<26} n={:<5} p50 {:>9}  p95 {:>9}  p99 {:>9}  mean {:>9}  max {:>9}",
         v.len(),
         ms(p50),
-        ms(p90),
+        ms(p95),
         ms(p99),
+        ms(mean),
         ms(max)
     );
 }
@@ -221,17 +382,17 @@ struct FsyncCost {
     dir: Vec<Duration>,
 }
 
-/// Replays the atomic-write pattern `FSYNC_SAMPLES` times in `dir`, timing the file
+/// Replays the atomic-write pattern `samples` times in `dir`, timing the file
 /// fsync (with its 4 KiB write) and the directory fsync separately.
-fn measure_fsync(dir: &Path) -> FsyncCost {
+fn measure_fsync(dir: &Path, samples: usize) -> FsyncCost {
     let tmp = dir.join(".bench-fsync.tmp");
     let target = dir.join("bench-fsync");
     let block = [0x5au8; 4096];
     let mut cost = FsyncCost {
-        file: Vec::with_capacity(FSYNC_SAMPLES),
-        dir: Vec::with_capacity(FSYNC_SAMPLES),
+        file: Vec::with_capacity(samples),
+        dir: Vec::with_capacity(samples),
     };
-    for _ in 0..FSYNC_SAMPLES {
+    for _ in 0..samples {
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)

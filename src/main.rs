@@ -30,6 +30,15 @@ enum Command {
     /// Print the ResourceSlices the plugin would publish, as a v1 List.
     Inventory(InventoryArgs),
     /// Allocate claims against slices offline, as the kube-scheduler would.
+    ///
+    /// Every input is YAML or JSON (several documents per file; a v1 List is unpacked),
+    /// and a directory stands for its *.yaml, *.yml and *.json files. Inputs may be
+    /// folders of mixed manifests: --slices reads the ResourceSlices, --classes the
+    /// DeviceClasses, and the claim paths the ResourceClaims, ResourceClaimTemplates
+    /// and Release steps (plan.tessera.dev/v1alpha1). Other documents (a
+    /// kustomization.yaml, a Pod) are skipped, each noted at debug level
+    /// (RUST_LOG=debug); a document of a kind that is read but does not decode is an
+    /// error.
     Plan(PlanArgs),
 }
 
@@ -41,10 +50,10 @@ enum PlanOutput {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// ResourceSlices: a file (a v1 List as `tessera inventory` prints, or YAML documents), or - for stdin.
+    /// ResourceSlices: a file (a v1 List as `tessera inventory` prints, or YAML documents), a directory, or - for stdin; other kinds are skipped.
     #[arg(long)]
     slices: PathBuf,
-    /// DeviceClasses (a directory or file); default: the classes in deploy/deviceclasses.
+    /// DeviceClasses: a file or a directory such as deploy/deviceclasses (its kustomization.yaml and other kinds are skipped); default: the built-in copy of deploy/deviceclasses.
     #[arg(long)]
     classes: Option<PathBuf>,
     /// Kubernetes version whose allocator rules apply.
@@ -55,7 +64,7 @@ struct PlanArgs {
     gates: String,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     output: PlanOutput,
-    /// Claim files or directories, allocated in order (Release documents free claims).
+    /// Claim files or directories: ResourceClaims and ResourceClaimTemplates, allocated in order, and Release documents that free claims; other kinds are skipped.
     #[arg(required = true)]
     claims: Vec<PathBuf>,
 }

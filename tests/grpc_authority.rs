@@ -140,3 +140,107 @@ async fn registration_serves_a_client_that_sends_the_socket_path_as_authority() 
     assert!(info.contains(harness::DRIVER), "{info}");
     assert!(info.contains("DRAPlugin"), "{info}");
 }
+
+/// The pinned grpcio client's interpreter from `tests/clients/grpcio-setup.sh`, and
+/// the version it pins; `Err(why)` when the venv cannot be made (no python3-venv, no
+/// package index).
+fn grpcio_venv() -> Result<(std::path::PathBuf, String), String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dest = std::env::var_os("TESSERA_GRPCIO_PY")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-py"));
+    let out = std::process::Command::new(root.join("tests/clients/grpcio-setup.sh"))
+        .arg(&dest)
+        .output()
+        .map_err(|e| format!("running tests/clients/grpcio-setup.sh: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "tests/clients/grpcio-setup.sh failed ({}): {}{}",
+            out.status,
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    let field = |key: &str| {
+        last.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .map(str::to_string)
+    };
+    match (field("python="), field("grpcio=")) {
+        (Some(py), Some(version)) => Ok((py.into(), version)),
+        _ => Err(format!(
+            "unexpected last line from the setup script: {last:?}"
+        )),
+    }
+}
+
+/// The real thing rather than hand-made frames: the pinned Python grpcio client (gRPC
+/// C-core, as other tools and test clients use) calls GetInfo on the registration
+/// socket and NodePrepareResources (empty) on the DRA socket, dialing each by path.
+/// The client first shows, on a listener of its own, that it sends the percent-encoded
+/// socket path as `:authority` (not "localhost"), so the calls exercise the h2 patch.
+#[tokio::test]
+async fn grpcio_client_calls_registration_and_dra_sockets() {
+    let (python, pinned) = match grpcio_venv() {
+        Ok(v) => v,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED grpcio_client_calls_registration_and_dra_sockets: {why}");
+            return;
+        }
+        Err(why) => panic!("the pinned grpcio client is needed under CI: {why}"),
+    };
+    let h = Harness::new().await;
+    let p = h.start_plugin().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/grpcio_client.py");
+    let args = [
+        script.into_os_string(),
+        h.registration_socket().into_os_string(),
+        h.dra_socket().into_os_string(),
+        scratch.path().as_os_str().to_os_string(),
+    ];
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(python)
+                .args(args)
+                .output()
+                .unwrap()
+        }),
+    )
+    .await
+    .expect("the client finishes within 90 s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "grpcio client failed ({}): {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    eprintln!("grpcio client: {got}");
+    assert_eq!(got["grpcio"], pinned.as_str(), "the pinned version ran");
+    let authority = got["authority_sent"].as_str().unwrap_or_default();
+    assert!(
+        authority.ends_with("%2Fauthority.sock") && !authority.contains('/'),
+        "the client sends the percent-encoded socket path as :authority: {authority:?}"
+    );
+    let info = &got["get_info"];
+    assert_eq!(info["type"], "DRAPlugin");
+    assert_eq!(info["name"], harness::DRIVER);
+    assert_eq!(info["endpoint"], h.dra_socket().display().to_string());
+    assert!(
+        info["supported_versions"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|s| s == "v1.DRAPlugin")),
+        "{info}"
+    );
+    assert_eq!(
+        got["prepare_response_bytes"], 0,
+        "an empty NodePrepareResourcesResponse for an empty request"
+    );
+    p.stop().await;
+}

@@ -667,3 +667,143 @@ fn default_inventory_allocates_the_demo_table() {
         ]
     );
 }
+
+/// Runs the `tessera` binary with `args`, `stdin` piped in and `RUST_LOG` set; returns
+/// (success, stdout, stderr).
+fn tessera(args: &[&str], stdin: &[u8], log: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .env("RUST_LOG", log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The mock node's inventory, as `tessera inventory` prints it for `plan --slices -`.
+fn mock_inventory() -> Vec<u8> {
+    let (ok, out, err) = tessera(
+        &[
+            "inventory",
+            "--backend",
+            "mock",
+            "--node-name",
+            "ci-node",
+            "--state-dir",
+            "/nonexistent",
+        ],
+        b"",
+        "warn",
+    );
+    assert!(ok, "{err}");
+    out.into_bytes()
+}
+
+/// `tessera plan --classes deploy/deviceclasses`, the folder a user reaches for, reads
+/// its DeviceClasses past the kustomization.yaml beside them (noted at debug level) and
+/// allocates the whole-GPU example exactly as the built-in classes do.
+#[test]
+fn plan_reads_the_deviceclasses_folder_past_its_kustomization() {
+    let slices = mock_inventory();
+    let claims = "examples/claims/whole-gpus.yaml";
+    let (ok, folder, err) = tessera(
+        &[
+            "plan",
+            "--slices",
+            "-",
+            "--classes",
+            "deploy/deviceclasses",
+            claims,
+        ],
+        &slices,
+        "debug",
+    );
+    assert!(ok, "plan --classes deploy/deviceclasses failed: {err}");
+    assert!(
+        err.contains("kustomization.yaml") && err.contains("Kustomization"),
+        "the skipped kustomization is noted at debug level: {err}"
+    );
+    let (ok, builtin, err) = tessera(&["plan", "--slices", "-", claims], &slices, "warn");
+    assert!(ok, "{err}");
+    assert_eq!(
+        folder, builtin,
+        "the folder's classes are the built-in ones"
+    );
+    assert!(
+        folder.contains("w1") && folder.contains("gpu-0"),
+        "{folder}"
+    );
+    // The claim folder of the examples and a folder of slices read the same way.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("slices.yaml"), &slices).unwrap();
+    std::fs::copy(
+        "deploy/deviceclasses/kustomization.yaml",
+        dir.path().join("kustomization.yaml"),
+    )
+    .unwrap();
+    let slices_dir = dir.path().to_str().unwrap();
+    let (ok, from_dir, err) = tessera(&["plan", "--slices", slices_dir, claims], b"", "warn");
+    assert!(ok, "plan --slices <folder with a kustomization>: {err}");
+    assert_eq!(from_dir, builtin);
+}
+
+/// A DeviceClass that does not decode is a clear error naming file, document and field,
+/// however many other documents the folder has; a folder without any DeviceClass is
+/// refused rather than read as no classes.
+#[test]
+fn plan_refuses_a_malformed_device_class_and_a_folder_without_one() {
+    let slices = mock_inventory();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        "deploy/deviceclasses/kustomization.yaml",
+        dir.path().join("kustomization.yaml"),
+    )
+    .unwrap();
+    let only_kustomization = dir.path().to_str().unwrap().to_string();
+    let (ok, _, err) = tessera(
+        &[
+            "plan",
+            "--slices",
+            "-",
+            "--classes",
+            &only_kustomization,
+            "examples/claims/whole-gpus.yaml",
+        ],
+        &slices,
+        "warn",
+    );
+    assert!(!ok);
+    assert!(err.contains("no DeviceClass"), "{err}");
+    std::fs::write(
+        dir.path().join("gpu.tessera.dev.yaml"),
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.tessera.dev}\nspec:\n  selectors: {cel: 1}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = tessera(
+        &[
+            "plan",
+            "--slices",
+            "-",
+            "--classes",
+            &only_kustomization,
+            "examples/claims/whole-gpus.yaml",
+        ],
+        &slices,
+        "warn",
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("gpu.tessera.dev.yaml: document 0") && err.contains("spec.selectors"),
+        "{err}"
+    );
+}

@@ -22,7 +22,8 @@
 //! points of a window).
 //!
 //! Run: `cargo bench -p tessera-cuda --bench compute_shares` (needs root for
-//! `unshare -m`). `TESSERA_BENCH_QUICK=1` runs one seed per row. A benchmark reports:
+//! `unshare -m`; without it the bench says so and stops, and fails under `CI`).
+//! `TESSERA_BENCH_QUICK=1` runs one seed per row. A benchmark reports:
 //! runs whose mean misses the ±2 point goal are listed as misses at the end, and the
 //! functional checks (a cap on an idle GPU, a claim alone while the other idles, dearer
 //! blocks) are the `compute_limit` tests'.
@@ -37,6 +38,10 @@ use std::path::Path;
 use shares::{GOAL, Nvml, Outcome, Scenario, WARMUP_S, WINDOWS, fake_nvml, mean, run, targets};
 
 fn main() {
+    // Root, unshare and cc, as for the tests: skipped (saying why) outside CI only.
+    if !support::require("compute_shares bench") {
+        return;
+    }
     let quick = std::env::var_os("TESSERA_BENCH_QUICK").is_some();
     let seeds: Vec<u64> = if quick { vec![1] } else { vec![1, 2, 3] };
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,9 @@
 //!
 //! Run with `cargo bench -p tessera-cuda` (root, unshare and cc needed, as for the tests);
 //! `TESSERA_BENCH_LIB=<path>` measures that library file instead of a fresh release build,
-//! `TESSERA_BENCH_ROUNDS=<n>` keeps the best of n rounds instead of 3.
+//! `TESSERA_BENCH_ROUNDS=<n>` keeps the best of n rounds instead of 3, and
+//! `TESSERA_BENCH_QUICK=1` (CI) runs one round (the figures are noisier; nothing here is
+//! judged, the targets are printed beside them).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -117,11 +119,15 @@ fn main() {
         println!("perf record: {st}; see perf report -i {out}");
         return;
     }
+    let quick = std::env::var_os("TESSERA_BENCH_QUICK").is_some();
     let rounds: usize = std::env::var("TESSERA_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(if quick { 1 } else { 3 })
         .max(1);
+    if quick {
+        println!("quick mode (TESSERA_BENCH_QUICK): {rounds} round(s)");
+    }
     // Direct and intercepted calls are timed in the same preloaded process, in
     // alternating batches: the direct ones through the fake driver's own entry points
     // (`fakecuda_lookup`, past the library), so both see the same address layout, CPU

@@ -2,8 +2,13 @@
 //! claims in order with [`crate::allocator::Allocator`], and rendering the outcome.
 //!
 //! Inputs are YAML or JSON, one or more documents per file; a `v1` `List` (what
-//! `tessera inventory` prints) is unpacked. Besides ResourceClaims, a claim stream may
-//! hold release steps, so that tests and users can model claims coming and going:
+//! `tessera inventory` prints) is unpacked. A directory stands for its `*.yaml`, `*.yml`
+//! and `*.json` files by name. Each input may be a folder of mixed manifests as a user
+//! keeps them (`deploy/deviceclasses/` has its `kustomization.yaml`, an example its
+//! Pods): a reader takes the documents of its kinds and skips the others, noting each
+//! at debug level; a document of its kind that does not decode is an error. Besides
+//! ResourceClaims, a claim stream may hold release steps, so that tests and users can
+//! model claims coming and going:
 //!
 //! ```yaml
 //! apiVersion: plan.tessera.dev/v1alpha1
@@ -35,6 +40,13 @@ pub enum PlanError {
         source_name: String,
         index: usize,
         reason: String,
+    },
+    #[error("{path}: no {kind} among its documents ({found})")]
+    NoneFound {
+        path: PathBuf,
+        kind: &'static str,
+        /// What was there instead, for the message.
+        found: String,
     },
     #[error(transparent)]
     Alloc(#[from] AllocError),
@@ -118,26 +130,107 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, PlanError> {
     Ok(v)
 }
 
-/// ResourceSlices from a file (or `-`), in document order.
-pub fn read_slices(path: &Path) -> Result<Vec<ResourceSlice>, PlanError> {
-    let name = path.display().to_string();
-    documents(&read(path)?, &name)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| decode(v, &name, i))
-        .collect()
+/// The API group whose kinds the readers take (`DeviceClass`, `ResourceSlice`,
+/// `ResourceClaim`, `ResourceClaimTemplate`).
+pub const RESOURCE_GROUP: &str = "resource.k8s.io";
+
+/// Whether document `v` is a `kind` of [`RESOURCE_GROUP`]: its kind matches and its
+/// group is that one, or it names no `apiVersion` at all (decoding then says what is
+/// missing, rather than the document vanishing).
+fn is_resource_kind(v: &serde_json::Value, kind: &str) -> bool {
+    if v["kind"] != kind {
+        return false;
+    }
+    match v.get("apiVersion").and_then(|a| a.as_str()) {
+        None => true,
+        Some(api_version) => api_version
+            .split_once('/')
+            .is_some_and(|(group, _)| group == RESOURCE_GROUP),
+    }
 }
 
-/// DeviceClasses from a directory or file; the built-in ones when `None`.
-pub fn read_classes(path: &Path) -> Result<Vec<DeviceClass>, PlanError> {
+/// Splits documents (as [`documents`] returns them) into those of `kind` in the
+/// `resource.k8s.io` group and the others, each with its index: what a reader takes
+/// and what it skips. Pure: reading, decoding and reporting are the caller's.
+#[allow(clippy::type_complexity)]
+pub fn split_kind(
+    docs: Vec<serde_json::Value>,
+    kind: &str,
+) -> (
+    Vec<(usize, serde_json::Value)>,
+    Vec<(usize, serde_json::Value)>,
+) {
+    docs.into_iter()
+        .enumerate()
+        .partition(|(_, v)| is_resource_kind(v, kind))
+}
+
+/// How a skipped document is named in notes and errors: `apiVersion kind name`, with
+/// `?` for what it lacks (a kustomization.yaml may have no kind at all).
+fn describe(v: &serde_json::Value) -> String {
+    let field = |s: Option<&str>| s.unwrap_or("?").to_string();
+    format!(
+        "{} {} {}",
+        field(v["apiVersion"].as_str()),
+        field(v["kind"].as_str()),
+        field(v["metadata"]["name"].as_str()),
+    )
+}
+
+/// Notes, at debug level, a document a reader passed over.
+fn note_skipped(source_name: &str, index: usize, v: &serde_json::Value, reader: &str) {
+    tracing::debug!(
+        source = source_name,
+        document = index,
+        skipped = %describe(v),
+        "not read as {reader}: skipped"
+    );
+}
+
+/// Every `kind` document of `path` (a file, a directory, or `-`), decoded; other
+/// documents are skipped with a debug note. Finding none at all is an error: the path
+/// is not what the caller meant it to be.
+fn read_kind<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    kind: &'static str,
+) -> Result<Vec<T>, PlanError> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for f in files(path)? {
         let name = f.display().to_string();
-        for (i, v) in documents(&read(&f)?, &name)?.into_iter().enumerate() {
+        let (take, skip) = split_kind(documents(&read(&f)?, &name)?, kind);
+        for (i, v) in &skip {
+            note_skipped(&name, *i, v, kind);
+            skipped.push(describe(v));
+        }
+        for (i, v) in take {
             out.push(decode(v, &name, i)?);
         }
     }
+    if out.is_empty() {
+        return Err(PlanError::NoneFound {
+            path: path.into(),
+            kind,
+            found: if skipped.is_empty() {
+                "it holds no documents".into()
+            } else {
+                format!("skipped: {}", skipped.join(", "))
+            },
+        });
+    }
     Ok(out)
+}
+
+/// ResourceSlices from a file, a directory or `-` (stdin), in document order; other
+/// kinds are skipped.
+pub fn read_slices(path: &Path) -> Result<Vec<ResourceSlice>, PlanError> {
+    read_kind(path, "ResourceSlice")
+}
+
+/// DeviceClasses from a directory or file; other kinds (a `kustomization.yaml`) are
+/// skipped.
+pub fn read_classes(path: &Path) -> Result<Vec<DeviceClass>, PlanError> {
+    read_kind(path, "DeviceClass")
 }
 
 /// DeviceClasses from YAML texts compiled into a program (`what` names them in errors).
@@ -151,20 +244,10 @@ pub fn parse_classes(texts: &[&str], what: &str) -> Result<Vec<DeviceClass>, Pla
     Ok(out)
 }
 
-/// Kinds that may sit beside claims in a file (an example's Pod or Deployment) and are
-/// skipped.
-const WORKLOAD_KINDS: &[&str] = &[
-    "Pod",
-    "Deployment",
-    "StatefulSet",
-    "DaemonSet",
-    "ReplicaSet",
-    "Job",
-    "CronJob",
-];
-
 /// Claims and release steps from files or directories, in order. A
-/// ResourceClaimTemplate stands for one claim named after it; workloads are skipped.
+/// ResourceClaimTemplate stands for one claim named after it, and a document with no
+/// kind is read as a claim; other documents (an example's Pods and Deployments, a
+/// `kustomization.yaml`) are skipped with a debug note.
 pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
     let mut out = Vec::new();
     for p in paths {
@@ -185,7 +268,7 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
                         })
                         .unwrap_or_default();
                     out.push(Step::Release(claims));
-                } else if v["kind"] == "ResourceClaimTemplate" {
+                } else if is_resource_kind(&v, "ResourceClaimTemplate") {
                     // One claim as the template would stamp out, named after it.
                     let t: ResourceClaimTemplate = decode(v, &name, i)?;
                     let claim = ResourceClaim {
@@ -198,23 +281,15 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
                         status: None,
                     };
                     out.push(Step::Allocate(Box::new(claim)));
-                } else if v["kind"] == "ResourceClaim" || v.get("kind").is_none() {
+                } else if is_resource_kind(&v, "ResourceClaim") || v.get("kind").is_none() {
                     let mut claim: ResourceClaim = decode(v, &name, i)?;
                     if claim.metadata.namespace.is_none() {
                         claim.metadata.namespace = Some("default".into());
                     }
                     out.push(Step::Allocate(Box::new(claim)));
-                } else if !WORKLOAD_KINDS.contains(&v["kind"].as_str().unwrap_or_default()) {
-                    return Err(PlanError::Decode {
-                        source_name: name.clone(),
-                        index: i,
-                        reason: format!(
-                            "kind {} is not a ResourceClaim, ResourceClaimTemplate, Release or workload",
-                            v["kind"]
-                        ),
-                    });
+                } else {
+                    note_skipped(&name, i, &v, "a claim or release step");
                 }
-                // Workloads (the Pods and Deployments of an example) are not steps.
             }
         }
     }
@@ -373,4 +448,173 @@ pub fn render_yaml(r: &PlanResult) -> Result<String, serde_yaml_ng::Error> {
         }
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn docs(text: &str) -> Vec<serde_json::Value> {
+        documents(text, "test").unwrap()
+    }
+
+    fn names(taken: &[(usize, serde_json::Value)]) -> Vec<(usize, String)> {
+        taken
+            .iter()
+            .map(|(i, v)| (*i, describe(v)))
+            .collect::<Vec<_>>()
+    }
+
+    /// A folder as `deploy/deviceclasses/` holds it: the kustomization (with or without
+    /// its own kind) and a Namespace are set aside, the DeviceClasses taken in order,
+    /// each with its index in the stream for error messages.
+    #[test]
+    fn split_takes_the_kind_and_sets_the_rest_aside() {
+        let (take, skip) = split_kind(
+            docs(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [a.yaml]\n\
+                 ---\napiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: a}\n\
+                 ---\nresources: [b.yaml]\n\
+                 ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: gpu}\n\
+                 ---\napiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: b}\n",
+            ),
+            "DeviceClass",
+        );
+        assert_eq!(
+            names(&take),
+            [
+                (1, "resource.k8s.io/v1 DeviceClass a".to_string()),
+                (4, "resource.k8s.io/v1 DeviceClass b".to_string())
+            ]
+        );
+        assert_eq!(
+            names(&skip),
+            [
+                (
+                    0,
+                    "kustomize.config.k8s.io/v1beta1 Kustomization ?".to_string()
+                ),
+                (2, "? ? ?".to_string()),
+                (3, "v1 Namespace gpu".to_string())
+            ]
+        );
+    }
+
+    /// A document of the kind in another version of the group, or with no apiVersion,
+    /// is taken, so that decoding reports it; the same kind name in another API group
+    /// (a CRD called DeviceClass) is someone else's and set aside.
+    #[test]
+    fn split_takes_a_malformed_document_of_the_kind_and_leaves_other_groups() {
+        let (take, skip) = split_kind(
+            docs(
+                "apiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: old}\n\
+                 ---\nkind: DeviceClass\nmetadata: {name: bare}\n\
+                 ---\napiVersion: example.com/v1\nkind: DeviceClass\nmetadata: {name: crd}\n",
+            ),
+            "DeviceClass",
+        );
+        assert_eq!(
+            names(&take),
+            [
+                (0, "resource.k8s.io/v1beta1 DeviceClass old".to_string()),
+                (1, "? DeviceClass bare".to_string())
+            ]
+        );
+        assert_eq!(
+            names(&skip),
+            [(2, "example.com/v1 DeviceClass crd".to_string())]
+        );
+    }
+
+    /// A `List` (what `tessera inventory` prints) is unpacked before the split, so its
+    /// items count one by one.
+    #[test]
+    fn split_sees_the_items_of_a_list() {
+        let (take, skip) = split_kind(
+            docs(
+                "apiVersion: v1\nkind: List\nitems:\n\
+                 - {apiVersion: resource.k8s.io/v1, kind: ResourceSlice, metadata: {name: s0}}\n\
+                 - {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n",
+            ),
+            "ResourceSlice",
+        );
+        assert_eq!(
+            names(&take),
+            [(0, "resource.k8s.io/v1 ResourceSlice s0".to_string())]
+        );
+        assert_eq!(names(&skip), [(1, "v1 ConfigMap c".to_string())]);
+    }
+
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(d.path().join(name), text).unwrap();
+        }
+        d
+    }
+
+    const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.example.com}\nspec: {}\n";
+    const KUSTOMIZATION: &str =
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [gpu.yaml]\n";
+
+    /// A DeviceClass with the right kind and bad content is an error naming the file,
+    /// the document and the field, even with a kustomization beside it.
+    #[test]
+    fn a_malformed_device_class_is_an_error_naming_where() {
+        let d = dir_with(&[
+            (
+                "gpu.yaml",
+                "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: bad}\nspec: {selectors: 3}\n",
+            ),
+            ("kustomization.yaml", KUSTOMIZATION),
+        ]);
+        let err = read_classes(d.path()).unwrap_err().to_string();
+        assert!(err.contains("gpu.yaml: document 0"), "{err}");
+        assert!(err.contains("spec.selectors"), "{err}");
+    }
+
+    /// A folder of classes with its kustomization reads as its classes; a folder with
+    /// no class at all is an error that says what it found instead.
+    #[test]
+    fn classes_folder_reads_its_classes_and_an_empty_one_says_what_it_held() {
+        let d = dir_with(&[("gpu.yaml", CLASS), ("kustomization.yaml", KUSTOMIZATION)]);
+        let classes = read_classes(d.path()).unwrap();
+        assert_eq!(
+            classes
+                .iter()
+                .map(|c| c.metadata.name.clone().unwrap())
+                .collect::<Vec<_>>(),
+            ["gpu.example.com"]
+        );
+        let only = dir_with(&[("kustomization.yaml", KUSTOMIZATION)]);
+        let err = read_classes(only.path()).unwrap_err().to_string();
+        assert!(err.contains("no DeviceClass"), "{err}");
+        assert!(err.contains("Kustomization"), "{err}");
+    }
+
+    /// Claims beside other manifests: the kustomization and a ConfigMap are no steps,
+    /// and a claim in a version the model does not read is still an error.
+    #[test]
+    fn claim_streams_skip_other_kinds_but_not_bad_claims() {
+        let claim = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c1}\nspec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.example.com}}]}}\n";
+        let d = dir_with(&[
+            ("claims.yaml", claim),
+            ("kustomization.yaml", KUSTOMIZATION),
+            (
+                "config.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+            ),
+        ]);
+        let steps = read_steps(&[d.path().to_path_buf()]).unwrap();
+        assert_eq!(steps.len(), 1);
+        let old = dir_with(&[(
+            "old.yaml",
+            &claim.replace("resource.k8s.io/v1", "resource.k8s.io/v1beta1"),
+        )]);
+        let err = read_steps(&[old.path().to_path_buf()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("old.yaml: document 0"), "{err}");
+        assert!(err.contains("resource.k8s.io/v1beta1"), "{err}");
+    }
 }

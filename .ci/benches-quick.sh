@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs every benchmark of the workspace in quick mode (TESSERA_BENCH_QUICK=1: a few
+# iterations, figures printed, no target judged), so that a benchmark the README names
+# cannot break unnoticed. Each bench's time is printed, then a table of them.
+#
+# The benches are listed here one by one, and the script first checks that list
+# against every bench target cargo knows in the workspace (`[[bench]]` entries and
+# auto-discovered benches/*.rs alike): a new bench not listed fails the run.
+# Benches needing root or unshare (tessera-cuda's) skip, saying why, when CI is unset,
+# and fail under CI=true, as their tests do.
+# Usage: .ci/benches-quick.sh   (from anywhere; runs at the repository root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# package bench
+BENCHES=(
+  "tessera prepare"
+  "tessera mig"
+  "tessera-cuda interpose"
+  "tessera-cuda compute_shares"
+)
+
+known=$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "bench" in t["kind"]:
+            print(p["name"], t["name"])
+' | sort)
+listed=$(printf '%s\n' "${BENCHES[@]}" | sort)
+unlisted=$(comm -23 <(echo "$known") <(echo "$listed"))
+stale=$(comm -13 <(echo "$known") <(echo "$listed"))
+if [ -n "$unlisted" ]; then
+  echo "benches cargo knows that $0 does not list (add them to BENCHES):" >&2
+  echo "$unlisted" | sed 's/^/  /' >&2
+fi
+if [ -n "$stale" ]; then
+  echo "benches $0 lists that cargo does not know (remove them from BENCHES):" >&2
+  echo "$stale" | sed 's/^/  /' >&2
+fi
+[ -z "$unlisted" ] && [ -z "$stale" ] || exit 1
+
+times=()
+failed=()
+start=$(date +%s)
+for entry in "${BENCHES[@]}"; do
+  read -r pkg name <<<"$entry"
+  echo "== bench $pkg/$name (quick)"
+  t0=$(date +%s)
+  status=ok
+  TESSERA_BENCH_QUICK=1 cargo bench -q -p "$pkg" --bench "$name" || { status=FAILED; failed+=("$pkg/$name"); }
+  took=$(( $(date +%s) - t0 ))
+  echo "== bench $pkg/$name: $status in ${took}s"
+  times+=("$(printf '%6ss  %-7s %s/%s' "$took" "$status" "$pkg" "$name")")
+done
+echo "== bench times (quick mode)"
+printf '%s\n' "${times[@]}"
+echo "benches finished in $(( $(date +%s) - start ))s"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed: ${failed[*]}" >&2
+  exit 1
+fi
