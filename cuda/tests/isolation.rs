@@ -272,7 +272,9 @@ fn stress(budget: u64, secs: u32, max: &str) {
         let out = k.wait_with_output().expect("wait");
         assert!(
             out.status.success(),
-            "{}",
+            "a client failed: {}; stdout: {:?}; stderr: {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
         let l = lines(&out.stdout);
