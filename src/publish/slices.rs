@@ -927,7 +927,7 @@ mod tests {
         assert_eq!(slices.len(), 1);
         let names = device_names(&slices[0]);
         assert_eq!(names.len(), 32);
-        assert!(names.iter().any(|n| *n == "gpu-1-slot-0"));
+        assert!(names.contains(&"gpu-1-slot-0"));
     }
 
     /// What the API server (per slice) and the pool rules of `minor` refuse.
