@@ -66,6 +66,13 @@ impl KubeVersion {
     pub fn checks_capacity_at_pick_index(self) -> bool {
         self.minor == 34
     }
+
+    /// Whether each pick of a request scans every device again (1.34, 1.35), so a
+    /// multi-allocatable device may be taken twice by one request; from 1.36 the next
+    /// pick starts after the previous one (`allocateOne`'s `startLocation`).
+    pub fn rescans_each_pick(self) -> bool {
+        self.minor <= 35
+    }
 }
 
 impl fmt::Display for KubeVersion {

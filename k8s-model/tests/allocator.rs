@@ -827,7 +827,7 @@ fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
 /// On 1.34 a request's second pick is checked on device 1 of the chosen device's slice:
 /// with each shared device alone in its slice (Tessera's 1.34 layout), that index is
 /// past the end, where the Go scheduler panics; `plan` says so instead of guessing. In
-/// one slice the index exists (and happens to be the second device).
+/// one slice the index exists (the second device, checked with its own usage).
 #[test]
 fn on_1_34_a_second_pick_past_the_slice_end_would_crash_the_scheduler() {
     let shared = |n: &str| {
@@ -858,6 +858,20 @@ fn on_1_34_a_second_pick_past_the_slice_end_would_crash_the_scheduler() {
         }
         other => panic!("expected SchedulerCrash, got {other:?}"),
     }
+    // One shared device alone (the mock node's gpu-1): 1.34 takes it again for the
+    // second pick (each pick scans all devices), and crashes on index 1. Seen on the
+    // real v1.34.4: "index out of range [1] with length 1" in CmpRequestOverCapacity.
+    let one = pool("n", vec![devices(vec![shared("s1")])]);
+    let mut a = Allocator::new(&one, &classes(), &gates(34)).unwrap();
+    assert!(matches!(
+        a.allocate(&two),
+        Err(AllocError::SchedulerCrash(_))
+    ));
+    // 1.35 takes two shares of it; 1.36+ go on after a pick: distinct devices.
+    let mut a = Allocator::new(&one, &classes(), &gates(35)).unwrap();
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
+    let mut a = Allocator::new(&one, &classes(), &gates(36)).unwrap();
+    unsatisfiable(a.allocate(&two));
     // A count-1 share is fine there, and 1.35 has no such index.
     assert_eq!(
         picked(
@@ -870,10 +884,11 @@ fn on_1_34_a_second_pick_past_the_slice_end_would_crash_the_scheduler() {
         ["r=s1"]
     );
     let mut a = Allocator::new(&alone, &classes(), &gates(35)).unwrap();
-    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s2"]);
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
+    // In one slice, index 1 exists: s1 twice, the second share also checked on s2.
     let together = pool("n", vec![devices(vec![shared("s1"), shared("s2")])]);
     let mut a = Allocator::new(&together, &classes(), &gates(34)).unwrap();
-    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s2"]);
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
 }
 
 /// Two requests of one claim may share a multi-allocatable device, each with its own

@@ -20,8 +20,10 @@
 //! * a multi-allocatable device that consumes counters consumes them once, while at
 //!   least one allocation of it exists (the counters describe the physical device, not a
 //!   share of it);
-//! * within one request the devices are distinct; two requests of a claim may share a
-//!   multi-allocatable device, each with its own shareID;
+//! * within one request the devices are distinct, except that on 1.34/1.35 (every pick
+//!   scans all devices again) one request may take a multi-allocatable device more than
+//!   once; two requests of a claim may share a multi-allocatable device, each with its
+//!   own shareID;
 //! * `nodeSelector` slices and devices are treated as usable on every node;
 //! * shareIDs are generated deterministically (a hash of the claim plus a sequence) so
 //!   that plans are reproducible; the scheduler uses random UUIDs;
@@ -763,9 +765,10 @@ impl Allocator {
     ) -> Result<Option<BTreeMap<String, Q>>, AllocError> {
         let c = &self.candidates[cand];
         if c.multi {
-            if picks
-                .iter()
-                .any(|p| p.cand == cand && p.spec_name == spec.name)
+            if !self.gates.version().rescans_each_pick()
+                && picks
+                    .iter()
+                    .any(|p| p.cand == cand && p.spec_name == spec.name)
             {
                 return Ok(None);
             }
@@ -908,7 +911,14 @@ impl Search<'_> {
                 consumed,
                 share_id: None,
             });
-            if self.fill(r, spec, remaining - 1, cand + 1, picks)? {
+            // 1.34/1.35 scan from the first device for every pick; later releases
+            // go on after this one (combinations, not permutations).
+            let next = if self.alloc.gates.version().rescans_each_pick() {
+                0
+            } else {
+                cand + 1
+            };
+            if self.fill(r, spec, remaining - 1, next, picks)? {
                 return Ok(true);
             }
             picks.pop();
