@@ -250,6 +250,7 @@ fn the_slice_policy_names_the_plugins_service_account() {
 fn policy(name: &str) -> AdmissionPolicy {
     let file = match name {
         "tessera-resourceslices-own-node" => "deploy/base/admission-resourceslices.yaml",
+        "tessera-one-share-per-request" => "deploy/overlays/k8s-1.34/admission-shares.yaml",
         _ => "deploy/base/admission-gpuconfig.yaml",
     };
     let text = std::fs::read_to_string(root().join(file)).unwrap();
@@ -363,6 +364,96 @@ fn slice_policy_keeps_the_plugin_on_its_own_node() {
             _ => false,
         };
         assert!(ok, "{name}: want {want:?}, got {got:?}");
+    }
+}
+
+/// The 1.34 share policy: a request (or subrequest) of class shared.tessera.dev takes
+/// one device, as the API server defaults it or spelled out; several shares, `All`, or
+/// a count on another class are decided as they should be, in claims and templates.
+#[test]
+fn share_policy_keeps_one_share_per_request_on_1_34() {
+    let p = policy("tessera-one-share-per-request");
+    let exactly = |class: &str, extra: Value| {
+        let mut e = json!({"deviceClassName": class});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    };
+    let share =
+        |extra: Value| json!({"name": "gpu", "exactly": exactly("shared.tessera.dev", extra)});
+    let caps = json!({"capacity": {"requests": {"memory": "1Gi", "compute": "10"}}});
+    use Expect::*;
+    let cases: Vec<(&str, Vec<Value>, Expect)> = vec![
+        ("one share", vec![share(json!({}))], Allow),
+        (
+            "one share, defaulted",
+            vec![share(json!({"allocationMode": "ExactCount", "count": 1}))],
+            Allow,
+        ),
+        ("with capacity", vec![share(caps.clone())], Allow),
+        (
+            "two requests, one share each",
+            vec![
+                share(caps.clone()),
+                json!({"name": "b", "exactly": exactly("shared.tessera.dev", json!({}))}),
+            ],
+            Allow,
+        ),
+        (
+            "two shares",
+            vec![share(json!({"count": 2}))],
+            Deny("one share"),
+        ),
+        (
+            "all shared GPUs",
+            vec![share(json!({"allocationMode": "All"}))],
+            Deny("one share"),
+        ),
+        (
+            "two whole GPUs",
+            vec![
+                json!({"name": "gpu", "exactly": exactly("gpu.tessera.dev", json!({"count": 2}))}),
+            ],
+            Allow,
+        ),
+        (
+            "a subrequest for two shares",
+            vec![json!({"name": "gpu", "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.tessera.dev", "count": 2},
+                {"name": "shares", "deviceClassName": "shared.tessera.dev", "count": 2}]})],
+            Deny("subrequest"),
+        ),
+        (
+            "a subrequest for one share",
+            vec![json!({"name": "gpu", "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.tessera.dev", "count": 2},
+                {"name": "share", "deviceClassName": "shared.tessera.dev"}]})],
+            Allow,
+        ),
+    ];
+    for (name, requests, want) in cases {
+        let devices = json!({"requests": requests});
+        let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}});
+        let template = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": {"devices": devices}}});
+        for (resource, obj) in [
+            ("resourceclaims", &claim),
+            ("resourceclaimtemplates", &template),
+        ] {
+            let got = p.evaluate(
+                &request("CREATE", "alice", None, resource),
+                obj,
+                &Value::Null,
+            );
+            let ok = match (&want, &got) {
+                (Allow, Decision::Allowed) => true,
+                (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
+                _ => false,
+            };
+            assert!(ok, "{name} ({resource}): want {want:?}, got {got:?}");
+        }
     }
 }
 

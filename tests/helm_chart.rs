@@ -737,6 +737,10 @@ fn the_charts_copies_equal_their_sources() {
             f.join("admission-gpuconfig.yaml"),
         ),
         (
+            d.join("overlays/k8s-1.34/admission-shares.yaml"),
+            f.join("admission-shares.yaml"),
+        ),
+        (
             d.join("monitoring/tessera-dashboard.json"),
             f.join("tessera-dashboard.json"),
         ),

@@ -198,6 +198,98 @@ async fn plan_fits_shares_until_memory_or_compute_runs_out() {
     );
 }
 
+/// Runs `examples/claims/shared-gpus.yaml` through `tessera plan` on `gates`:
+/// (claim, failure reason) in order.
+fn plan_shared_gpus(
+    slices: &[ResourceSlice],
+    gates: &FeatureGates,
+) -> Vec<(String, Option<String>)> {
+    let steps = schedule::read_steps(&[
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/claims/shared-gpus.yaml")
+    ])
+    .unwrap();
+    let classes = tessera::device_classes::read(None).unwrap();
+    allocated(
+        &schedule::run(slices, &classes, &steps, gates)
+            .unwrap()
+            .outcomes,
+    )
+}
+
+/// 1.34 with every DRA gate on: its scheduler checks a share's capacity on the device
+/// at the pick's index in the chosen device's slice. The plugin publishes gpu-1 alone
+/// in a slice of its own, so the check lands on gpu-1 and `plan --k8s-version 1.34`
+/// allocates the shares as on 1.35+; the same devices in one slice (the layout before)
+/// would have had gpu-0 checked, which has no `compute`: every share with a request
+/// unschedulable.
+#[tokio::test]
+async fn on_1_34_shares_fit_because_the_shared_gpu_is_alone_in_its_slice() {
+    let gates = FeatureGates::parse(
+        version(34),
+        "DRAPartitionableDevices=true,DRAConsumableCapacity=true",
+    )
+    .unwrap();
+    let h = Harness::with_config(FakeApiConfig {
+        gates: gates.clone(),
+    })
+    .await;
+    let (p, slices) = published(&h).await;
+    p.stop().await;
+    let gpu1: Vec<usize> = slices
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.spec.devices.iter().flatten().any(|d| d.name == "gpu-1"))
+        .map(|(i, _)| i)
+        .collect();
+    let [at] = gpu1[..] else {
+        panic!("gpu-1 in slices {gpu1:?}")
+    };
+    let alone: Vec<&str> = slices[at]
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(alone, ["gpu-1"]);
+
+    let got = plan_shared_gpus(&slices, &gates);
+    let outcome = |ok: bool| -> Vec<&str> {
+        got.iter()
+            .filter(|(_, e)| e.is_none() == ok)
+            .map(|(n, _)| n.as_str())
+            .collect()
+    };
+    assert_eq!(
+        outcome(true),
+        ["light", "heavy", "fill", "whole"],
+        "{got:?}"
+    );
+    assert_eq!(outcome(false), ["too-big", "too-busy"]);
+
+    // The layout before: gpu-1 after gpu-0's partitions in the one combined slice.
+    let mut before = slices.clone();
+    let moved = before.remove(at).spec.devices.unwrap();
+    let first = before[0].spec.devices.get_or_insert_with(Vec::new);
+    let pos = first.iter().position(|d| d.name == "gpu-2").unwrap();
+    first.splice(pos..pos, moved);
+    for s in &mut before {
+        s.spec.pool.resource_slice_count = 1;
+    }
+    assert_eq!(before.len(), 1);
+    let got = plan_shared_gpus(&before, &gates);
+    let failed: Vec<&str> = got
+        .iter()
+        .filter(|(_, e)| e.is_some())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        failed,
+        ["light", "heavy", "too-big", "too-busy", "fill"],
+        "{got:?}"
+    );
+}
+
 /// A claim with two shared requests, parsed from YAML like a user's.
 fn two_share_claim() -> ResourceClaim {
     let yaml = r#"

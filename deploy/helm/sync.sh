@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copies the kustomize sources that the Helm chart renders unchanged (the DeviceClasses,
-# the two ValidatingAdmissionPolicies, the Grafana dashboard, the test-cluster's mock
+# the ValidatingAdmissionPolicies, the Grafana dashboard, the test-cluster's mock
 # node) into deploy/helm/tessera/files/, so that deploy/ stays their one source.
 # Why copies, not symlinks: helm follows symlinks in a chart directory but logs a
 # warning for each on every command. tests/helm_chart.rs fails when a copy differs.
@@ -13,6 +13,7 @@ mkdir -p "$files/deviceclasses"
 rm -f "$files"/deviceclasses/*.yaml
 cp "$deploy"/deviceclasses/*.tessera.dev.yaml "$files/deviceclasses/"
 cp "$deploy"/base/admission-resourceslices.yaml "$deploy"/base/admission-gpuconfig.yaml "$files/"
+cp "$deploy"/overlays/k8s-1.34/admission-shares.yaml "$files/"
 cp "$deploy"/monitoring/tessera-dashboard.json "$files/"
 cp "$deploy"/overlays/test-cluster/mock-node.yaml "$files/"
 echo "synced $(find "$files" -type f ! -name README.md | wc -l) files into $files"

@@ -57,6 +57,22 @@ impl KubeVersion {
     pub fn counters_in_own_slices(self) -> bool {
         self.minor >= 35
     }
+
+    /// Whether the scheduler (with DRAConsumableCapacity on) also checks a pick's
+    /// capacity on `slice.Spec.Devices[i]`, `i` the pick's index within its request,
+    /// in the chosen device's slice: 1.34's `allocateDevice` passes `r.deviceIndex` to
+    /// `CmpRequestOverCapacity` (every 1.34.x, k8s.io/dynamic-resource-allocation up to
+    /// v0.34.13); 1.35 passes the device. An index past the slice's end panics.
+    pub fn checks_capacity_at_pick_index(self) -> bool {
+        self.minor == 34
+    }
+
+    /// Whether each pick of a request scans every device again (1.34, 1.35), so a
+    /// multi-allocatable device may be taken twice by one request; from 1.36 the next
+    /// pick starts after the previous one (`allocateOne`'s `startLocation`).
+    pub fn rescans_each_pick(self) -> bool {
+        self.minor <= 35
+    }
 }
 
 impl fmt::Display for KubeVersion {

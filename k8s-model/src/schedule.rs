@@ -341,11 +341,14 @@ pub fn run(
                         claim: claim.clone(),
                         reason: e.to_string(),
                     }),
-                Err(e @ (AllocError::Invalid(_) | AllocError::AlreadyAllocated(_))) => outcomes
-                    .push(Outcome::Failed {
-                        claim: claim.clone(),
-                        reason: e.to_string(),
-                    }),
+                Err(
+                    e @ (AllocError::Invalid(_)
+                    | AllocError::AlreadyAllocated(_)
+                    | AllocError::SchedulerCrash(_)),
+                ) => outcomes.push(Outcome::Failed {
+                    claim: claim.clone(),
+                    reason: e.to_string(),
+                }),
             },
             Step::Release(names) => {
                 let mut released = Vec::new();

@@ -774,7 +774,8 @@ fn a_stepped_request_is_written_in_the_releases_format() {
 /// gpu-0, first in the slice, has no `compute`) where `tessera plan` allocated gpu-1;
 /// `whole` (no request) was allocated. So on 1.34 a capacity request fails unless the
 /// slice's first device has those capacities, and requests without one are checked
-/// against that device's usage, not the shared device's (two whole shares fit).
+/// against that device's usage as well as against the shared device's own (the search
+/// loop checks the chosen device first).
 #[test]
 fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
     let shared = with(
@@ -807,8 +808,9 @@ fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
         (cc["memory"].0.as_str(), cc["compute"].0.as_str()),
         ("80Gi", "100")
     );
-    // g0's usage is checked, not s1's: a second whole share fits.
-    assert_eq!(picked(&a.allocate(&whole("w2")).unwrap()), ["r=s1"]);
+    // The search loop checks s1 itself too: s1 is full, a second whole share does not
+    // fit (no overcommit; the wrong-device check only refuses more).
+    unsatisfiable(a.allocate(&whole("w2")));
 
     // 1.35 checks s1 itself.
     let mut a = Allocator::new(&second, &classes(), &gates(35)).unwrap();
@@ -820,6 +822,73 @@ fn on_1_34_capacity_is_checked_on_the_slice_device_at_the_picks_index() {
     let mut a = Allocator::new(&first, &classes(), &gates(34)).unwrap();
     assert_eq!(picked(&a.allocate(&asking()).unwrap()), ["r=s1"]);
     unsatisfiable(a.allocate(&whole("w1")));
+}
+
+/// On 1.34 a request's second pick is checked on device 1 of the chosen device's slice:
+/// with each shared device alone in its slice (Tessera's 1.34 layout), that index is
+/// past the end, where the Go scheduler panics; `plan` says so instead of guessing. In
+/// one slice the index exists (the second device, checked with its own usage).
+#[test]
+fn on_1_34_a_second_pick_past_the_slice_end_would_crash_the_scheduler() {
+    let shared = |n: &str| {
+        with(
+            dev(n, &[("type", "gpu-shared")]),
+            json!({"allowMultipleAllocations": true, "capacity": {"memory": {"value": "80Gi",
+                "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi"}}}}}),
+        )
+    };
+    let gates = |minor: u32| {
+        FeatureGates::parse(
+            KubeVersion::new(minor).unwrap(),
+            "DRAConsumableCapacity=true",
+        )
+        .unwrap()
+    };
+    let mut two = cap_req("r", "shared", &[("memory", "1Gi")]);
+    two["exactly"]["count"] = json!(2);
+    let two = claim_of("two", vec![two]);
+    let alone = pool(
+        "n",
+        vec![devices(vec![shared("s1")]), devices(vec![shared("s2")])],
+    );
+    let mut a = Allocator::new(&alone, &classes(), &gates(34)).unwrap();
+    match a.allocate(&two) {
+        Err(e @ AllocError::SchedulerCrash(_)) => {
+            assert!(e.to_string().contains("index 1"), "{e}")
+        }
+        other => panic!("expected SchedulerCrash, got {other:?}"),
+    }
+    // One shared device alone (the mock node's gpu-1): 1.34 takes it again for the
+    // second pick (each pick scans all devices), and crashes on index 1. Seen on the
+    // real v1.34.4: "index out of range [1] with length 1" in CmpRequestOverCapacity.
+    let one = pool("n", vec![devices(vec![shared("s1")])]);
+    let mut a = Allocator::new(&one, &classes(), &gates(34)).unwrap();
+    assert!(matches!(
+        a.allocate(&two),
+        Err(AllocError::SchedulerCrash(_))
+    ));
+    // 1.35 takes two shares of it; 1.36+ go on after a pick: distinct devices.
+    let mut a = Allocator::new(&one, &classes(), &gates(35)).unwrap();
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
+    let mut a = Allocator::new(&one, &classes(), &gates(36)).unwrap();
+    unsatisfiable(a.allocate(&two));
+    // A count-1 share is fine there, and 1.35 has no such index.
+    assert_eq!(
+        picked(
+            &a.allocate(&claim_of(
+                "one",
+                vec![cap_req("r", "shared", &[("memory", "1Gi")])]
+            ))
+            .unwrap()
+        ),
+        ["r=s1"]
+    );
+    let mut a = Allocator::new(&alone, &classes(), &gates(35)).unwrap();
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
+    // In one slice, index 1 exists: s1 twice, the second share also checked on s2.
+    let together = pool("n", vec![devices(vec![shared("s1"), shared("s2")])]);
+    let mut a = Allocator::new(&together, &classes(), &gates(34)).unwrap();
+    assert_eq!(picked(&a.allocate(&two).unwrap()), ["r=s1", "r=s1"]);
 }
 
 /// Two requests of one claim may share a multi-allocatable device, each with its own

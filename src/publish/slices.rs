@@ -84,6 +84,27 @@ impl PoolParams<'_> {
             SliceLayout::Auto => self.version.counters_in_own_slices(),
         }
     }
+
+    /// Whether each device with consumable capacity gets a slice of its own, as its
+    /// only (so first) device: the server's scheduler checks a pick's capacity on the
+    /// device at the pick's index within its request in the chosen device's slice
+    /// (1.34 with DRAConsumableCapacity, [`KubeVersion::checks_capacity_at_pick_index`]).
+    /// Alone and first, a count-1 pick is checked on the device it takes, and no other
+    /// device's pick is checked against the shared device's usage.
+    pub fn isolate_consumable(&self) -> bool {
+        self.features.consumable_capacity && self.version.checks_capacity_at_pick_index()
+    }
+}
+
+/// Whether `d` is a device with consumable capacity (multi-allocatable, with a request
+/// policy on some capacity): the devices the 1.34 scheduler's capacity check must find
+/// at index 0 of their slice.
+pub fn has_consumable_capacity(d: &Device) -> bool {
+    d.allow_multiple_allocations == Some(true)
+        && d.capacity
+            .iter()
+            .flatten()
+            .any(|(_, c)| c.request_policy.is_some())
 }
 
 /// Most devices one slice may hold on `version` (`kubernetes-dra-api.md` §2.2): 128,
@@ -610,7 +631,7 @@ pub fn build_pool_with_health(
     if !params.features.device_taints {
         ordered.retain(|g| health.unhealthy(g.gpu.minor).is_none());
     }
-    let per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
+    let mut per_gpu: Vec<(Vec<Device>, Option<CounterSet>)> = ordered
         .iter()
         .map(|g| {
             let minor = g.gpu.minor;
@@ -635,6 +656,20 @@ pub fn build_pool_with_health(
             (devices, set)
         })
         .collect();
+    // Devices with consumable capacity leave the GPU's run for slices of their own at
+    // the end (where the bug needs it), so the other devices keep their order and their
+    // slices. Tessera's shared GPUs consume no counters: a moved device never leaves a
+    // counter set behind (1.34 wants both in one slice).
+    let mut isolated: Vec<Device> = Vec::new();
+    if params.isolate_consumable() {
+        for (devices, _) in &mut per_gpu {
+            let (alone, rest): (Vec<Device>, Vec<Device>) = std::mem::take(devices)
+                .into_iter()
+                .partition(|d| has_consumable_capacity(d) && d.consumes_counters.is_none());
+            *devices = rest;
+            isolated.extend(alone);
+        }
+    }
     let any_counters = per_gpu.iter().any(|(_, c)| c.is_some());
     let mut slices = Vec::new();
     if any_counters && !params.split_counters() {
@@ -680,6 +715,9 @@ pub fn build_pool_with_health(
             slices.push(new_slice(params, Some(chunk.to_vec()), None));
         }
     }
+    for d in isolated {
+        slices.push(new_slice(params, Some(vec![d]), None));
+    }
     if slices.is_empty() {
         slices.push(new_slice(params, Some(Vec::new()), None));
     }
@@ -723,6 +761,32 @@ mod tests {
             &BTreeMap::new(),
         )
     }
+
+    /// The default mock node's pool on `version` with `gates` and `layout`.
+    fn default_pool_with(version: u32, gates: &str, layout: SliceLayout) -> Vec<ResourceSlice> {
+        let node = MockNode::embedded_default().unwrap();
+        let inv = node.inventory();
+        let cfg = crate::config::NodeConfig::embedded_in(&node)
+            .unwrap()
+            .unwrap();
+        let gpus = cfg.resolve(&inv, "t").unwrap();
+        let version = KubeVersion::new(version).unwrap();
+        build_pool(
+            &PoolParams {
+                driver: "gpu.tessera.dev",
+                node_name: "node-a",
+                version,
+                features: ServerFeatures::from_gates(&FeatureGates::parse(version, gates).unwrap()),
+                layout,
+                shared_slots: 4,
+            },
+            &inv,
+            &gpus,
+            &BTreeMap::new(),
+        )
+    }
+
+    const ALL_GATES: &str = "DRAPartitionableDevices=true,DRAConsumableCapacity=true";
 
     fn device_names(s: &ResourceSlice) -> Vec<&str> {
         s.spec
@@ -798,6 +862,89 @@ mod tests {
             a["parentUUID"].string.as_deref(),
             Some("GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10")
         );
+    }
+
+    /// 1.34 with consumable capacity (its scheduler checks a pick's capacity on the
+    /// device at the pick's index in the slice): the shared gpu-1 is the only device of
+    /// the last slice, so index 0 is gpu-1 itself; the other devices and gpu-0's counter
+    /// set keep the combined slice, in their order; every slice counts the pool.
+    #[test]
+    fn on_1_34_with_consumable_capacity_a_shared_gpu_is_alone_in_its_slice() {
+        for layout in [SliceLayout::Auto, SliceLayout::Combined, SliceLayout::Split] {
+            let slices = default_pool_with(34, ALL_GATES, layout);
+            let last = slices.last().unwrap();
+            assert_eq!(device_names(last), ["gpu-1"], "{layout:?}");
+            assert!(last.spec.shared_counters.is_none());
+            for s in &slices {
+                assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+                let devices = s.spec.devices.as_deref().unwrap_or_default();
+                // Every device with capacity policies is first, and alone.
+                for (i, d) in devices.iter().enumerate() {
+                    if has_consumable_capacity(d) {
+                        assert_eq!((i, devices.len()), (0, 1), "{layout:?}: {}", d.name);
+                    }
+                }
+            }
+            let names: Vec<&str> = slices.iter().flat_map(device_names).collect();
+            assert_eq!(names.len(), 29);
+            assert_eq!(&names[26..], ["gpu-2", "gpu-3", "gpu-1"], "{layout:?}");
+        }
+        let auto = default_pool_with(34, ALL_GATES, SliceLayout::Auto);
+        assert_eq!(auto.len(), 2);
+        assert_eq!(device_names(&auto[0])[0], "gpu-0");
+        assert_eq!(
+            auto[0].spec.shared_counters.as_ref().unwrap()[0].name,
+            "gpu-0-counters"
+        );
+        assert_eq!(
+            auto[1].metadata.generate_name.as_deref(),
+            Some("00001-gpu.tessera.dev-node-a-")
+        );
+        let pool = validate_on(34, &auto);
+        assert!(pool.is_empty(), "{pool:?}");
+    }
+
+    /// Consumable capacity alone (no counters) on 1.34: the whole GPUs share a slice,
+    /// gpu-1 has its own.
+    #[test]
+    fn on_1_34_without_counters_the_shared_gpu_still_gets_its_own_slice() {
+        let slices = default_pool_with(34, "DRAConsumableCapacity=true", SliceLayout::Auto);
+        let names: Vec<Vec<&str>> = slices.iter().map(device_names).collect();
+        assert_eq!(names, [vec!["gpu-0", "gpu-2", "gpu-3"], vec!["gpu-1"]]);
+    }
+
+    /// 1.35+ checks the chosen device: the layout is unchanged (gpu-1 stays between
+    /// gpu-0's partitions and gpu-2), and so is 1.34 without consumable capacity.
+    #[test]
+    fn the_layout_moves_nothing_where_the_scheduler_checks_the_right_device() {
+        for v in [35, 36, 37] {
+            let slices = default_pool_with(v, ALL_GATES, SliceLayout::Auto);
+            assert_eq!(slices.len(), 2, "1.{v}");
+            let names = device_names(&slices[1]);
+            assert_eq!(&names[26..], ["gpu-1", "gpu-2", "gpu-3"], "1.{v}");
+        }
+        let slices = default_pool_with(34, "DRAPartitionableDevices=true", SliceLayout::Auto);
+        assert_eq!(slices.len(), 1);
+        let names = device_names(&slices[0]);
+        assert_eq!(names.len(), 32);
+        assert!(names.contains(&"gpu-1-slot-0"));
+    }
+
+    /// What the API server (per slice) and the pool rules of `minor` refuse.
+    fn validate_on(minor: u32, slices: &[ResourceSlice]) -> Vec<String> {
+        let gates = FeatureGates::parse(KubeVersion::new(minor).unwrap(), ALL_GATES).unwrap();
+        let mut errs: Vec<String> = slices
+            .iter()
+            .flat_map(|s| k8s_model::validation::validate_resource_slice(s, &gates))
+            .map(|e| e.to_string())
+            .collect();
+        let refs: Vec<&ResourceSlice> = slices.iter().collect();
+        errs.extend(
+            k8s_model::validation::validate_pool_for(&refs, gates.version())
+                .into_iter()
+                .map(|e| e.to_string()),
+        );
+        errs
     }
 
     /// Where the server drops counters and consumable capacity (1.34/1.35 defaults), a

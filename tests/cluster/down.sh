@@ -13,11 +13,26 @@ DIR=${1:?usage: down.sh DIR [--purge]}
 DIR=$(cd "$DIR" && pwd) || exit 1
 [ -d "$DIR/pids" ] || { echo "no cluster in $DIR (no pids/)" >&2; exit 1; }
 pidof_() { [ -f "$DIR/pids/$1" ] && cat "$DIR/pids/$1"; }
-# The mount namespaces of the cluster (up.sh's) and of containerd (nested in it).
+# The mount namespaces of the cluster (up.sh's) and of containerd (nested in it), each
+# pinned by an open file while this script runs: step 4 finds processes by namespace
+# inode number, and once a namespace's last process is gone the kernel may give its
+# number to a new, unrelated namespace (seen: a test's `unshare -m` process killed as
+# "leftover"). A namespace no recorded daemon is in any more is not searched.
 ns=()
-[ -f "$DIR/mntns" ] && ns+=("$(cat "$DIR/mntns")")
+pin() { # pin PID [NAME]: adds PID's mount namespace (if it is NAME) to ns, held open
+  local fd name
+  { exec {fd}<"/proc/$1/ns/mnt"; } 2>/dev/null || return 1
+  name=$(readlink "/proc/$$/fd/$fd") || return 1
+  [ -z "${2:-}" ] || [ "$name" = "$2" ] || { exec {fd}<&-; return 1; }
+  ns+=("$name")
+}
+if [ -f "$DIR/mntns" ]; then
+  for f in "$DIR"/pids/*; do
+    p=$(cat "$f" 2>/dev/null) && [ -n "$p" ] && pin "$p" "$(cat "$DIR/mntns")" && break
+  done
+fi
 cpid=$(pidof_ containerd || true)
-[ -n "$cpid" ] && c_ns=$(readlink "/proc/$cpid/ns/mnt" 2>/dev/null) && ns+=("$c_ns")
+[ -n "$cpid" ] && pin "$cpid"
 
 # 1. The kubelet first, so that it restarts nothing.
 [ -n "$(pidof_ kubelet)" ] && kill_pid "$(pidof_ kubelet)" kubelet

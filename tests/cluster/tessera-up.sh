@@ -140,6 +140,13 @@ if [ "$minor" -lt 37 ] && ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gat
 EOF
   log "DRAExtendedResource off: DeviceClass gpu.tessera.dev without extendedResourceName (as deploy/overlays/k8s-1.34)"
 fi
+# 1.34 with DRAConsumableCapacity on: the k8s-1.34 overlay's one-share-per-request
+# policy (its scheduler panics on a request's second share; README finding 7).
+if [ "$minor" = 34 ] && grep -q 'DRAConsumableCapacity=true' "$DIR/feature-gates"; then
+  cp "$repo/deploy/overlays/k8s-1.34/admission-shares.yaml" "$D/"
+  sed -i 's/^resources:$/resources:\n- admission-shares.yaml/' "$D/kustomization.yaml"
+  log "DRAConsumableCapacity on 1.34: one share per request (as deploy/overlays/k8s-1.34)"
+fi
 k kustomize "$D" >"$OUT/rendered.yaml"
 # Nothing of the rendered DaemonSet may still point at a production host path.
 if grep -nE 'path: (/var/lib/kubelet|/var/run/cdi|/run/tessera|/var/lib/tessera|/dev$|/var/lib/tessera-mock)' "$OUT/rendered.yaml"; then

@@ -20,8 +20,10 @@
 //! * a multi-allocatable device that consumes counters consumes them once, while at
 //!   least one allocation of it exists (the counters describe the physical device, not a
 //!   share of it);
-//! * within one request the devices are distinct; two requests of a claim may share a
-//!   multi-allocatable device, each with its own shareID;
+//! * within one request the devices are distinct, except that on 1.34/1.35 (every pick
+//!   scans all devices again) one request may take a multi-allocatable device more than
+//!   once; two requests of a claim may share a multi-allocatable device, each with its
+//!   own shareID;
 //! * `nodeSelector` slices and devices are treated as usable on every node;
 //! * shareIDs are generated deterministically (a hash of the claim plus a sequence) so
 //!   that plans are reproducible; the scheduler uses random UUIDs;
@@ -91,6 +93,11 @@ pub enum AllocError {
     /// and the scheduler skips an allocated one (release it first).
     #[error("claim {0} is already allocated")]
     AlreadyAllocated(String),
+    /// The release's scheduler would crash on this claim: 1.34 indexes the chosen
+    /// device's slice by the pick's position in its request, past the slice's end
+    /// (a Go index-out-of-range panic in kube-scheduler, not an unschedulable pod).
+    #[error("the kube-scheduler would crash: {0}")]
+    SchedulerCrash(String),
 }
 
 struct Class {
@@ -541,22 +548,20 @@ impl Allocator {
             return None;
         }
         let rules = capacity::Rounding::for_gates(&self.gates);
-        if self.gates.version().minor() == 34 && self.gates.consumable_capacity() {
-            // 1.34's allocator (allocateDevice, every 1.34.x up to v0.34.13 of
-            // k8s.io/dynamic-resource-allocation) checks a pick's capacity against
-            // `slice.Spec.Devices[r.deviceIndex]`: the device at the index of this pick
-            // within its request (0 for the first) in the chosen device's slice, not the
-            // chosen device; fixed in 1.35. What is consumed is still computed from the
-            // chosen device.
-            let k = picks.iter().filter(|p| p.spec_name == spec.name).count();
-            let checked = *self.by_position.get(&(c.slice, k))?;
-            if !self.capacity_left(checked, &requests, picks, rules) {
+        if self.gates.version().checks_capacity_at_pick_index() && self.gates.consumable_capacity()
+        {
+            // 1.34's allocator checks the chosen device in its search loop, then again in
+            // `allocateDevice` on `slice.Spec.Devices[r.deviceIndex]`: the device at the
+            // index of this pick within its request (0 for the first) in the chosen
+            // device's slice. Both must pass; what is consumed is computed from the
+            // chosen device. An index past the slice's end is `available`'s concern.
+            if let Some(&checked) = self
+                .by_position
+                .get(&(c.slice, self.pick_index(spec, picks)))
+                && !self.capacity_left(checked, &requests, picks, rules)
+            {
                 return None;
             }
-            if !c.multi {
-                return Some(BTreeMap::new());
-            }
-            return capacity::consumed_capacity(&caps, &requests, rules).ok();
         }
         if requests.keys().any(|k| !caps.contains_key(k)) {
             return None;
@@ -743,21 +748,53 @@ impl Allocator {
         true
     }
 
+    /// Index of the next pick of `spec` within its request (the scheduler's
+    /// `deviceIndex`).
+    fn pick_index(&self, spec: &Spec, picks: &[Pick]) -> usize {
+        picks.iter().filter(|p| p.spec_name == spec.name).count()
+    }
+
     /// Whether a device is free for a pick of `spec`, given earlier picks of this claim.
-    fn available(&self, spec: &Spec, cand: usize, picks: &[Pick]) -> Option<BTreeMap<String, Q>> {
+    /// Errs where 1.34's scheduler would index past the chosen device's slice
+    /// ([`KubeVersion::checks_capacity_at_pick_index`]): it panics there.
+    fn available(
+        &self,
+        spec: &Spec,
+        cand: usize,
+        picks: &[Pick],
+    ) -> Result<Option<BTreeMap<String, Q>>, AllocError> {
         let c = &self.candidates[cand];
         if c.multi {
-            if picks
-                .iter()
-                .any(|p| p.cand == cand && p.spec_name == spec.name)
+            if !self.gates.version().rescans_each_pick()
+                && picks
+                    .iter()
+                    .any(|p| p.cand == cand && p.spec_name == spec.name)
             {
-                return None;
+                return Ok(None);
             }
         } else if self.exclusive.contains(&cand) || picks.iter().any(|p| p.cand == cand) {
-            return None;
+            return Ok(None);
         }
-        let consumed = self.capacity_fit(spec, cand, picks)?;
-        self.counters_fit(cand, picks).then_some(consumed)
+        let Some(consumed) = self.capacity_fit(spec, cand, picks) else {
+            return Ok(None);
+        };
+        if !self.counters_fit(cand, picks) {
+            return Ok(None);
+        }
+        let k = self.pick_index(spec, picks);
+        if self.gates.version().checks_capacity_at_pick_index()
+            && self.gates.consumable_capacity()
+            && !self.by_position.contains_key(&(c.slice, k))
+        {
+            return Err(AllocError::SchedulerCrash(format!(
+                "request {:?}, device {}: the {} scheduler checks capacity on device index {k} \
+                 of the device's slice, which has fewer devices (index out of range)",
+                spec.name,
+                c.id,
+                self.gates.version()
+            )));
+        }
+        Ok(Some(consumed))
     }
 }
 
@@ -810,7 +847,7 @@ impl Search<'_> {
                             continue;
                         }
                         any = true;
-                        match self.alloc.available(&spec, cand, picks) {
+                        match self.alloc.available(&spec, cand, picks)? {
                             Some(consumed)
                                 if self.alloc.constraints_ok(
                                     self.constraints,
@@ -859,7 +896,7 @@ impl Search<'_> {
             if !self.on_node(cand) || !self.alloc.matches(&mut self.cache, spec, cand)? {
                 continue;
             }
-            let Some(consumed) = self.alloc.available(spec, cand, picks) else {
+            let Some(consumed) = self.alloc.available(spec, cand, picks)? else {
                 continue;
             };
             if !self
@@ -874,7 +911,14 @@ impl Search<'_> {
                 consumed,
                 share_id: None,
             });
-            if self.fill(r, spec, remaining - 1, cand + 1, picks)? {
+            // 1.34/1.35 scan from the first device for every pick; later releases
+            // go on after this one (combinations, not permutations).
+            let next = if self.alloc.gates.version().rescans_each_pick() {
+                0
+            } else {
+                cand + 1
+            };
+            if self.fill(r, spec, remaining - 1, next, picks)? {
                 return Ok(true);
             }
             picks.pop();
@@ -1113,7 +1157,7 @@ impl Allocator {
                 for cand in 0..self.candidates.len() {
                     if self.matches(&mut cache, spec, cand)? {
                         matching += 1;
-                        if self.available(spec, cand, &[]).is_some() {
+                        if self.available(spec, cand, &[]).is_ok_and(|c| c.is_some()) {
                             free += 1;
                         }
                     }
