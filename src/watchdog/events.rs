@@ -21,12 +21,17 @@ pub trait EventSink: Send + Sync {
 /// within the Recorder's cache lifetime (6 minutes) becomes a series: the first
 /// Event is patched with a new count, and keeps its first note.
 ///
-/// Fire and forget: each Event is published on `handle`; a failed publish is logged,
-/// never retried.
+/// Fire and forget, in order: one task on `handle` publishes the Events one after the
+/// other, so a repeat always finds its first Event in the Recorder's cache (two
+/// publishes at once would both create). A failed publish is logged, never retried;
+/// when [`QUEUE`] Events are waiting (an API server that does not answer), new ones are
+/// dropped with a log line rather than queued without bound.
 pub struct KubeEvents {
-    recorder: Recorder,
-    handle: tokio::runtime::Handle,
+    queue: tokio::sync::mpsc::Sender<(Event, ObjectReference)>,
 }
+
+/// Events waiting to be published, at most.
+pub const QUEUE: usize = 256;
 
 impl KubeEvents {
     /// Events reported by instance `node`, published on `handle`.
@@ -35,10 +40,21 @@ impl KubeEvents {
             controller: REPORTING_CONTROLLER.into(),
             instance: Some(node.into()),
         };
-        KubeEvents {
-            recorder: Recorder::new(client, reporter),
-            handle,
-        }
+        let recorder = Recorder::new(client, reporter);
+        let (queue, mut rx) = tokio::sync::mpsc::channel::<(Event, ObjectReference)>(QUEUE);
+        handle.spawn(async move {
+            while let Some((ev, regarding)) = rx.recv().await {
+                if let Err(e) = recorder.publish(&ev, &regarding).await {
+                    warn!(
+                        error = %e,
+                        pod = regarding.name.as_deref().unwrap_or_default(),
+                        reason = %ev.reason,
+                        "cannot post the watchdog's Event"
+                    );
+                }
+            }
+        });
+        KubeEvents { queue }
     }
 }
 
@@ -74,16 +90,13 @@ impl EventSink for KubeEvents {
             secondary: None,
         };
         let regarding = pod_reference(namespace, pod);
-        let recorder = self.recorder.clone();
-        self.handle.spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &regarding).await {
-                warn!(
-                    error = %e,
-                    pod = regarding.name.as_deref().unwrap_or_default(),
-                    reason = %ev.reason,
-                    "cannot post the watchdog's Event"
-                );
-            }
-        });
+        if let Err(e) = self.queue.try_send((ev, regarding)) {
+            warn!(
+                pod = %pod.name,
+                reason,
+                error = %e,
+                "cannot queue the watchdog's Event (dropped)"
+            );
+        }
     }
 }
