@@ -133,8 +133,9 @@ fn e2e_on(script: &str, version: &str) {
     }
 }
 
-/// The oldest release Tessera supports: consumable capacity off by default, so shared
-/// GPUs are published as fallback slots, and the combined slice layout.
+/// The oldest release Tessera supports: the combined slice layout, and consumable
+/// capacity an alpha gate (the harness turns it on, so shared GPUs are published in
+/// the layout that avoids that scheduler's capacity-index bug).
 #[test]
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn tessera_runs_on_kubernetes_1_34() {
