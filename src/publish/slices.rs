@@ -740,43 +740,41 @@ mod tests {
     use crate::inventory::mock::MockNode;
 
     fn default_pool(version: u32) -> Vec<ResourceSlice> {
-        let node = MockNode::embedded_default().unwrap();
-        let inv = node.inventory();
-        let cfg = crate::config::NodeConfig::embedded_in(&node)
-            .unwrap()
-            .unwrap();
-        let gpus = cfg.resolve(&inv, "t").unwrap();
-        let version = KubeVersion::new(version).unwrap();
-        build_pool(
-            &PoolParams {
-                driver: "gpu.tessera.dev",
-                node_name: "node-a",
-                version,
-                features: ServerFeatures::from_gates(&FeatureGates::defaults(version)),
-                layout: SliceLayout::Auto,
-                shared_slots: 4,
-            },
-            &inv,
-            &gpus,
-            &BTreeMap::new(),
+        let v = KubeVersion::new(version).unwrap();
+        pool_with_features(
+            version,
+            ServerFeatures::from_gates(&FeatureGates::defaults(v)),
+            SliceLayout::Auto,
         )
     }
 
     /// The default mock node's pool on `version` with `gates` and `layout`.
     fn default_pool_with(version: u32, gates: &str, layout: SliceLayout) -> Vec<ResourceSlice> {
+        let v = KubeVersion::new(version).unwrap();
+        pool_with_features(
+            version,
+            ServerFeatures::from_gates(&FeatureGates::parse(v, gates).unwrap()),
+            layout,
+        )
+    }
+
+    fn pool_with_features(
+        version: u32,
+        features: ServerFeatures,
+        layout: SliceLayout,
+    ) -> Vec<ResourceSlice> {
         let node = MockNode::embedded_default().unwrap();
         let inv = node.inventory();
         let cfg = crate::config::NodeConfig::embedded_in(&node)
             .unwrap()
             .unwrap();
         let gpus = cfg.resolve(&inv, "t").unwrap();
-        let version = KubeVersion::new(version).unwrap();
         build_pool(
             &PoolParams {
                 driver: "gpu.tessera.dev",
                 node_name: "node-a",
-                version,
-                features: ServerFeatures::from_gates(&FeatureGates::parse(version, gates).unwrap()),
+                version: KubeVersion::new(version).unwrap(),
+                features,
                 layout,
                 shared_slots: 4,
             },

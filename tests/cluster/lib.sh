@@ -59,3 +59,20 @@ free_port() {
   [ "$lo" -gt 12000 ] || lo=32768
   echo $((10000 + RANDOM % (lo - 10000)))
 }
+
+# For the end-to-end scripts (tessera-e2e.sh, tessera-helm-e2e.sh), which set `here`,
+# `DIR` and `status`. e2e_stop (their EXIT trap): the cluster is stopped whatever
+# happened, unless a failed run is to be kept (TESSERA_CLUSTER_KEEP=1).
+e2e_stop() {
+  if [ "$status" != 0 ] && [ "${TESSERA_CLUSTER_KEEP:-}" = 1 ]; then
+    echo "left running for inspection: $here/down.sh $DIR" >&2
+    return
+  fi
+  [ -d "$DIR/pids" ] && "$here/down.sh" "$DIR" >"$DIR/down.log" 2>&1
+  tail -2 "$DIR/down.log" 2>/dev/null
+}
+# e2e_step NAME CMD...: runs a step; a failure is recorded in `status`.
+e2e_step() {
+  echo "=== $1"
+  "${@:2}" || { echo "=== $1: FAILED" >&2; status=1; return 1; }
+}

@@ -12,21 +12,9 @@ DIR=${2:-$(mktemp -d /tmp/tessera-e2e.XXXXXX)}
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 status=0
-stop() {
-  if [ "$status" != 0 ] && [ "${TESSERA_CLUSTER_KEEP:-}" = 1 ]; then
-    echo "left running for inspection: $here/down.sh $DIR" >&2
-    return
-  fi
-  [ -d "$DIR/pids" ] && "$here/down.sh" "$DIR" >"$DIR/down.log" 2>&1
-  tail -2 "$DIR/down.log" 2>/dev/null
-}
-trap stop EXIT
+trap e2e_stop EXIT
 trap 'status=130; exit 130' INT TERM
-step() { # step NAME CMD...
-  echo "=== $1"
-  "${@:2}" || { echo "=== $1: FAILED" >&2; status=1; return 1; }
-}
-step "up.sh $version" "$here/up.sh" "$version" "$DIR" || exit 1
+e2e_step "up.sh $version" "$here/up.sh" "$version" "$DIR" || exit 1
 echo "=== install tessera"
 "$here/tessera-up.sh" "$DIR"
 case $? in
@@ -34,9 +22,9 @@ case $? in
   2) echo "=== install tessera: FAILED (not registered with the kubelet; the scenarios run anyway)" >&2; status=1 ;;
   *) echo "=== install tessera: FAILED" >&2; status=1; exit 1 ;;
 esac
-step "scenario inventory" "$here/scenario-inventory.sh" "$DIR"
-step "scenario one-gpu" "$here/scenario-one-gpu.sh" "$DIR"
-step "scenario inventory after one-gpu" "$here/scenario-inventory.sh" "$DIR"
-step "scenario plan agreement" "$here/scenario-plan-agreement.sh" "$DIR"
+e2e_step "scenario inventory" "$here/scenario-inventory.sh" "$DIR"
+e2e_step "scenario one-gpu" "$here/scenario-one-gpu.sh" "$DIR"
+e2e_step "scenario inventory after one-gpu" "$here/scenario-inventory.sh" "$DIR"
+e2e_step "scenario plan agreement" "$here/scenario-plan-agreement.sh" "$DIR"
 [ "$status" = 0 ] && echo "=== $version: all passed ($DIR)" || echo "=== $version: FAILED ($DIR)" >&2
 exit "$status"

@@ -18,22 +18,10 @@ DIR=${2:-$(mktemp -d /tmp/tessera-helm.XXXXXX)}
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 status=0
-stop() {
-  if [ "$status" != 0 ] && [ "${TESSERA_CLUSTER_KEEP:-}" = 1 ]; then
-    echo "left running for inspection: $here/down.sh $DIR" >&2
-    return
-  fi
-  [ -d "$DIR/pids" ] && "$here/down.sh" "$DIR" >"$DIR/down.log" 2>&1
-  tail -2 "$DIR/down.log" 2>/dev/null
-}
-trap stop EXIT
+trap e2e_stop EXIT
 trap 'status=130; exit 130' INT TERM
-step() { # step NAME CMD...
-  echo "=== $1"
-  "${@:2}" || { echo "=== $1: FAILED" >&2; status=1; return 1; }
-}
-step "helm (tests/cluster/helm/build.sh)" "$here/helm/build.sh" || exit 1
-step "up.sh $version" "$here/up.sh" "$version" "$DIR" || exit 1
-step "scenario helm" "$here/scenario-helm.sh" "$DIR"
+e2e_step "helm (tests/cluster/helm/build.sh)" "$here/helm/build.sh" || exit 1
+e2e_step "up.sh $version" "$here/up.sh" "$version" "$DIR" || exit 1
+e2e_step "scenario helm" "$here/scenario-helm.sh" "$DIR"
 [ "$status" = 0 ] && echo "=== $version (helm): all passed ($DIR)" || echo "=== $version (helm): FAILED ($DIR)" >&2
 exit "$status"
