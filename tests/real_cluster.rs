@@ -95,6 +95,8 @@ fn e2e_on(script: &str, version: &str) {
             "unshare",
             "nsenter",
             "python3",
+            // The scenarios read manifests and compare objects with PyYAML.
+            "python3:yaml",
             "flock",
         ],
     )

@@ -14,7 +14,15 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
+/// `cmd` on PATH; `python3:MODULE` for a module the `python3` on PATH can import.
 fn have(cmd: &str) -> bool {
+    if let Some(module) = cmd.strip_prefix("python3:") {
+        return Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    }
     Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
         .stdout(Stdio::null())
@@ -22,8 +30,9 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Checks the prerequisites of a runtime suite. `Ok(())` to run; `Err(reason)` to
-/// skip (printed by the caller). With `CI` set, a missing prerequisite panics.
+/// Checks the prerequisites of a runtime suite: commands, and `python3:MODULE` entries.
+/// `Ok(())` to run; `Err(reason)` to skip (printed by the caller). With `CI` set, a
+/// missing prerequisite panics.
 pub fn prerequisites(suite: &str, commands: &[&str]) -> Result<(), String> {
     let mut missing: Vec<String> = commands
         .iter()
