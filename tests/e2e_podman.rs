@@ -377,7 +377,7 @@ async fn share(
 /// Shared claims through podman with the real interception library preloaded by the
 /// spec: budgets enforced over the fake driver, shared by two containers of one claim,
 /// separate per claim, merged with a whole GPU in one container, and not disabled by
-/// the tenant's environment or a forged limits file.
+/// the tenant's environment, a forged limits file or renamed claim directories.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and podman"]
 async fn podman_enforces_shared_budgets() {
@@ -414,9 +414,13 @@ async fn podman_enforces_shared_budgets() {
     let script = format!(
         "cat /etc/ld.so.preload; {client} alloc {} alloc {} meminfo; \
          unset LD_PRELOAD; LD_PRELOAD= CUDA_DISABLE_CONTROL=true TESSERA_DISABLE=1 {client} alloc {}; \
-         {forged}; {client} alloc {}",
+         {forged}; {client} alloc {}; \
+         mv /run/tessera/claims /run/tessera/moved; {client} alloc {}; \
+         mv /run/tessera /run/elsewhere; {client} alloc {}",
         21 * GIB,
         10 * GIB,
+        21 * GIB,
+        21 * GIB,
         21 * GIB,
         21 * GIB
     );
@@ -437,8 +441,13 @@ async fn podman_enforces_shared_budgets() {
         "LD_PRELOAD= and CUDA_DISABLE_CONTROL change nothing: {r:?}"
     );
     assert_eq!(r[7], "err 2", "a forged limits file changes nothing: {r:?}");
+    assert_eq!(
+        (r[9].as_str(), r[11].as_str()),
+        ("err 2", "err 2"),
+        "renaming the directories above the claim mounts changes nothing: {r:?}"
+    );
     eprintln!(
-        "passed: budget, virtual total, tenant tricks, forged limits in {:?}",
+        "passed: budget, virtual total, tenant tricks, forged limits, renamed claim directories in {:?}",
         t.elapsed()
     );
 

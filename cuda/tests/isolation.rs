@@ -197,6 +197,159 @@ fn forged_limits_in_a_writable_location_change_nothing() {
     );
 }
 
+/// A forged claim (1 GiB of GPU0) in a sandbox of its own: its files lie outside the
+/// run directory of the sandbox that runs the client.
+fn forged_claim() -> Sandbox {
+    Sandbox::new(
+        &[(GPU0, 80 << 30)],
+        vec![ClaimSpec::new("forged", &[(GPU0, 1 << 30)])],
+    )
+}
+
+/// Renaming any directory above the claim mounts (which needs no privilege: the
+/// mounts move along) leaves the budget as it was: claims are found by what is
+/// mounted, not where it now appears.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn renaming_directories_above_the_claim_mounts_changes_nothing() {
+    if !require("rename") {
+        return;
+    }
+    for script in [
+        "mv /run/tessera/claims /run/tessera/moved\n",
+        "mv /run/tessera/claims/claim-a /run/tessera/claims/zz\n",
+        "mkdir -p /run/elsewhere && mv /run/tessera /run/elsewhere/t\n",
+    ] {
+        let sb = one_gpu(4 * MIB);
+        let o = RunOpts {
+            extra_script: script.into(),
+            ..opts()
+        };
+        let out = sb.client(
+            &o,
+            &[
+                "ctx", "0", "alloc", "6291456", "alloc", "4194304", "meminfo",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "ok".to_string(),
+                OOM.to_string(),
+                "ok 0".to_string(),
+                format!("ok 0 {}", 4 * MIB)
+            ],
+            "{script}"
+        );
+        assert!(sb.ledger().peak[0] <= 4 * MIB, "{script}");
+    }
+}
+
+/// A claim's files mounted from outside the plugin's run directory (what a tenant's
+/// volume `subPath` mount produces) count for nothing: no budget is added.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn claim_files_mounted_from_elsewhere_add_no_budget() {
+    if !require("subpath") {
+        return;
+    }
+    let forged = forged_claim();
+    let src = forged.dir.path().join("claims/forged");
+    let mut script = String::from("mkdir -p /run/tessera/claims/forged\n");
+    for f in ["limits", "control", "region"] {
+        script += &format!(
+            "touch /run/tessera/claims/forged/{f}\nmount --bind {}/{f} /run/tessera/claims/forged/{f}\n",
+            src.display()
+        );
+        if f != "region" {
+            script += &format!("mount -o remount,bind,ro /run/tessera/claims/forged/{f}\n");
+        }
+    }
+    let sb = one_gpu(4 * MIB);
+    let o = RunOpts {
+        extra_script: script,
+        ..opts()
+    };
+    let out = sb.client(&o, &["ctx", "0", "alloc", "6291456", "meminfo"]);
+    assert_eq!(
+        out,
+        [
+            "ok".to_string(),
+            OOM.to_string(),
+            format!("ok {} {}", 4 * MIB, 4 * MIB)
+        ]
+    );
+    let r = forged.region("forged");
+    assert_eq!(
+        (r.gpus[0].used, r.gpus[0].peak, r.slots.len()),
+        (0, 0, 0),
+        "the forged region was never touched"
+    );
+}
+
+/// A volume mounted over the claims' directory hides the real files behind files of
+/// the tenant's choosing; the library opens each claim file through its own mount,
+/// finds something else there, and refuses every allocation (201:
+/// `CUDA_ERROR_INVALID_CONTEXT`, once the context itself was refused).
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn a_volume_over_the_claims_fails_closed() {
+    if !require("overmount") {
+        return;
+    }
+    let forged = forged_claim();
+    let src = forged.dir.path().join("claims/forged");
+    let sb = one_gpu(4 * MIB);
+    let o = RunOpts {
+        extra_script: format!(
+            "mount -t tmpfs tmpfs /run/tessera\nmkdir -p /run/tessera/claims/claim-a\n\
+             cp {0}/control {0}/region /run/tessera/claims/claim-a/\n\
+             sed s/forged/claim-a/ {0}/limits > /run/tessera/claims/claim-a/limits\n",
+            src.display()
+        ),
+        ..opts()
+    };
+    let out = sb.client_output(&o, &["ctx", "0", "alloc", "1", "meminfo"]);
+    // Even the context's charge is refused (so nothing after it has a context).
+    assert_eq!(lines(&out.stdout), [OOM, "err 201", "err 201"], "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not the mounted claim file"), "{err}");
+    assert_eq!(sb.ledger().peak[0], 0);
+}
+
+/// A copy of the library loaded from anywhere but the plugin's run directory (a
+/// tenant's `LD_PRELOAD` of one, ahead of the front) anchors no claim and refuses
+/// every allocation rather than run unbudgeted.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn a_copy_of_the_library_from_elsewhere_fails_closed() {
+    if !require("copy") {
+        return;
+    }
+    let art = artifacts();
+    let copy = art.lib_dir.join("libtessera_cuda.so");
+    for mode in ["gpa", "dlsym"] {
+        let sb = one_gpu(4 * MIB);
+        let o = RunOpts {
+            env: vec![("LD_PRELOAD".into(), copy.display().to_string())],
+            mode: Some(mode),
+            ..opts()
+        };
+        let out = sb.client_output(&o, &["ctx", "0", "alloc", "1", "alloc", "1"]);
+        assert_eq!(
+            lines(&out.stdout),
+            [OOM, "err 201", "err 201"],
+            "{mode}: {out:?}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("was not installed by the plugin"),
+            "{mode}: {err}"
+        );
+        assert_eq!(sb.ledger().peak[0], 0, "{mode}");
+    }
+}
+
 /// A process that never calls CUDA opens no region and takes no slot; a CUDA
 /// process does take one (flagged "no CUDA call yet" until it allocates).
 #[test]

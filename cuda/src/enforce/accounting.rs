@@ -11,6 +11,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -48,6 +49,9 @@ pub struct State {
     pub gpus: Vec<MergedGpu>,
     /// Some claim had no free slot: refuse every budgeted allocation.
     pub fail_closed: bool,
+    /// The claims could not be established: every device counts as budgeted and
+    /// every allocation is refused.
+    pub refuse_all: bool,
     /// Per CUDA ordinal: 0 = not looked up, 1 = unbudgeted, 2 + i = `gpus[i]`,
     /// 0xffff_ffff = UUID unavailable.
     devices: [AtomicU32; MAX_DEVICES],
@@ -109,6 +113,76 @@ fn random_token() -> u128 {
     if t == 0 { 1 } else { t }
 }
 
+/// Where the plugin's run directory is, as (filesystem `major:minor`, path within
+/// it): from the file this library's code is mapped from, opened again and checked to
+/// be that same file on the mount `mnt_id` names.
+fn run_dir(entries: &[budget::MountEntry]) -> Result<(String, String), String> {
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
+    let (dev, ino, path) = budget::mapping_at(&maps, run_dir as *const () as usize)
+        .ok_or("this library's file is not in /proc/self/maps")?;
+    let f = open_nonblocking(&path, false).map_err(|e| format!("cannot open {path}: {e}"))?;
+    let md = f.metadata().map_err(|e| format!("{path}: {e}"))?;
+    if budget::dev_string(md.dev()) != dev || md.ino() != ino {
+        return Err(format!(
+            "{path} is no longer the file this library was loaded from"
+        ));
+    }
+    let id = mount_id(&f)?;
+    let m = entries
+        .iter()
+        .find(|e| e.id == id)
+        .ok_or_else(|| format!("{path}: mount {id} is not in mountinfo"))?;
+    let rel = budget::path_in_filesystem(m, &path)
+        .ok_or_else(|| format!("{path} is not under its mount point {}", m.point))?;
+    let run = budget::run_dir_root(&rel).ok_or_else(|| {
+        format!("this library ({path}, {rel} in its filesystem) was not installed by the plugin")
+    })?;
+    Ok((m.dev.clone(), run))
+}
+
+/// Opens without following the last component's FIFO semantics (a FIFO put in a
+/// file's place would block the open) and never as the controlling terminal.
+fn open_nonblocking(path: &str, write: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// The mount an open file is on (`mnt_id` of `/proc/self/fdinfo`).
+fn mount_id(f: &File) -> Result<u64, String> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd()))
+        .map_err(|e| format!("cannot read fdinfo: {e}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "fdinfo has no mnt_id".to_string())
+}
+
+/// Opens a claim file through its mount: whatever its path now names, the file must
+/// be a regular file on that very mount (a path a tenant re-pointed, by renaming
+/// directories or by mounting a volume over them, is refused).
+fn open_mounted(file: &budget::ClaimFile, write: bool) -> Result<File, String> {
+    let f = open_nonblocking(&file.path, write)
+        .map_err(|e| format!("cannot open {}: {e}", file.path))?;
+    let id = mount_id(&f)?;
+    if id != file.mount_id {
+        return Err(format!(
+            "{} is not the mounted claim file (mount {id}, not {})",
+            file.path, file.mount_id
+        ));
+    }
+    let md = f.metadata().map_err(|e| format!("{}: {e}", file.path))?;
+    if !md.is_file() {
+        return Err(format!("{} is not a regular file", file.path));
+    }
+    Ok(f)
+}
+
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -121,6 +195,7 @@ impl State {
             claims: Vec::new(),
             gpus: Vec::new(),
             fail_closed: false,
+            refuse_all: false,
             devices: [const { AtomicU32::new(DEV_UNKNOWN) }; MAX_DEVICES],
             no_cuda_cleared: std::sync::atomic::AtomicBool::new(false),
             last_reclaim_ns: std::sync::atomic::AtomicU64::new(0),
@@ -128,31 +203,44 @@ impl State {
         }
     }
 
-    /// Reads the mounted claims, maps their regions and takes a slot in each. A claim
-    /// whose files cannot be read is logged and left out; one whose region has no
-    /// free slot makes the process fail closed.
+    /// Reads the mounted claims, maps their regions and takes a slot in each. Fails
+    /// closed (every allocation refused, [`State::refuse_all`]) when the claims cannot
+    /// be established: mountinfo unreadable, this library not loaded from the plugin's
+    /// run directory, or a claim of that directory whose files cannot be opened
+    /// through their mounts or read. A claim whose region has no free slot fails
+    /// closed on its GPUs.
     fn load() -> Self {
+        match Self::try_load() {
+            Ok(st) => st,
+            Err(e) => {
+                log(format_args!("{e}; refusing every allocation"));
+                let mut st = State::empty();
+                st.fail_closed = true;
+                st.refuse_all = true;
+                st
+            }
+        }
+    }
+
+    fn try_load() -> Result<Self, String> {
         let mut st = State::empty();
-        let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-            return st;
-        };
-        let mounted = budget::mounted_claims(&mountinfo);
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let entries = budget::parse_mountinfo(&mountinfo);
+        let (dev, run) = run_dir(&entries)?;
+        let mounted = budget::mounted_claims(&entries, &dev, &run)?;
         let mut limits = Vec::new();
         for mc in mounted {
-            match Self::open_claim(&mc) {
-                Ok((claim, l)) => {
-                    if claim.slot.is_none() {
-                        log(format_args!(
-                            "claim {}: every process slot is in use; refusing all allocations on its GPUs",
-                            mc.uid
-                        ));
-                        st.fail_closed = true;
-                    }
-                    st.claims.push(claim);
-                    limits.push(l);
-                }
-                Err(e) => log(format_args!("claim {}: {e}; ignored", mc.uid)),
+            let (claim, l) = Self::open_claim(&mc).map_err(|e| format!("claim {}: {e}", mc.uid))?;
+            if claim.slot.is_none() {
+                log(format_args!(
+                    "claim {}: every process slot is in use; refusing all allocations on its GPUs",
+                    mc.uid
+                ));
+                st.fail_closed = true;
             }
+            st.claims.push(claim);
+            limits.push(l);
         }
         let claims = &st.claims;
         st.gpus = budget::merge(&limits, |c, uuid| claims[c].region.gpu_index(uuid));
@@ -162,31 +250,24 @@ impl State {
             }
         }
         st.launch = launch_parts(&st.claims, &st.gpus);
-        st
+        Ok(st)
     }
 
     fn open_claim(mc: &budget::MountedClaim) -> Result<(Claim, Limits), String> {
-        let text = std::fs::read_to_string(format!("{}/limits", mc.dir))
+        let mut text = String::new();
+        open_mounted(&mc.limits, false)?
+            .read_to_string(&mut text)
             .map_err(|e| format!("cannot read limits: {e}"))?;
         let limits = Limits::parse(&text).map_err(|e| format!("limits: {e}"))?;
         if limits.claim_uid != mc.uid {
             return Err(format!("limits name claim {}", limits.claim_uid));
         }
-        let path = format!("{}/region", mc.dir);
-        let open = || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("cannot open region: {e}"))
-        };
-        let lock_file = open()?;
-        let reclaim_file = open()?;
+        let lock_file = open_mounted(&mc.region, true)?;
+        let reclaim_file = open_mounted(&mc.region, true)?;
         let region = Region::map(&lock_file, true).map_err(|e| format!("region: {e}"))?;
         // Never unmapped: the state lives as long as the process.
         let region: &'static Region = Box::leak(Box::new(region));
-        let control = match File::open(format!("{}/control", mc.dir))
-            .map_err(|e| e.to_string())
+        let control = match open_mounted(&mc.control, false)
             .and_then(|f| Control::map(&f, false).map_err(|e| e.to_string()))
         {
             Ok(c) => Some(&*Box::leak(Box::new(c))),
@@ -229,9 +310,10 @@ impl State {
         ))
     }
 
-    /// Whether any claim binds this process (otherwise every hook passes through).
+    /// Whether any claim binds this process (otherwise every hook passes through),
+    /// or the library failed closed.
     pub fn active(&self) -> bool {
-        !self.claims.is_empty()
+        !self.claims.is_empty() || self.refuse_all
     }
 
     /// The merged GPU for CUDA ordinal `dev`: `Ok(None)` when unbudgeted. `uuid_of`
@@ -241,6 +323,9 @@ impl State {
         dev: i32,
         uuid_of: impl FnOnce(i32) -> Option<String>,
     ) -> Result<Option<usize>, Refused> {
+        if self.refuse_all {
+            return Err(Refused::NoSlot);
+        }
         let Some(slot) = usize::try_from(dev).ok().and_then(|d| self.devices.get(d)) else {
             return Err(Refused::NoSlot);
         };

@@ -11,6 +11,9 @@ fn budget_of_device(dev: CUdevice) -> Option<(u64, u64)> {
     if !st.active() {
         return None;
     }
+    if st.refuse_all {
+        return Some((0, 0));
+    }
     match st.gpu_for(dev, cuda_uuid) {
         Ok(Some(g)) => st.usage(g),
         _ => None,
@@ -70,6 +73,9 @@ fn budget_of_nvml(device: NvmlDevice) -> Option<(u64, u64)> {
     let st = accounting::state();
     if !st.active() {
         return None;
+    }
+    if st.refuse_all {
+        return Some((0, 0));
     }
     let p = driver(DriverFn::NvmlDeviceGetUuid);
     if p == 0 {

@@ -4,7 +4,8 @@
 //! asked) where the files are bind-mounted as the plugin mounts them in production:
 //! `limits` and `control` read-only, `region` read-write under
 //! `/run/tessera/claims/<uid>/`, the library directory read-only at
-//! `/usr/local/tessera/lib`, and `/etc/ld.so.preload` (in an overlay of `/etc`)
+//! `/usr/local/tessera/lib` (from `<sandbox>/lib/v.<random>/`, beside `<sandbox>/claims/`,
+//! as the plugin's run directory holds them), and `/etc/ld.so.preload` (in an overlay of `/etc`)
 //! naming the front library there, which loads the interception library beside it
 //! (as the plugin installs them). Nothing touches the host's paths, so cases run in parallel.
 //!
@@ -371,9 +372,14 @@ impl Sandbox {
             }
         }
         s += &opts.extra_script;
+        // The library directory is laid out as the plugin installs it, beside the
+        // claims: `<run>/lib/<version>/` (hard links, else copies, of the build), since
+        // the library trusts only claims mounted from its own run directory.
         s += &format!(
-            "\nmount -t tmpfs tmpfs /usr/local\nmkdir -p /usr/local/tessera/lib\n\
-             mount --bind {lib} /usr/local/tessera/lib\n\
+            "\nmkdir -p {root}/lib\nv=$(mktemp -d {root}/lib/v.XXXXXX)\n\
+             ln {lib}/* $v/ 2>/dev/null || cp {lib}/* $v/\n\
+             mount -t tmpfs tmpfs /usr/local\nmkdir -p /usr/local/tessera/lib\n\
+             mount --bind $v /usr/local/tessera/lib\n\
              mount -o remount,bind,ro /usr/local/tessera/lib\n\
              mkdir -p {root}/etc-upper-$$ {root}/etc-work-$$\n\
              mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper-$$,workdir={root}/etc-work-$$ /etc\n\
