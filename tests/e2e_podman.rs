@@ -377,7 +377,8 @@ async fn share(
 /// Shared claims through podman with the real interception library preloaded by the
 /// spec: budgets enforced over the fake driver, shared by two containers of one claim,
 /// separate per claim, merged with a whole GPU in one container, and not disabled by
-/// the tenant's environment, a forged limits file or renamed claim directories.
+/// the tenant's environment, a forged limits file or renamed claim directories; a
+/// process with a `dlsym`-defining library preloaded ahead of Tessera's is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and podman"]
 async fn podman_enforces_shared_budgets() {
@@ -416,9 +417,11 @@ async fn podman_enforces_shared_budgets() {
          unset LD_PRELOAD; LD_PRELOAD= CUDA_DISABLE_CONTROL=true TESSERA_DISABLE=1 {client} alloc {}; \
          {forged}; {client} alloc {}; \
          mv /run/tessera/claims /run/tessera/moved; {client} alloc {}; \
-         mv /run/tessera /run/elsewhere; {client} alloc {}",
+         mv /run/tessera /run/elsewhere; {client} alloc {}; \
+         LD_PRELOAD=libc.so.6 /usr/local/bin/cuda_client dlsym ctx 0 alloc {}; echo status $?",
         21 * GIB,
         10 * GIB,
+        21 * GIB,
         21 * GIB,
         21 * GIB,
         21 * GIB,
@@ -446,8 +449,14 @@ async fn podman_enforces_shared_budgets() {
         ("err 2", "err 2"),
         "renaming the directories above the claim mounts changes nothing: {r:?}"
     );
+    assert_eq!(
+        r.len(),
+        12,
+        "LD_PRELOAD=libc.so.6 (it defines dlsym, ahead of Tessera's): stopped before main: {r:?}"
+    );
+    assert!(out.stdout.contains("status 126"), "{}", out.stdout);
     eprintln!(
-        "passed: budget, virtual total, tenant tricks, forged limits, renamed claim directories in {:?}",
+        "passed: budget, virtual total, tenant tricks, forged limits, renamed claim directories, LD_PRELOAD=libc.so.6 in {:?}",
         t.elapsed()
     );
 

@@ -19,6 +19,9 @@
 //! * It tells the interception library where its own stubs are
 //!   (`tessera_front_attach`), so a lookup that finds them is never taken for the
 //!   driver.
+//! * At load it runs one check ([`refuse_interposers_ahead`]): a library that
+//!   `LD_PRELOAD` put ahead of this one and that defines `dlsym` or a hooked name stops
+//!   the process, which it would otherwise take around the budget.
 //! * **Fails closed.** If the interception library cannot be loaded (missing, not the
 //!   build beside this one), every hook returns 999 (`CUDA_ERROR_UNKNOWN`, and
 //!   `NVML_ERROR_UNKNOWN`), a hooked name looked up by `dlsym` is that failure too, and
@@ -27,7 +30,7 @@
 //! `dlopen`, `dlsym` and `dlerror` are found by name and version in the loaded objects
 //! (`src/loader/elf_symbols.rs`): libc on glibc 2.34 and later, libdl before (which every
 //! process that can reach CUDA has). The only NEEDED object is libc; the functions
-//! linked by name are `dl_iterate_phdr`, `write`, `abort` and what `core` calls
+//! linked by name are `dl_iterate_phdr`, `write`, `abort`, `_exit` and what `core` calls
 //! (`memcpy`, `memset`, `strlen`, `bcmp`), none newer than `GLIBC_2.14`.
 //!
 //! Built by `cuda/build.rs` with `rustc -C panic=abort` (a library without std cannot
@@ -69,6 +72,44 @@ core::arch::global_asm!(
 unsafe extern "C" {
     fn abort() -> !;
     fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
+    fn _exit(status: c_int) -> !;
+}
+
+/// How a process stopped by [`refuse_interposers_ahead`] exits (126: "cannot
+/// execute", as a shell says for a command it could not run).
+const STOPPED: c_int = 126;
+
+/// Run by ld.so before `main`, the one thing this library does at load.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static CHECK_AT_LOAD: unsafe extern "C" fn() = refuse_interposers_ahead;
+
+/// Stops the process if an object loaded ahead of this one (which only `LD_PRELOAD`
+/// can place there) defines `dlsym`, `dlvsym` or a hooked CUDA or NVML name: ld.so
+/// would bind the program's lookups to it before this library's, so a program that
+/// `dlopen`s the driver and looks its functions up (as cudart, PyTorch and
+/// cuda-bindings do) would get the bare driver. `LD_PRELOAD=libc.so.6` (glibc 2.34+
+/// defines `dlsym`) and a preloaded driver are the configurations this stops; the
+/// interception library itself (it defines `tessera_front_attach`) may come first.
+/// It cannot wait for the first CUDA call: the program never calls through here.
+/// Costs one walk of the objects ahead (normally the program alone).
+unsafe extern "C" fn refuse_interposers_ahead() {
+    let me = refuse_interposers_ahead as *const () as usize;
+    let Some((object, name)) =
+        elf_symbols::defined_ahead(me, &[b"dlsym\0dlvsym\0", NAMES], b"tessera_front_attach\0")
+    else {
+        return;
+    };
+    put(b"tessera: ");
+    if !object.is_null() {
+        // SAFETY: ld.so's name for a loaded object.
+        put(unsafe { cstr(object) });
+    }
+    put(b" is loaded ahead of Tessera's interposer (LD_PRELOAD) and defines ");
+    put(name.strip_suffix(b"\0").unwrap_or(name));
+    put(b": CUDA could reach the GPU around this container's budget, so the process stops; remove it from LD_PRELOAD\n");
+    // SAFETY: ends the process; nothing of it has run yet.
+    unsafe { _exit(STOPPED) }
 }
 
 /// The interception library's file name, looked for beside this one.

@@ -350,6 +350,53 @@ fn a_copy_of_the_library_from_elsewhere_fails_closed() {
     }
 }
 
+/// A library preloaded ahead of Tessera's front that defines `dlsym` (glibc's own
+/// libc, since 2.34) or the driver's entry points (the driver itself) would answer
+/// the program's lookups first and hand it the bare driver: the front stops such a
+/// process before `main`, with exit status 126 and one line saying which library and
+/// why. Through both lookup paths of the client.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn an_interposer_preloaded_ahead_of_tessera_stops_the_process() {
+    if !require("interposer") {
+        return;
+    }
+    for (preload, defines) in [
+        ("libc.so.6", "defines dlsym"),
+        ("libcuda.so.1", "defines cu"),
+        ("libm.so.6:libc.so.6", "defines dlsym"),
+    ] {
+        for mode in ["gpa", "dlsym"] {
+            let sb = one_gpu(4 * MIB);
+            let o = RunOpts {
+                env: vec![("LD_PRELOAD".into(), preload.into())],
+                mode: Some(mode),
+                ..opts()
+            };
+            let out = sb.client_output(&o, &["ctx", "0", "alloc", "6291456"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(126), "{preload} {mode}: {out:?}");
+            assert!(lines(&out.stdout).is_empty(), "{preload} {mode}: {out:?}");
+            assert!(
+                err.contains(defines) && err.contains("remove it from LD_PRELOAD"),
+                "{preload} {mode}: {err}"
+            );
+            assert_eq!(sb.ledger().peak[0], 0, "{preload} {mode}");
+        }
+    }
+    // So does a process that never touches CUDA: the front cannot know it will not.
+    let sb = one_gpu(4 * MIB);
+    let o = RunOpts {
+        env: vec![("LD_PRELOAD".into(), "libc.so.6".into())],
+        ..opts()
+    };
+    let out = sb
+        .command(&o, std::path::Path::new("/bin/true"), &[])
+        .output()
+        .expect("true");
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+}
+
 /// A process that never calls CUDA opens no region and takes no slot; a CUDA
 /// process does take one (flagged "no CUDA call yet" until it allocates).
 #[test]

@@ -100,6 +100,7 @@ const DT_VERSYM: i64 = 0x6fff_fff0;
 const DT_VERDEF: i64 = 0x6fff_fffc;
 const DT_VERDEFNUM: i64 = 0x6fff_fffd;
 const STT_FUNC: u8 = 2;
+const STT_GNU_IFUNC: u8 = 10;
 
 #[repr(C)]
 struct Dyn {
@@ -138,7 +139,8 @@ struct Tables {
 }
 
 impl Tables {
-    /// Whether symbol `idx` is the defined function `q.name` at version `q.ver`.
+    /// Whether symbol `idx` is the defined function `q.name` at version `q.ver` (an
+    /// empty `q.ver`: at any version or none, an indirect function too).
     ///
     /// # Safety
     /// `idx` must be a symbol index of the object.
@@ -146,8 +148,15 @@ impl Tables {
         // SAFETY: per the caller, and the object's own tables.
         unsafe {
             let sym = &*(self.symtab as *const Sym).add(idx);
+            let kind = sym.info & 0xf;
+            if q.ver.is_empty() {
+                return (sym.shndx != 0
+                    && (kind == STT_FUNC || kind == STT_GNU_IFUNC)
+                    && cstr_is(self.strtab + sym.name as usize, q.name))
+                .then_some(sym.value);
+            }
             (sym.shndx != 0
-                && sym.info & 0xf == STT_FUNC
+                && kind == STT_FUNC
                 && cstr_is(self.strtab + sym.name as usize, q.name)
                 && version_is(
                     *(self.versym as *const u16).add(idx) & 0x7fff,
@@ -161,24 +170,20 @@ impl Tables {
     }
 }
 
-/// One object: its symbol `q.name` with version `q.ver`, through its GNU hash table,
-/// or its SysV one if it has no GNU table.
+/// One object's symbol tables and its GNU and SysV hash tables (0 where absent).
+/// `None` for an object without a dynamic section, string or symbol table.
 ///
 /// # Safety
-/// Called by `dl_iterate_phdr` with a valid `info` and `data` = a `Query`.
-unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
-    // SAFETY: per the caller.
-    let (info, q) = unsafe { (&*info, &mut *data.cast::<Query>()) };
+/// `info` must be what `dl_iterate_phdr` passed.
+unsafe fn object_tables(info: &DlPhdrInfo) -> Option<(Tables, usize, usize)> {
     let base = info.dlpi_addr as usize;
     if info.dlpi_phdr.is_null() {
-        return 0;
+        return None;
     }
     // SAFETY: ld.so's program headers for this object.
     let phdrs =
         unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
-        return 0;
-    };
+    let dynamic = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC)?;
     // glibc relocates the dynamic section's addresses in place where it is writable;
     // the vDSO's (and a read-only one) stay relative to the base.
     let addr = |v: u64| -> usize {
@@ -211,27 +216,130 @@ unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_voi
             d = d.add(1);
         }
     }
-    if t.strtab == 0 || t.symtab == 0 || t.versym == 0 || t.verdef == 0 {
-        return 0;
+    (t.strtab != 0 && t.symtab != 0).then_some((t, gnu, sysv))
+}
+
+/// `q` in one object's tables: the symbol's value (relative to the object's base).
+///
+/// # Safety
+/// The tables of one loaded object, as [`object_tables`] found them.
+unsafe fn lookup(t: &Tables, gnu: usize, sysv: usize, q: &Query) -> Option<u64> {
+    if !q.ver.is_empty() && (t.versym == 0 || t.verdef == 0) {
+        return None;
     }
     // SAFETY: the hash tables ld.so itself reads for this object.
-    let value = unsafe {
+    unsafe {
         if gnu != 0 {
-            gnu_lookup(gnu, &t, q)
+            gnu_lookup(gnu, t, q)
         } else if sysv != 0 {
-            sysv_lookup(sysv, &t, q)
+            sysv_lookup(sysv, t, q)
         } else {
             None
         }
+    }
+}
+
+/// One object: its symbol `q.name` with version `q.ver`, through its GNU hash table,
+/// or its SysV one if it has no GNU table.
+///
+/// # Safety
+/// Called by `dl_iterate_phdr` with a valid `info` and `data` = a `Query`.
+unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+    // SAFETY: per the caller.
+    let (info, q) = unsafe { (&*info, &mut *data.cast::<Query>()) };
+    // SAFETY: as above.
+    let Some((t, gnu, sysv)) = (unsafe { object_tables(info) }) else {
+        return 0;
     };
-    match value {
+    // SAFETY: this object's tables.
+    match unsafe { lookup(&t, gnu, sysv, q) } {
         Some(v) => {
-            q.found = base + v as usize;
+            q.found = info.dlpi_addr as usize + v as usize;
             q.object = info.dlpi_name;
             1
         }
         None => 0,
     }
+}
+
+/// The first object loaded ahead of the one spanning `stop`, the main program
+/// excepted, that defines a function named in `lists` (each a run of NUL-terminated
+/// names; at any version) and does not define `unless`: (its name as ld.so has it,
+/// the name it defines, NUL included). Objects load in the order ld.so searches them
+/// for a program's symbols, so such an object answers before the one at `stop`.
+pub fn defined_ahead(
+    stop: usize,
+    lists: &[&'static [u8]],
+    unless: &'static [u8],
+) -> Option<(*const c_char, &'static [u8])> {
+    struct Ahead<'a> {
+        stop: usize,
+        lists: &'a [&'static [u8]],
+        unless: &'static [u8],
+        seen: usize,
+        found: Option<(*const c_char, &'static [u8])>,
+    }
+    fn query(name: &'static [u8]) -> Query {
+        let bare = name.strip_suffix(b"\0").unwrap_or(name);
+        Query {
+            name,
+            ver: b"",
+            gnu_hash: gnu_hash(bare),
+            sysv_hash: sysv_hash(bare),
+            found: 0,
+            object: core::ptr::null(),
+        }
+    }
+    unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: per dl_iterate_phdr, with `data` = an `Ahead`.
+        let (info, a) = unsafe { (&*info, &mut *data.cast::<Ahead>()) };
+        a.seen += 1;
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: ld.so's program headers for this object.
+        let phdrs =
+            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
+        let spans_stop = phdrs.iter().filter(|p| p.p_type == PT_LOAD).any(|p| {
+            let lo = base.wrapping_add(p.p_vaddr as usize);
+            (lo..lo.wrapping_add(p.p_memsz as usize)).contains(&a.stop)
+        });
+        if spans_stop {
+            return 1;
+        }
+        if a.seen == 1 {
+            return 0; // the main program
+        }
+        // SAFETY: as above.
+        let Some((t, gnu, sysv)) = (unsafe { object_tables(info) }) else {
+            return 0;
+        };
+        // SAFETY: this object's tables.
+        if unsafe { lookup(&t, gnu, sysv, &query(a.unless)) }.is_some() {
+            return 0;
+        }
+        for list in a.lists {
+            for name in list.split_inclusive(|&c| c == 0) {
+                // SAFETY: as above.
+                if unsafe { lookup(&t, gnu, sysv, &query(name)) }.is_some() {
+                    a.found = Some((info.dlpi_name, name));
+                    return 1;
+                }
+            }
+        }
+        0
+    }
+    let mut a = Ahead {
+        stop,
+        lists,
+        unless,
+        seen: 0,
+        found: None,
+    };
+    // SAFETY: the callback reads only what ld.so mapped.
+    unsafe { dl_iterate_phdr(Some(visit), (&raw mut a).cast()) };
+    a.found
 }
 
 /// # Safety
