@@ -372,16 +372,18 @@ fn the_release_library_works_on_glibc_2_31() {
         needed.contains("libpthread.so.0") && needed.contains("libdl.so.2"),
         "the client must load libdl and libpthread as on old glibc: {needed}"
     );
-    // An overlay of the cached root filesystem, with the claim mounted as the plugin
-    // mounts it (limits and control read-only), the library, the fake and the client.
+    // An overlay of the cached root filesystem, with the claim and the libraries
+    // mounted as the plugin mounts them (from one run directory: `<d>/claims/claim-a/`,
+    // limits and control read-only, and `<d>/lib/v/`), the fake and the client.
     let (dd, r) = (d.display(), d.join("root"));
     let rr = r.display();
     let mut script = format!(
         "set -e\nmkdir -p {dd}/up {dd}/work {rr}\n\
          mount -t overlay overlay -o lowerdir={rootfs},upperdir={dd}/up,workdir={dd}/work {rr}\n\
          mount -t proc proc {rr}/proc\n\
-         mkdir -p {rr}/run/tessera/claims/claim-a {rr}/usr/local/tessera/lib {rr}/fake\n\
-         cp {lib} {rr}{CORE_PATH}\ncp {front} {rr}{PRELOAD_PATH}\ncp {fake} {rr}/fake/\ncp {client} {rr}/cuda_client\n\
+         mkdir -p {rr}/run/tessera/claims/claim-a {rr}/usr/local/tessera/lib {rr}/fake {dd}/lib/v\n\
+         cp {lib} {front} {dd}/lib/v/\nmount --bind {dd}/lib/v {rr}/usr/local/tessera/lib\n\
+         cp {fake} {rr}/fake/\ncp {client} {rr}/cuda_client\n\
          touch {rr}/ledger\nmount --bind {dd}/ledger {rr}/ledger\n",
         rootfs = rootfs.display(),
         lib = lib.display(),
