@@ -206,7 +206,18 @@ struct InventoryArgs {
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() -> Result<std::process::ExitCode> {
-    let cli = Cli::parse();
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `kubectl exec <plugin pod> -- tessera doctor`: the flags of the plugin beside it.
+    let mut adopted = None;
+    if argv.get(1).is_some_and(|a| a == "doctor")
+        && let Some((pid, plugin)) =
+            tessera::doctor::flags::find_plugin(std::path::Path::new("/proc"))
+        && let Some(with) = tessera::doctor::flags::adopt(&argv, &plugin)
+    {
+        argv = with;
+        adopted = Some(pid);
+    }
+    let cli = Cli::parse_from(argv);
     let default_level = "info";
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -217,6 +228,12 @@ fn main() -> Result<std::process::ExitCode> {
         // Colour only on a terminal: a container log (`kubectl logs`) gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(pid) = adopted {
+        tracing::info!(
+            pid,
+            "using the flags of the `tessera plugin` process in this container"
+        );
+    }
     let ok = std::process::ExitCode::SUCCESS;
     match cli.command {
         Command::Inventory(a) => inventory(a).map(|()| ok),

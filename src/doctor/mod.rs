@@ -5,11 +5,13 @@
 //! [`Finding`]s; the gathering is thin and lives beside it (`gather_*`). The files:
 //! `node.rs` (driver root, driver, device nodes, driver files, directories, watchdog
 //! prerequisites), `runtime.rs` (containerd and CRI-O applying CDI), `api.rs` (the API
-//! server: reachability, RBAC, DRA features, other owners of the GPUs),
+//! server: reachability, RBAC, DRA features, other owners of the GPUs), `flags.rs`
+//! (a bare `tessera doctor` in the plugin's container takes the plugin's flags),
 //! `interception.rs` (the interception library on this host's glibc). [`run`] runs
 //! them all in order and never stops early: a failing check is a finding.
 
 pub mod api;
+pub mod flags;
 pub mod interception;
 pub mod node;
 pub mod runtime;
