@@ -161,6 +161,10 @@ struct DoctorArgs {
     plugin: PluginArgs,
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     output: DoctorOutput,
+    /// Where the container runtime's process is looked for (to read the config it was
+    /// started with); default: --proc-root.
+    #[arg(long)]
+    runtime_proc: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -406,10 +410,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
 
 /// `tessera doctor`: the plugin's view of this node, checked; exit 1 on any fail.
 async fn doctor(d: DoctorArgs) -> Result<std::process::ExitCode> {
-    let a = d.plugin;
-    let paths = backend_paths(&a);
-    let layout = layout(&a, &paths);
-    let opts = plugin_options(&a, &layout)?;
+    let a = &d.plugin;
+    let paths = backend_paths(a);
+    let layout = layout(a, &paths);
+    let opts = plugin_options(a, &layout)?;
     // Read-only: doctor may run beside the plugin; it writes no state.
     let node = load_node(
         &layout.backend,
@@ -418,11 +422,15 @@ async fn doctor(d: DoctorArgs) -> Result<std::process::ExitCode> {
         StateAccess::ReadOnly,
     )
     .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
-    let client = kube_client(&a).await.map_err(|e| format!("{e:#}"));
+    let client = kube_client(a).await.map_err(|e| format!("{e:#}"));
     let input = tessera::doctor::DoctorInput {
         opts,
         backend: layout.backend.clone(),
         host_root: a.host_root.clone(),
+        runtime_proc: d
+            .runtime_proc
+            .clone()
+            .unwrap_or_else(|| a.proc_root.clone()),
         layout,
         node,
         client,

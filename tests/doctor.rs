@@ -185,6 +185,8 @@ impl FakeNode {
             opts,
             backend: BackendSpec::Mock(None),
             host_root: self.host.clone(),
+            // No runtime process: the config under the fake host root is the one read.
+            runtime_proc: self.host.join("proc"),
             layout,
             node: Ok(self.h.model.clone()),
             client: Ok(self.h.api.client().unwrap()),
@@ -586,6 +588,8 @@ fn cli_args(cmd: &mut Command, n: &FakeNode, kubeconfig: &Path) {
         .arg("--backend=mock")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--host-root={}", n.host.display()))
+        // No runtime process (a cluster on the test machine would be found otherwise).
+        .arg(format!("--runtime-proc={}", n.host.join("proc").display()))
         .arg(format!("--dev-root={}", n.dev_root.display()))
         .arg("--host-dev-root=/")
         .arg(format!("--driver-root={}", p.driver_root.display()))

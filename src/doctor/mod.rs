@@ -154,6 +154,9 @@ pub struct DoctorInput {
     pub opts: PluginOptions,
     pub backend: BackendSpec,
     pub host_root: PathBuf,
+    /// Where the container runtime's process is looked for (its config flag): the
+    /// host's `/proc` (`--proc-root`) in the plugin's pod.
+    pub runtime_proc: PathBuf,
     pub layout: Layout,
     pub node: Result<NodeModel, String>,
     pub client: Result<kube::Client, String>,
@@ -184,6 +187,7 @@ pub async fn run(input: &DoctorInput) -> Report {
     findings.extend(api::check(&api_seen));
     findings.push(runtime::check(&runtime::gather(
         &input.host_root,
+        &input.runtime_proc,
         &paths.cdi_dir,
         api_seen.runtime_version.clone(),
     )));

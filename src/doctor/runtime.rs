@@ -1,7 +1,8 @@
 //! Whether the container runtime will apply the CDI specs Tessera writes: containerd
 //! (`enable_cdi`, off by default on 1.7 and on by default from 2.0; `cdi_spec_dirs`) or
 //! CRI-O (CDI always on since 1.23; `cdi_spec_dirs`), read from their config files
-//! under the host root. The runtime and its version come from the Node's
+//! (containerd's: the running daemon's `--config`, read through `/proc/<pid>/root`;
+//! else under the host root). The runtime and its version come from the Node's
 //! `status.nodeInfo.containerRuntimeVersion` when the API server answered.
 //!
 //! [`judge_containerd`] and [`judge_crio`] are pure; [`gather`] reads the files.
@@ -30,9 +31,51 @@ pub struct SeenRuntime {
     pub crio: Vec<(PathBuf, Result<String, String>)>,
 }
 
-/// Reads `/etc/containerd/config.toml`, `/etc/crio/crio.conf` and
+/// The config file a running containerd uses: its `--config`/`-c` argument, else the
+/// default, read through `<proc>/<pid>/root` (the daemon's own view of its files).
+/// `None` when no process named `containerd` is found in `proc`.
+fn running_containerd_config(proc: &Path) -> Option<PathBuf> {
+    let mut pids: Vec<u32> = std::fs::read_dir(proc)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.into_iter().find_map(|pid| {
+        let dir = proc.join(pid.to_string());
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != "containerd" {
+            return None;
+        }
+        let raw = std::fs::read(dir.join("cmdline")).ok()?;
+        let argv: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let config = config_arg(&argv).unwrap_or("/etc/containerd/config.toml");
+        Some(dir.join("root").join(config.trim_start_matches('/')))
+    })
+}
+
+/// containerd's `--config X`, `--config=X`, `-c X` or `-c=X`. Deterministic.
+fn config_arg(argv: &[String]) -> Option<&str> {
+    argv.iter().enumerate().find_map(|(i, a)| match a.as_str() {
+        "--config" | "-c" => argv.get(i + 1).map(String::as_str),
+        _ => a
+            .strip_prefix("--config=")
+            .or_else(|| a.strip_prefix("-c="))
+            .filter(|v| !v.is_empty()),
+    })
+}
+
+/// Reads containerd's config (the running daemon's, found in `runtime_proc`, else
+/// `/etc/containerd/config.toml` under `host_root`), `/etc/crio/crio.conf` and
 /// `/etc/crio/crio.conf.d/*` under `host_root`.
-pub fn gather(host_root: &Path, cdi_dir: &Path, runtime_version: Option<String>) -> SeenRuntime {
+pub fn gather(
+    host_root: &Path,
+    runtime_proc: &Path,
+    cdi_dir: &Path,
+    runtime_version: Option<String>,
+) -> SeenRuntime {
     let read = |p: PathBuf| -> Option<(PathBuf, Result<String, String>)> {
         match std::fs::read_to_string(&p) {
             Ok(t) => Some((p, Ok(t))),
@@ -40,7 +83,9 @@ pub fn gather(host_root: &Path, cdi_dir: &Path, runtime_version: Option<String>)
             Err(e) => Some((p, Err(e.to_string()))),
         }
     };
-    let containerd = read(host_root.join("etc/containerd/config.toml"));
+    let containerd = running_containerd_config(runtime_proc)
+        .and_then(read)
+        .or_else(|| read(host_root.join("etc/containerd/config.toml")));
     let mut crio: Vec<_> = read(host_root.join("etc/crio/crio.conf"))
         .into_iter()
         .collect();
@@ -342,6 +387,19 @@ mod tests {
         for (v, c, want) in cases {
             assert_eq!(containerd(v, c), want, "{v:?} {c:?}");
         }
+    }
+
+    /// containerd's config flag in its forms.
+    #[test]
+    fn containerd_config_flag_forms() {
+        let a = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            config_arg(&a(&["containerd", "--config", "/x"])),
+            Some("/x")
+        );
+        assert_eq!(config_arg(&a(&["containerd", "--config=/x"])), Some("/x"));
+        assert_eq!(config_arg(&a(&["containerd", "-c", "/x"])), Some("/x"));
+        assert_eq!(config_arg(&a(&["containerd"])), None);
     }
 
     /// CRI-O: on from 1.23; the last file setting cdi_spec_dirs wins.
