@@ -652,3 +652,41 @@ async fn the_cli_prints_its_findings_and_exits_non_zero_on_a_fail() {
     assert_eq!(f["verdict"], "fail");
     assert!(f["fix"].as_str().unwrap().contains("--driver-root"));
 }
+
+/// The runtime's spec dirs are host paths, the plugin's `--cdi-dir` a path in its pod:
+/// they are matched by identity (device and inode) as the runtime resolves them, so the
+/// default `/var/run/cdi` on the host passes when it is the plugin's CDI dir, and a
+/// spec dir that is another directory fails.
+#[tokio::test]
+async fn the_runtime_spec_dirs_are_matched_by_identity_not_by_path() {
+    let n = FakeNode::healthy().await;
+    let run = n.host.join("var/run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::os::unix::fs::symlink(&n.h.opts.paths.cdi_dir, run.join("cdi")).unwrap();
+    std::fs::create_dir_all(n.host.join("etc/cdi")).unwrap();
+    let config = n.host.join("etc/containerd/config.toml");
+    std::fs::write(&config, "version = 3\n").unwrap();
+    let r = n.doctor().await;
+    let f = finding(&r, "container-runtime");
+    assert_eq!(f.verdict, Verdict::Pass, "{}", r.render_text());
+    assert!(
+        f.saw
+            .iter()
+            .any(|s| s.starts_with("/var/run/cdi is the plugin's --cdi-dir")),
+        "{f:?}"
+    );
+
+    std::fs::write(
+        &config,
+        "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\ncdi_spec_dirs = [\"/etc/cdi\"]\n",
+    )
+    .unwrap();
+    let r = n.doctor().await;
+    assert_names(
+        &r,
+        "container-runtime",
+        Verdict::Fail,
+        "CDI spec dirs: /etc/cdi",
+        "cdi_spec_dirs",
+    );
+}

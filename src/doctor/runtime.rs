@@ -29,6 +29,10 @@ pub struct SeenRuntime {
     pub containerd: Option<(PathBuf, Result<String, String>)>,
     /// CRI-O's config files in the order they apply (main file, then drop-ins).
     pub crio: Vec<(PathBuf, Result<String, String>)>,
+    /// For each spec dir the configs (or the defaults) name, whether it is the
+    /// plugin's CDI dir, by device and inode as the runtime resolves it; absent when
+    /// either could not be looked at (then the paths are compared).
+    pub same_dir: Vec<(String, bool)>,
 }
 
 /// The config file a running containerd uses: its `--config`/`-c` argument, else the
@@ -83,9 +87,22 @@ pub fn gather(
             Err(e) => Some((p, Err(e.to_string()))),
         }
     };
-    let containerd = running_containerd_config(runtime_proc)
-        .and_then(read)
-        .or_else(|| read(host_root.join("etc/containerd/config.toml")));
+    let running = running_containerd_config(runtime_proc);
+    let (containerd, containerd_root) = match running.clone().and_then(read) {
+        Some(c) => {
+            // `<proc>/<pid>/root/<config>`: the daemon's root is the part up to `root`.
+            let root = running.as_deref().and_then(|p| {
+                p.ancestors()
+                    .find(|a| a.file_name().is_some_and(|n| n == "root"))
+                    .map(Path::to_path_buf)
+            });
+            (Some(c), root.unwrap_or_else(|| host_root.to_path_buf()))
+        }
+        None => (
+            read(host_root.join("etc/containerd/config.toml")),
+            host_root.to_path_buf(),
+        ),
+    };
     let mut crio: Vec<_> = read(host_root.join("etc/crio/crio.conf"))
         .into_iter()
         .collect();
@@ -94,12 +111,68 @@ pub fn gather(
         names.sort();
         crio.extend(names.into_iter().filter_map(read));
     }
+    // Where each named spec dir is, as its runtime resolves it.
+    let mut named: Vec<(PathBuf, String)> = Vec::new();
+    if let Some((_, Ok(t))) = &containerd {
+        named.extend(
+            spec_dirs_in(t)
+                .into_iter()
+                .map(|d| (containerd_root.clone(), d)),
+        );
+    }
+    for (_, t) in &crio {
+        if let Ok(t) = t {
+            named.extend(
+                spec_dirs_in(t)
+                    .into_iter()
+                    .map(|d| (host_root.to_path_buf(), d)),
+            );
+        }
+    }
+    for d in DEFAULT_CDI_DIRS {
+        named.push((containerd_root.clone(), d.to_string()));
+        named.push((host_root.to_path_buf(), d.to_string()));
+    }
+    let mut same_dir: Vec<(String, bool)> = Vec::new();
+    if let Ok(ours) = std::fs::metadata(cdi_dir) {
+        use std::os::unix::fs::MetadataExt;
+        for (root, d) in named {
+            if same_dir.iter().any(|(x, same)| x == &d && *same) {
+                continue;
+            }
+            if let Ok(m) = std::fs::metadata(root.join(d.trim_start_matches('/'))) {
+                same_dir.retain(|(x, _)| x != &d);
+                same_dir.push((d, m.dev() == ours.dev() && m.ino() == ours.ino()));
+            }
+        }
+    }
     SeenRuntime {
         runtime_version,
         cdi_dir: cdi_dir.to_path_buf(),
         containerd,
         crio,
+        same_dir,
     }
+}
+
+/// Every string in a `cdi_spec_dirs` array anywhere in a TOML document.
+fn spec_dirs_in(text: &str) -> Vec<String> {
+    fn walk(item: &Item, out: &mut Vec<String>) {
+        if let Some(t) = item.as_table_like() {
+            for (k, v) in t.iter() {
+                if k == "cdi_spec_dirs" {
+                    out.extend(strings(Some(v)).unwrap_or_default());
+                } else {
+                    walk(v, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(doc) = Document::parse(text.to_string()) {
+        walk(doc.as_item(), &mut out);
+    }
+    out
 }
 
 /// The runtime's name and (major, minor) from `containerd://1.7.24`.
@@ -160,9 +233,25 @@ fn same_dir(a: &str, b: &Path) -> bool {
     norm(a) == norm(&b.display().to_string())
 }
 
-fn dirs_verdict(mut saw: Vec<String>, dirs: &[String], cdi_dir: &Path, setting: &str) -> Finding {
+/// Whether the spec dirs include the plugin's CDI dir (by identity where it was
+/// looked at, else by path).
+fn dirs_verdict(
+    mut saw: Vec<String>,
+    dirs: &[String],
+    seen: &SeenRuntime,
+    setting: &str,
+) -> Finding {
+    let cdi_dir = &seen.cdi_dir;
     saw.push(format!("CDI spec dirs: {}", dirs.join(", ")));
-    if dirs.iter().any(|d| same_dir(d, cdi_dir)) {
+    let is_ours = |d: &&String| match seen.same_dir.iter().find(|(x, _)| x == *d) {
+        Some((_, same)) => *same,
+        None => same_dir(d, cdi_dir),
+    };
+    if let Some(d) = dirs.iter().find(is_ours) {
+        saw.push(format!(
+            "{d} is the plugin's --cdi-dir {}",
+            cdi_dir.display()
+        ));
         Finding::pass(CHECK, saw)
     } else {
         Finding::fail(
@@ -202,7 +291,7 @@ pub fn judge_containerd(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Find
                 Some((a, _)) if a >= 2 => {
                     let dirs: Vec<String> =
                         DEFAULT_CDI_DIRS.iter().map(|s| s.to_string()).collect();
-                    dirs_verdict(saw, &dirs, &seen.cdi_dir, "cdi_spec_dirs")
+                    dirs_verdict(saw, &dirs, seen, "cdi_spec_dirs")
                 }
                 Some(_) => Finding::fail(
                     CHECK,
@@ -300,7 +389,7 @@ pub fn judge_containerd(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Find
     dirs_verdict(
         saw,
         &dirs,
-        &seen.cdi_dir,
+        seen,
         &format!("[{}] cdi_spec_dirs", section.join(".")),
     )
 }
@@ -341,7 +430,7 @@ pub fn judge_crio(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Finding {
         }
     }
     let dirs = dirs.unwrap_or_else(|| DEFAULT_CDI_DIRS.iter().map(|s| s.to_string()).collect());
-    dirs_verdict(saw, &dirs, &seen.cdi_dir, "[crio.runtime] cdi_spec_dirs")
+    dirs_verdict(saw, &dirs, seen, "[crio.runtime] cdi_spec_dirs")
 }
 
 #[cfg(test)]
@@ -355,6 +444,7 @@ mod tests {
             cdi_dir: "/var/run/cdi".into(),
             containerd: config.map(|c| ("/etc/containerd/config.toml".into(), Ok(c.to_string()))),
             crio: Vec::new(),
+            same_dir: Vec::new(),
         })
         .verdict
     }
@@ -419,6 +509,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            same_dir: Vec::new(),
         };
         assert_eq!(check(&seen("cri-o://1.31.0", &[])).verdict, Pass);
         assert_eq!(check(&seen("cri-o://1.22.0", &[])).verdict, Fail);
