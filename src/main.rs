@@ -425,7 +425,6 @@ async fn doctor(d: DoctorArgs) -> Result<std::process::ExitCode> {
     let client = kube_client(a).await.map_err(|e| format!("{e:#}"));
     let input = tessera::doctor::DoctorInput {
         opts,
-        backend: layout.backend.clone(),
         host_root: a.host_root.clone(),
         runtime_proc: d
             .runtime_proc

@@ -183,7 +183,6 @@ impl FakeNode {
         );
         DoctorInput {
             opts,
-            backend: BackendSpec::Mock(None),
             host_root: self.host.clone(),
             // No runtime process: the config under the fake host root is the one read.
             runtime_proc: self.host.join("proc"),
@@ -688,5 +687,57 @@ async fn the_runtime_spec_dirs_are_matched_by_identity_not_by_path() {
         Verdict::Fail,
         "CDI spec dirs: /etc/cdi",
         "cdi_spec_dirs",
+    );
+}
+
+/// With several containerd daemons on the host, the config read is the one of the
+/// containerd whose socket this pod's shim names (found up the parent PIDs), read
+/// through `/proc/<pid>/root` at its `--config` path.
+#[tokio::test]
+async fn the_containerd_running_this_pod_is_the_one_whose_config_is_read() {
+    let n = FakeNode::healthy().await;
+    let proc = n.host.join("proc");
+    let me = std::process::id();
+    let shim = 4_000_000u32;
+    let write = |pid: u32, comm: &str, argv: &[&str], ppid: u32| {
+        let d = proc.join(pid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
+        std::fs::write(d.join("cmdline"), argv.join("\0") + "\0").unwrap();
+        std::fs::write(d.join("stat"), format!("{pid} ({comm}) S {ppid} 0 0")).unwrap();
+    };
+    write(me, "doctor", &["tessera", "doctor"], shim);
+    write(
+        shim,
+        "containerd-shim",
+        &[
+            "containerd-shim-runc-v2",
+            "-namespace",
+            "k8s.io",
+            "-address",
+            "/b/containerd.sock",
+        ],
+        1,
+    );
+    // Another cluster's containerd (lower PID, CDI off) and this pod's.
+    let cdi = n.h.opts.paths.cdi_dir.display().to_string();
+    for (pid, config, text) in [
+        (10u32, "/a/config.toml", "version = 2\n[grpc]\naddress = \"/a/containerd.sock\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\nenable_cdi = false\n".to_string()),
+        (20, "/b/config.toml", format!("version = 2\n[grpc]\naddress = \"/b/containerd.sock\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\nenable_cdi = true\ncdi_spec_dirs = [\"{cdi}\"]\n")),
+    ] {
+        write(pid, "containerd", &["containerd", "--config", config], 1);
+        let f = proc.join(pid.to_string()).join("root").join(config.trim_start_matches('/'));
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, text).unwrap();
+    }
+    std::fs::remove_file(n.host.join("etc/containerd/config.toml")).unwrap();
+    let r = n.doctor().await;
+    let f = finding(&r, "container-runtime");
+    assert_eq!(f.verdict, Verdict::Pass, "{}", r.render_text());
+    assert!(
+        f.saw
+            .iter()
+            .any(|s| s.contains("/proc/20/root/b/config.toml")),
+        "{f:?}"
     );
 }

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::driver_root::Layout;
-use crate::node::{BackendSpec, NodeModel};
+use crate::node::NodeModel;
 use crate::plugin::PluginOptions;
 
 /// A check's verdict.
@@ -152,7 +152,6 @@ impl Report {
 /// there is none).
 pub struct DoctorInput {
     pub opts: PluginOptions,
-    pub backend: BackendSpec,
     pub host_root: PathBuf,
     /// Where the container runtime's process is looked for (its config flag): the
     /// host's `/proc` (`--proc-root`) in the plugin's pod.

@@ -35,40 +35,109 @@ pub struct SeenRuntime {
     pub same_dir: Vec<(String, bool)>,
 }
 
-/// The config file a running containerd uses: its `--config`/`-c` argument, else the
-/// default, read through `<proc>/<pid>/root` (the daemon's own view of its files).
-/// `None` when no process named `containerd` is found in `proc`.
+/// A process's command line from `<proc>/<pid>/cmdline`.
+fn cmdline(proc: &Path, pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(proc.join(pid.to_string()).join("cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+fn comm(proc: &Path, pid: u32) -> Option<String> {
+    std::fs::read_to_string(proc.join(pid.to_string()).join("comm"))
+        .ok()
+        .map(|c| c.trim().to_string())
+}
+
+/// The value of `flag` (`flag X` or `flag=X`) in `argv`. Deterministic.
+fn flag_value<'a>(argv: &'a [String], names: &[&str]) -> Option<&'a str> {
+    argv.iter().enumerate().find_map(|(i, a)| {
+        names.iter().find_map(|n| {
+            if a == n {
+                argv.get(i + 1).map(String::as_str)
+            } else {
+                a.strip_prefix(n)
+                    .and_then(|r| r.strip_prefix('='))
+                    .filter(|v| !v.is_empty())
+            }
+        })
+    })
+}
+
+/// The containerd socket of the shim this process runs under (its `-address`), found
+/// by walking up the parent PIDs in `proc` (the host's, with `hostPID`): it names the
+/// containerd that runs this pod when a host runs several.
+fn shim_address(proc: &Path) -> Option<String> {
+    let mut pid = std::process::id();
+    for _ in 0..64 {
+        let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+        let ppid: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        if ppid <= 1 {
+            return None;
+        }
+        if comm(proc, ppid)?.starts_with("containerd-shim") {
+            return flag_value(&cmdline(proc, ppid)?, &["-address", "--address"])
+                .map(str::to_string);
+        }
+        pid = ppid;
+    }
+    None
+}
+
+/// The config file of the containerd running this pod, read through
+/// `<proc>/<pid>/root` (the daemon's own view of its files): its `--config`/`-c`, else
+/// the default. With several containerd processes, the one whose socket (`--address`,
+/// `[grpc] address`, default `/run/containerd/containerd.sock`) is our shim's wins,
+/// else the lowest PID. `None` when no process named `containerd` is in `proc`.
 fn running_containerd_config(proc: &Path) -> Option<PathBuf> {
     let mut pids: Vec<u32> = std::fs::read_dir(proc)
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
-    pids.into_iter().find_map(|pid| {
-        let dir = proc.join(pid.to_string());
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-        if comm.trim() != "containerd" {
-            return None;
-        }
-        let raw = std::fs::read(dir.join("cmdline")).ok()?;
-        let argv: Vec<String> = raw
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let config = config_arg(&argv).unwrap_or("/etc/containerd/config.toml");
-        Some(dir.join("root").join(config.trim_start_matches('/')))
-    })
+    let candidates: Vec<(PathBuf, String)> = pids
+        .into_iter()
+        .filter(|pid| comm(proc, *pid).as_deref() == Some("containerd"))
+        .filter_map(|pid| {
+            let argv = cmdline(proc, pid)?;
+            let config = config_arg(&argv).unwrap_or("/etc/containerd/config.toml");
+            let path = proc
+                .join(pid.to_string())
+                .join("root")
+                .join(config.trim_start_matches('/'));
+            let address = flag_value(&argv, &["--address", "-a"])
+                .map(str::to_string)
+                .or_else(|| {
+                    let text = std::fs::read_to_string(&path).ok()?;
+                    let doc = Document::parse(text).ok()?;
+                    table(&doc, &["grpc", "address"])
+                        .and_then(Item::as_str)
+                        .map(str::to_string)
+                })
+                .unwrap_or_else(|| "/run/containerd/containerd.sock".into());
+            Some((path, address))
+        })
+        .collect();
+    let ours = shim_address(proc);
+    candidates
+        .iter()
+        .find(|(_, a)| ours.as_deref() == Some(a.as_str()))
+        .or(candidates.first())
+        .map(|(p, _)| p.clone())
 }
 
 /// containerd's `--config X`, `--config=X`, `-c X` or `-c=X`. Deterministic.
 fn config_arg(argv: &[String]) -> Option<&str> {
-    argv.iter().enumerate().find_map(|(i, a)| match a.as_str() {
-        "--config" | "-c" => argv.get(i + 1).map(String::as_str),
-        _ => a
-            .strip_prefix("--config=")
-            .or_else(|| a.strip_prefix("-c="))
-            .filter(|v| !v.is_empty()),
-    })
+    flag_value(argv, &["--config", "-c"])
 }
 
 /// Reads containerd's config (the running daemon's, found in `runtime_proc`, else
