@@ -285,6 +285,7 @@ async fn no_libcuda_under_the_driver_root_fails_with_the_driver_root_fix() {
     let lib = n.h.opts.paths.driver_root.join("usr/lib/x86_64-linux-gnu");
     std::fs::remove_file(lib.join("libcuda.so.580.65.06")).unwrap();
     let r = n.doctor().await;
+    println!("{}", r.render_text());
     assert_names(
         &r,
         "driver-files",
@@ -474,6 +475,7 @@ async fn a_containerd_config_with_cdi_off_fails_naming_enable_cdi() {
             "operatingSystem": "linux", "osImage": "Debian", "systemUUID": "s"}}),
     );
     let r = n.doctor().await;
+    println!("{}", r.render_text());
     assert_names(
         &r,
         "container-runtime",
@@ -550,6 +552,7 @@ async fn rbac_missing_a_verb_fails_naming_it() {
         .collect();
     n.api().enforce_rbac(rules);
     let r = n.doctor().await;
+    println!("{}", r.render_text());
     assert_names(
         &r,
         "rbac",
