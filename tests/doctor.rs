@@ -481,7 +481,7 @@ async fn a_containerd_config_with_cdi_off_fails_naming_enable_cdi() {
         "container-runtime",
         Verdict::Fail,
         "enable_cdi = false",
-        "[plugins.io.containerd.grpc.v1.cri] enable_cdi = true",
+        "[plugins.\"io.containerd.grpc.v1.cri\"] enable_cdi = true",
     );
     assert_only(&r, "container-runtime", n.real_nodes);
 }

@@ -334,6 +334,20 @@ fn dirs_verdict(
     }
 }
 
+/// A table's header as written in TOML: `plugins."io.containerd.grpc.v1.cri"`.
+fn toml_table(path: &[&str]) -> String {
+    path.iter()
+        .map(|p| {
+            if p.contains('.') {
+                format!("\"{p}\"")
+            } else {
+                p.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
 /// containerd: config version 3 (2.x) keeps CRI settings in
 /// `plugins."io.containerd.cri.v1.runtime"`, version 2 in
 /// `plugins."io.containerd.grpc.v1.cri"`. `enable_cdi` defaults to on from 2.0 (also
@@ -406,7 +420,7 @@ pub fn judge_containerd(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Find
     saw.push(format!(
         "{} (config version {file_version}, [{}])",
         path.display(),
-        section.join(".")
+        toml_table(section)
     ));
     let key = |k: &str| {
         let mut p = section.to_vec();
@@ -418,7 +432,7 @@ pub fn judge_containerd(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Find
         Some((a, _)) => a >= 2,
         None => file_version >= 3,
     };
-    let setting = format!("[{}] enable_cdi", section.join("."));
+    let setting = format!("[{}] enable_cdi", toml_table(section));
     match enabled {
         Some(false) => {
             saw.push("enable_cdi = false".into());
@@ -459,7 +473,7 @@ pub fn judge_containerd(seen: &SeenRuntime, version: Option<(u64, u64)>) -> Find
         saw,
         &dirs,
         seen,
-        &format!("[{}] cdi_spec_dirs", section.join(".")),
+        &format!("[{}] cdi_spec_dirs", toml_table(section)),
     )
 }
 
