@@ -8,6 +8,8 @@ pub mod compute;
 pub mod config;
 pub mod device_classes;
 pub mod device_health;
+pub mod doctor;
+pub mod driver_root;
 pub mod error_chain;
 pub mod inventory;
 pub mod kubelet;

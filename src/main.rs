@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use k8s_model::release::{FeatureGates, KubeVersion};
+use tessera::driver_root::{Layout, LayoutFlags};
 use tessera::inventory::mock::StateAccess;
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::plugin::{PluginOptions, PluginPaths};
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Run the kubelet plugin on this node.
     Plugin(Box<PluginArgs>),
+    /// Check that this node can run Tessera's claims (same flags as `plugin`; run it in
+    /// the plugin's pod with `kubectl exec`). Exits non-zero when a check fails.
+    Doctor(Box<DoctorArgs>),
     /// Print the ResourceSlices the plugin would publish, as a v1 List.
     Inventory(InventoryArgs),
     /// Allocate claims against slices offline, as the kube-scheduler would.
@@ -104,15 +108,22 @@ struct PluginArgs {
     /// The same directory as seen by the host (written into CDI specs); default: --run-dir.
     #[arg(long)]
     host_run_dir: Option<PathBuf>,
-    /// Where the plugin finds device nodes.
-    #[arg(long, default_value = "/")]
-    dev_root: PathBuf,
+    /// The host's / as the plugin sees it (a read-only mount in the pod): where the
+    /// driver-root candidates, the dev root and the runtime's config are looked for.
+    #[arg(long, env = "TESSERA_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+    /// Where the plugin finds device nodes (<dev-root>/dev); default: the driver root
+    /// when it has dev/nvidiactl (a driver container), else --host-root.
+    #[arg(long)]
+    dev_root: Option<PathBuf>,
     /// The same directory as seen by the host (written into CDI specs); default: --dev-root.
     #[arg(long)]
     host_dev_root: Option<PathBuf>,
-    /// NVIDIA user-space driver files as the plugin sees them.
-    #[arg(long, default_value = "/")]
-    driver_root: PathBuf,
+    /// NVIDIA user-space driver files as the plugin sees them; default: the first known
+    /// layout under --host-root where NVML loads (host /, /run/nvidia/driver,
+    /// /home/kubernetes/bin/nvidia, /usr/local/glibc; `tessera doctor` lists them).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
     /// The same as seen by the host; default: --driver-root.
     #[arg(long)]
     host_driver_root: Option<PathBuf>,
@@ -142,6 +153,24 @@ struct PluginArgs {
     /// How far above its budget a shared claim's real usage may go before the watchdog acts.
     #[arg(long, default_value = "256Mi", value_parser = tessera::watchdog::parse_tolerance)]
     watchdog_tolerance: u64,
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    #[command(flatten)]
+    plugin: PluginArgs,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    output: DoctorOutput,
+    /// Where the container runtime's process is looked for (to read the config it was
+    /// started with); default: --proc-root.
+    #[arg(long)]
+    runtime_proc: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DoctorOutput {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -180,8 +209,19 @@ struct InventoryArgs {
 /// How long the plugin's exit waits for blocking tasks (NVML calls) still running.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> Result<std::process::ExitCode> {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `kubectl exec <plugin pod> -- tessera doctor`: the flags of the plugin beside it.
+    let mut adopted = None;
+    if argv.get(1).is_some_and(|a| a == "doctor")
+        && let Some((pid, plugin)) =
+            tessera::doctor::flags::find_plugin(std::path::Path::new("/proc"))
+        && let Some(with) = tessera::doctor::flags::adopt(&argv, &plugin)
+    {
+        argv = with;
+        adopted = Some(pid);
+    }
+    let cli = Cli::parse_from(argv);
     let default_level = "info";
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -192,14 +232,27 @@ fn main() -> Result<()> {
         // Colour only on a terminal: a container log (`kubectl logs`) gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(pid) = adopted {
+        tracing::info!(
+            pid,
+            "using the flags of the `tessera plugin` process in this container"
+        );
+    }
+    let ok = std::process::ExitCode::SUCCESS;
     match cli.command {
-        Command::Inventory(a) => inventory(a),
-        Command::Plan(a) => plan(a),
+        Command::Inventory(a) => inventory(a).map(|()| ok),
+        Command::Plan(a) => plan(a).map(|()| ok),
         Command::Plugin(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let result = rt.block_on(plugin(*a));
             // Dropping a runtime waits for every blocking task: one stuck in a hung NVML
             // call (a health poll) would keep SIGTERM from ever finishing.
+            rt.shutdown_timeout(SHUTDOWN_GRACE);
+            result.map(|()| ok)
+        }
+        Command::Doctor(a) => {
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            let result = rt.block_on(doctor(*a));
             rt.shutdown_timeout(SHUTDOWN_GRACE);
             result
         }
@@ -260,21 +313,32 @@ fn plan(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-async fn plugin(a: PluginArgs) -> Result<()> {
-    tracing::debug!(args = ?a, "plugin configuration");
-    let fail_points = FailPoints::from_env().map_err(anyhow::Error::msg)?;
-    let paths = BackendPaths {
+/// The driver and dev roots: as the flags give them, else discovered.
+fn layout(a: &PluginArgs, paths: &BackendPaths) -> Layout {
+    tessera::driver_root::discover(
+        &LayoutFlags {
+            host_root: a.host_root.clone(),
+            driver_root: a.driver_root.clone(),
+            host_driver_root: a.host_driver_root.clone(),
+            dev_root: a.dev_root.clone(),
+            host_dev_root: a.host_dev_root.clone(),
+            backend: a.backend.clone(),
+        },
+        &paths.proc_root,
+        &paths.sys_root,
+    )
+}
+
+fn backend_paths(a: &PluginArgs) -> BackendPaths {
+    BackendPaths {
         state_dir: a.state_dir.clone(),
         proc_root: a.proc_root.clone(),
         ..Default::default()
-    };
-    let model = load_node(
-        &a.backend,
-        a.config.as_deref(),
-        &paths,
-        StateAccess::ReadWrite,
-    )?;
-    let client = match &a.kubeconfig {
+    }
+}
+
+async fn kube_client(a: &PluginArgs) -> Result<kube::Client> {
+    Ok(match &a.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -284,12 +348,16 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         None => kube::Client::try_default()
             .await
             .context("in-cluster Kubernetes config")?,
-    };
+    })
+}
+
+fn plugin_options(a: &PluginArgs, layout: &Layout) -> Result<PluginOptions> {
+    let fail_points = FailPoints::from_env().map_err(anyhow::Error::msg)?;
     let plugin_dir = a
         .plugin_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&a.driver_name));
-    let opts = PluginOptions {
+    Ok(PluginOptions {
         driver_name: a.driver_name.clone(),
         node_name: a.node_name.clone(),
         paths: PluginPaths {
@@ -299,16 +367,10 @@ async fn plugin(a: PluginArgs) -> Result<()> {
             state_dir: a.state_dir.clone(),
             run_dir: a.run_dir.clone(),
             host_run_dir: a.host_run_dir.clone().unwrap_or_else(|| a.run_dir.clone()),
-            dev_root: a.dev_root.clone(),
-            host_dev_root: a
-                .host_dev_root
-                .clone()
-                .unwrap_or_else(|| a.dev_root.clone()),
-            driver_root: a.driver_root.clone(),
-            host_driver_root: a
-                .host_driver_root
-                .clone()
-                .unwrap_or_else(|| a.driver_root.clone()),
+            dev_root: layout.dev_root.clone(),
+            host_dev_root: layout.host_dev_root.clone(),
+            driver_root: layout.driver_root.clone(),
+            host_driver_root: layout.host_driver_root.clone(),
             proc_root: a.proc_root.clone(),
         },
         rolling_update_pod_uid: a.rolling_update_pod_uid.clone(),
@@ -327,9 +389,61 @@ async fn plugin(a: PluginArgs) -> Result<()> {
         },
         watchdog: a.watchdog,
         watchdog_tolerance: a.watchdog_tolerance,
-    };
+    })
+}
+
+async fn plugin(a: PluginArgs) -> Result<()> {
+    tracing::debug!(args = ?a, "plugin configuration");
+    let paths = backend_paths(&a);
+    let layout = layout(&a, &paths);
+    let model = load_node(
+        &layout.backend,
+        a.config.as_deref(),
+        &paths,
+        StateAccess::ReadWrite,
+    )?;
+    let client = kube_client(&a).await?;
+    let opts = plugin_options(&a, &layout)?;
     tessera::plugin::run(opts, model, client, shutdown_signal()).await?;
     Ok(())
+}
+
+/// `tessera doctor`: the plugin's view of this node, checked; exit 1 on any fail.
+async fn doctor(d: DoctorArgs) -> Result<std::process::ExitCode> {
+    let a = &d.plugin;
+    let paths = backend_paths(a);
+    let layout = layout(a, &paths);
+    let opts = plugin_options(a, &layout)?;
+    // Read-only: doctor may run beside the plugin; it writes no state.
+    let node = load_node(
+        &layout.backend,
+        a.config.as_deref(),
+        &paths,
+        StateAccess::ReadOnly,
+    )
+    .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
+    let client = kube_client(a).await.map_err(|e| format!("{e:#}"));
+    let input = tessera::doctor::DoctorInput {
+        opts,
+        host_root: a.host_root.clone(),
+        runtime_proc: d
+            .runtime_proc
+            .clone()
+            .unwrap_or_else(|| a.proc_root.clone()),
+        layout,
+        node,
+        client,
+    };
+    let report = tessera::doctor::run(&input).await;
+    match d.output {
+        DoctorOutput::Text => print!("{}", report.render_text()),
+        DoctorOutput::Json => print!("{}", report.render_json()),
+    }
+    Ok(if report.worst() == tessera::doctor::Verdict::Fail {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -465,3 +465,68 @@ async fn events_k8s_io_events_are_created_patched_and_shown_in_both_groups() {
         ]
     );
 }
+
+/// With RBAC enforced, a request the rules do not grant is refused 403 as the API
+/// server words it, and SelfSubjectAccessReviews answer from the same rules (creating
+/// them is open to everyone, as `system:basic-user` allows).
+#[tokio::test]
+async fn enforced_rbac_forbids_and_access_reviews_answer_from_the_same_rules() {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let s = FakeApiServer::start(FakeApiConfig::new(KubeVersion::NEWEST))
+        .await
+        .unwrap();
+    s.add_node("n1");
+    s.enforce_rbac(vec![
+        ("".into(), "nodes".into(), "get".into()),
+        ("resource.k8s.io".into(), "*".into(), "list".into()),
+    ]);
+    let client = s.client().unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.get("n1").await.unwrap();
+    let err = nodes.list(&ListParams::default()).await.unwrap_err();
+    let kube::Error::Api(status) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        status.message,
+        "nodes is forbidden: User \"system:serviceaccount:tessera-system:tessera-plugin\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+    );
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
+    let ask = |group: &str, resource: &str, verb: &str| SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                verb: Some(verb.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut answers = Vec::new();
+    for (g, r, v) in [
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "create"),
+    ] {
+        let review = reviews
+            .create(&PostParams::default(), &ask(g, r, v))
+            .await
+            .unwrap();
+        answers.push(review.status.unwrap().allowed);
+    }
+    assert_eq!(answers, [true, false, true, false]);
+    let empty = reviews
+        .create(&PostParams::default(), &SelfSubjectAccessReview::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(empty, kube::Error::Api(ref s) if s.code == 422),
+        "{empty:?}"
+    );
+}

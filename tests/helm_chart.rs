@@ -319,7 +319,21 @@ fn helm_template_renders_what_each_mode_asks_for() {
         "ghcr.io/tessera-gpu/tessera:0.1.0"
     );
     assert_eq!(volume_path(&default, "host-dev"), "/dev");
-    assert_eq!(volume_path(&default, "driver-root"), "/");
+    // The driver root is found under the host's / (read-only, HostToContainer).
+    assert_eq!(volume_path(&default, "host-root"), "/");
+    assert!(a.contains(&"--host-root=/host-root".to_string()), "{a:?}");
+    assert!(!a.iter().any(|a| a.starts_with("--driver-root")), "{a:?}");
+    assert!(
+        container(&default)["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "host-root"
+                && m["readOnly"] == true
+                && m["mountPropagation"] == "HostToContainer"),
+        "{}",
+        container(&default)["volumeMounts"]
+    );
     assert_eq!(
         node_config(&default),
         NodeConfig::from_yaml(
@@ -372,10 +386,11 @@ fn helm_template_renders_what_each_mode_asks_for() {
         "{a:?}"
     );
     assert_eq!(volume_path(&mock, "host-dev"), "/var/lib/tessera-mock/dev");
-    assert_eq!(
-        volume_path(&mock, "driver-root"),
-        "/var/lib/tessera-mock/driver-root"
+    assert!(
+        a.contains(&"--driver-root=/host-root/var/lib/tessera-mock/driver-root".to_string()),
+        "{a:?}"
     );
+    assert_eq!(volume_path(&mock, "host-root"), "/");
     assert_eq!(
         get(&mock, "ConfigMap", "tessera-mock-node")["data"]["mock-node.yaml"]
             .as_str()
@@ -586,7 +601,10 @@ fn helm_template_renders_what_each_mode_asks_for() {
         "/var/lib/k0s/kubelet/plugins_registry"
     );
     assert_eq!(volume_path(&k0s, "plugins"), "/var/lib/k0s/kubelet/plugins");
-    assert_eq!(volume_path(&k0s, "driver-root"), "/run/nvidia/driver");
+    assert!(
+        a.contains(&"--driver-root=/host-root/run/nvidia/driver".to_string()),
+        "{a:?}"
+    );
     assert!(
         container(&k0s)["volumeMounts"]
             .as_array()

@@ -253,6 +253,49 @@ pub fn discover_driver_files(
     out
 }
 
+/// The first file under `driver_root`'s library directories (in [`LIB_DIRS`] order)
+/// that is the library `base` (e.g. `libcuda.so`): its soname, else any `<base>.<ver>`.
+/// Reads directories only.
+pub fn find_driver_lib(driver_root: &Path, base: &str) -> Option<PathBuf> {
+    let soname = DRIVER_LIBS
+        .iter()
+        .find(|(b, _)| *b == base)
+        .map_or_else(|| format!("{base}.1"), |(_, s)| s.to_string());
+    LIB_DIRS.iter().find_map(|dir| {
+        let d = driver_root.join(dir);
+        let exact = d.join(&soname);
+        if exact.is_file() {
+            return Some(exact);
+        }
+        let prefix = format!("{base}.");
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&d)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        names.sort();
+        names.pop()
+    })
+}
+
+/// The version a driver library's file name carries (`libcuda.so.580.65.06` →
+/// `580.65.06`), following a soname symlink to its target. `None` for a bare soname
+/// that is not a link to a versioned file. Reads the link only.
+pub fn driver_lib_version(path: &Path, base: &str) -> Option<String> {
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let version_of = |n: String| {
+        n.strip_prefix(&format!("{base}."))
+            .filter(|v| v.contains('.'))
+            .map(str::to_string)
+    };
+    name(path).and_then(version_of).or_else(|| {
+        let target = std::fs::read_link(path).ok()?;
+        name(&target).and_then(version_of)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,8 +10,10 @@
 #     server returns every rendered field unchanged (nothing dropped or rewritten);
 #  2. install: `helm install --create-namespace` with the mock backend and this cluster's
 #     paths and ports: the DaemonSet rolls out, the plugin registers with the kubelet and
-#     publishes ResourceSlices; then scenario-one-gpu.sh (examples/workloads/01-one-gpu.yaml)
-#     and scenario-inventory.sh run against it unchanged;
+#     publishes ResourceSlices; `kubectl exec ... tessera doctor` in the plugin's pod
+#     exits 0 (its output printed); then scenario-one-gpu.sh
+#     (examples/workloads/01-one-gpu.yaml) and scenario-inventory.sh run against it
+#     unchanged;
 #  3. upgrade: the image retagged in the cluster's containerd (`ctr images tag`), `helm
 #     upgrade --set image.tag=...` while pods with GPU claims are created and deleted in a
 #     loop: the DaemonSet's pod is replaced by a surge pod (maxSurge 1; with the host's
@@ -201,6 +203,14 @@ h get manifest tessera -n "$NS" >"$DIR/tessera/rendered.yaml"
 printf 'TESSERA_POD=%s\nMETRICS_PORT=%s\n' "$pod" "$METRICS_PORT" >"$DIR/tessera/env"
 k get resourceslices -o yaml >"$DIR/tessera/resourceslices.yaml"
 log "installed: pod $pod"
+# `tessera doctor` in the plugin's pod, as the README's "When a pod does not start" runs
+# it: with no flags it takes the plugin's; exit 0 (no check fails; warnings allowed).
+if k -n "$NS" exec "$pod" -- tessera doctor >"$OUT/doctor.txt" 2>"$OUT/doctor.err"; then
+  pass "tessera doctor in $pod: exit 0 ($(tail -1 "$OUT/doctor.txt"))"
+else
+  bad "tessera doctor in $pod exited non-zero: $(tail -3 "$OUT/doctor.err" | tr '\n' ' ')"
+fi
+sed 's/^/  | /' "$OUT/doctor.txt"
 for s in one-gpu inventory; do
   if "$here/scenario-$s.sh" "$DIR" 2>&1 | sed 's/^/  /'; then pass "scenario-$s.sh on the Helm install"; else bad "scenario-$s.sh on the Helm install"; fi
 done

@@ -86,7 +86,8 @@ patches:
             - --plugin-dir=$KUBELET_ROOT_DIR/plugins/gpu.tessera.dev
             - --dev-root=/host
             - --host-dev-root=$NODE_ROOT
-            - --driver-root=/driver-root
+            - --host-root=/host-root
+            - --driver-root=/host-root$NODE_ROOT/driver-root
             - --host-driver-root=$NODE_ROOT/driver-root
             - --proc-root=/host/proc
             - --run-dir=/run/tessera
@@ -120,8 +121,6 @@ patches:
             hostPath: {path: $CDI_DIR}
           - name: host-dev
             hostPath: {path: $NODE_ROOT/dev}
-          - name: driver-root
-            hostPath: {path: $NODE_ROOT/driver-root}
           - name: run-tessera
             hostPath: {path: $NODE_ROOT/run}
           - name: state

@@ -14,7 +14,9 @@
 //! It is parameterized by Kubernetes version (1.34–1.37) and feature gates: disabled
 //! gates drop their fields silently, and ResourceSlices are validated per version
 //! ([`k8s_model::validation`]) with `Status` bodies and 404/409/422 codes. Every request is
-//! logged ([`RequestRecord`]) so that tests can check the plugin's calls against its RBAC.
+//! logged ([`RequestRecord`]) so that tests can check the plugin's calls against its RBAC;
+//! with [`FakeApiServer::enforce_rbac`] it also authorizes them (403 Forbidden) and
+//! answers SelfSubjectAccessReviews from the same rules.
 
 // Handlers return a ready HTTP response as their error; its size does not matter in a
 // test double, and boxing it would only add noise.
@@ -104,6 +106,9 @@ struct Shared {
     gates: FeatureGates,
     /// Injected failures: (verb, resource) answered with a status code.
     faults: Mutex<Vec<(String, String, u16)>>,
+    /// The caller's RBAC rules once [`FakeApiServer::enforce_rbac`] was called:
+    /// `(apiGroup, resource, verb)`, `*` matching anything. `None`: everything allowed.
+    rbac: Mutex<Option<Vec<(String, String, String)>>>,
 }
 
 impl Shared {
@@ -137,6 +142,7 @@ impl FakeApiServer {
             log: Mutex::new(Vec::new()),
             gates: config.gates,
             faults: Mutex::new(Vec::new()),
+            rbac: Mutex::new(None),
         });
         let s = shared.clone();
         let task = tokio::spawn(async move {
@@ -223,6 +229,27 @@ impl FakeApiServer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((verb.into(), resource.into(), code));
+    }
+
+    /// From now on authorizes every request as RBAC would for a caller granted exactly
+    /// `rules` (`(apiGroup, resource[/subresource], verb)`, `*` a wildcard; e.g. from
+    /// [`crate::rbac::allowed_by_cluster_role`]): anything else is answered 403
+    /// Forbidden, and SelfSubjectAccessReviews are answered from the same rules.
+    /// `/version` and creating SelfSubjectAccessReviews stay open to everyone, as the
+    /// default `system:public-info-viewer` and `system:basic-user` roles keep them.
+    pub fn enforce_rbac(&self, rules: Vec<(String, String, String)>) {
+        *self.shared.rbac.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    }
+
+    /// Replaces a Node's `status` (e.g. `allocatable` or `nodeInfo`), as the kubelet
+    /// would report it.
+    pub fn set_node_status(&self, name: &str, status: Value) {
+        let mut st = self.shared.store();
+        let k = key("nodes", None, name);
+        if let Some(mut node) = st.get(&k).cloned() {
+            node["status"] = status;
+            st.put(k, node, "MODIFIED");
+        }
     }
 
     /// Every request received so far.
@@ -313,6 +340,13 @@ const RESOURCES: &[(&str, &str, &str, bool, &str)] = &[
         "resourceclaims",
         true,
         "ResourceClaim",
+    ),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        false,
+        "SelfSubjectAccessReview",
     ),
 ];
 
@@ -487,6 +521,98 @@ fn bad_request(msg: String) -> Response<Body> {
 }
 
 /// The response of a failure injected with [`FakeApiServer::fail`], if one matches.
+/// Whether the RBAC rules (if enforced) allow `verb` on `group`/`resource`
+/// (`resource/subresource` for a subresource). Deterministic.
+fn rbac_allows(shared: &Shared, group: &str, resource: &str, verb: &str) -> bool {
+    let rules = shared.rbac.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(rules) = rules.as_ref() else {
+        return true;
+    };
+    let m = |rule: &str, want: &str| rule == "*" || rule == want;
+    rules
+        .iter()
+        .any(|(g, r, v)| m(g, group) && m(r, resource) && m(v, verb))
+}
+
+/// The API server's 403 for a request RBAC does not allow, worded as it words it.
+fn forbidden(shared: &Shared, t: &Target, verb: &str) -> Option<Response<Body>> {
+    let res = match &t.subresource {
+        Some(s) => format!("{}/{s}", t.resource),
+        None => t.resource.to_string(),
+    };
+    if rbac_allows(shared, &t.group, &res, verb) {
+        return None;
+    }
+    let gr = if t.group.is_empty() {
+        t.resource.to_string()
+    } else {
+        format!("{}.{}", t.resource, t.group)
+    };
+    let named = t
+        .name
+        .as_ref()
+        .map_or(String::new(), |n| format!(" \"{n}\""));
+    let scope = match &t.namespace {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".into(),
+    };
+    Some(status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        format!(
+            "{gr}{named} is forbidden: User \"system:serviceaccount:tessera-system:tessera-plugin\" cannot {verb} resource \"{res}\" in API group \"{}\" {scope}",
+            t.group
+        ),
+        Some(
+            json!({"name": t.name.clone().unwrap_or_default(), "group": t.group, "kind": t.resource}),
+        ),
+    ))
+}
+
+/// Answers a SelfSubjectAccessReview from the RBAC rules: `status.allowed` for its
+/// resource attributes (non-resource attributes are not modelled: denied with an
+/// evaluation error). Nothing is stored.
+fn access_review(shared: &Shared, body: &Bytes) -> Response<Body> {
+    let mut review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("the body of the request could not be decoded: {e}")),
+    };
+    let attrs = &review["spec"]["resourceAttributes"];
+    let status_v = if attrs.is_object() {
+        let s = |k: &str| attrs[k].as_str().unwrap_or("").to_string();
+        let mut resource = s("resource");
+        if !s("subresource").is_empty() {
+            resource = format!("{resource}/{}", s("subresource"));
+        }
+        if s("verb").is_empty() || resource.is_empty() {
+            return invalid_review("spec.resourceAttributes: verb and resource are required");
+        }
+        if rbac_allows(shared, &s("group"), &resource, &s("verb")) {
+            json!({"allowed": true, "reason": "allowed by the fake API server's rules"})
+        } else {
+            json!({"allowed": false})
+        }
+    } else if review["spec"]["nonResourceAttributes"].is_object() {
+        json!({"allowed": false, "evaluationError": "non-resource attributes are not modelled by the fake API server"})
+    } else {
+        return invalid_review(
+            "spec: exactly one of resourceAttributes or nonResourceAttributes is required",
+        );
+    };
+    review["status"] = status_v;
+    review["metadata"] = json!({"creationTimestamp": null});
+    json_response(StatusCode::CREATED, &review)
+}
+
+fn invalid_review(message: &str) -> Response<Body> {
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        format!("SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: {message}"),
+        None,
+    )
+}
+
 fn injected_fault(shared: &Shared, verb: &str, resource: &str) -> Option<Response<Body>> {
     let faults = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
     let &(_, _, code) = faults.iter().find(|(v, r, _)| v == verb && r == resource)?;
@@ -549,9 +675,26 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             "the server could not find the requested resource".into(),
             None,
         ),
+        Some(t) if t.resource == "selfsubjectaccessreviews" => {
+            match injected_fault(&shared, verb, t.resource) {
+                Some(r) => r,
+                None if verb == "create" => access_review(&shared, &body),
+                None => status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    format!(
+                        "the server does not allow this method on the requested resource ({verb} selfsubjectaccessreviews)"
+                    ),
+                    None,
+                ),
+            }
+        }
         Some(t) => match injected_fault(&shared, verb, t.resource) {
             Some(r) => r,
-            None => route(&shared, t, verb, &q, &body, &content_type, dry_run).await,
+            None => match forbidden(&shared, t, verb) {
+                Some(r) => r,
+                None => route(&shared, t, verb, &q, &body, &content_type, dry_run).await,
+            },
         },
     };
     let record = RequestRecord {
