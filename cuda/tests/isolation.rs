@@ -536,6 +536,35 @@ fn with_the_preload_skipped_environment_tricks_keep_the_limit() {
     }
 }
 
+/// A container holding only whole-GPU claims gets the same shims at the driver's
+/// sonames (section 9 of ARCHITECTURE.md: every spec mounts them) and no
+/// `ld.so.preload`: the shim loads the interception library, which finds no claim and
+/// forwards, by every lookup path and when linked.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn without_a_claim_the_soname_shim_forwards_unrestricted() {
+    if !require("shim-no-claim") {
+        return;
+    }
+    for mode in ["dlsym", "gpa"] {
+        let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..without_the_preload()
+        };
+        let r = sb.client(&o, &["ctx", "0", "alloc", "6291456", "meminfo"]);
+        assert!(r[1].starts_with("ok "), "{mode}: {r:?}");
+        assert_eq!(r[2].split(' ').nth(2), Some("85899345920"), "{mode}: {r:?}");
+    }
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
+    let bin = linked_program(&sb);
+    let out = sb
+        .command(&without_the_preload(), &bin, &[])
+        .output()
+        .expect("linked");
+    assert_eq!(lines(&out.stdout), ["ok", "ok", "ok"], "{out:?}");
+}
+
 /// Renaming `/usr/local/tessera` takes the front, the interception library and the
 /// real driver files away from their paths: ld.so skips the preload (a warning), and
 /// the shim cannot load (its real file is missing: a linked program cannot start,
