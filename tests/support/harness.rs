@@ -73,7 +73,11 @@ pub fn interception_stand_in(root: &Path) -> PathBuf {
     let dir = root.join("stand-in");
     let out = dir.join("libtessera_cuda.so");
     let front = dir.join(tessera::prepare::library::FRONT_FILE);
-    if out.is_file() && front.is_file() {
+    let shims = [
+        tessera::prepare::library::SHIM_CUDA_FILE,
+        tessera::prepare::library::SHIM_NVML_FILE,
+    ];
+    if out.is_file() && front.is_file() && shims.iter().all(|s| dir.join(s).is_file()) {
         return out;
     }
     std::fs::create_dir_all(&dir).unwrap();
@@ -88,6 +92,9 @@ pub fn interception_stand_in(root: &Path) -> PathBuf {
         .expect("a C compiler (cc) builds the stand-in library");
     assert!(status.success(), "building the stand-in library failed");
     std::fs::copy(&out, &front).unwrap();
+    for s in shims {
+        std::fs::copy(&out, dir.join(s)).unwrap();
+    }
     out
 }
 
