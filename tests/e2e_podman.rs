@@ -190,9 +190,11 @@ async fn whole_gpu_claim(n: &Node) {
         assert!(out.has_line(&format!("FILE={f}")), "{f}:\n{}", out.stdout);
     }
     assert!(out.has_line("cuInit=0"), "{}", out.stdout);
+    // The plugin has a library installed (the harness's stand-in), so libcuda.so.1 is
+    // its soname shim, which forwards to the driver mounted at its fixed path.
     assert!(
-        out.has_line("LIBCUDA=/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        "the program linked with -lcuda loads the mounted library:\n{}",
+        out.has_line("LIBCUDA=/usr/local/tessera/driver/libcuda.real"),
+        "the program linked with -lcuda reaches the mounted driver through the shim:\n{}",
         out.stdout
     );
 
@@ -528,9 +530,11 @@ async fn podman_enforces_shared_budgets() {
          mv /usr/local/tessera /usr/local/x && echo tessera-moved; \
          {c} dlsym ctx 0 alloc {GIB}; echo status $?; /usr/local/bin/linked {GIB}; echo status $?"
     );
-    let out = n.podman.run(&n.rootfs, &fake_args(&a_ids), &script);
+    let out = n
+        .podman
+        .run_writable(&n.rootfs, &fake_args(&a_ids), &script);
     assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
-    assert!(out.has_line("etc-moved"), "{}", out.stdout);
+    assert!(out.has_line("etc-moved"), "{}\n{}", out.stdout, out.stderr);
     let r = results(&out);
     let held: Vec<String> = ["ok", "err 2"]
         .repeat(6)
@@ -628,11 +632,11 @@ async fn podman_enforces_shared_budgets() {
         a_ids.iter().chain(&w_ids).cloned().collect::<Vec<String>>(),
         w_ids.iter().chain(&a_ids).cloned().collect(),
     ] {
-        let out = n.podman.run(
+        let out = n.podman.run_writable(
             &n.rootfs,
             &fake_args(&both),
             &format!(
-                "{client} meminfo ctx 1 meminfo alloc {}; mv /etc /etc.x; /usr/local/bin/cuda_client dlsym ctx 0 alloc {}",
+                "{client} meminfo ctx 1 meminfo alloc {}; mv /etc /etc.x && test ! -e /etc/ld.so.preload && /usr/local/bin/cuda_client dlsym ctx 0 alloc {}",
                 14 * GIB,
                 21 * GIB
             ),
