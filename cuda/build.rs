@@ -112,11 +112,14 @@ fn static_unwinder() {
     println!("cargo::rustc-link-search=native={}", dir.display());
 }
 
-/// Builds the front library (`front/lib.rs`, `libtessera_preload.so`) with the same
-/// rustc, target and linker, and puts it beside this package's own library, where the
-/// plugin and the tests look for it. Its package (`tessera-front`, a workspace member)
-/// is only an rlib, for `cargo check` and clippy: a library without std must be built
-/// with `-C panic=abort`, which cargo sets per profile for the whole workspace only.
+/// Builds the front library (`front/lib.rs`, `libtessera_preload.so`) and its two
+/// soname shims (the same file with `--cfg tessera_shim`: Tessera's `libcuda.so.1` and
+/// `libnvidia-ml.so.1`, each NEEDing the real library at its fixed container path)
+/// with the same rustc, target and linker, and puts them beside this package's own
+/// library, where the plugin and the tests look for them. Its package
+/// (`tessera-front`, a workspace member) is only an rlib, for `cargo check` and
+/// clippy: a library without std must be built with `-C panic=abort`, which cargo sets
+/// per profile for the whole workspace only.
 fn front_library() {
     for f in [
         "front/lib.rs",
@@ -132,13 +135,78 @@ fn front_library() {
         return;
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    // OUT_DIR is <target dir>/[<triple>/]<profile>/build/<package>-<hash>/out; the
+    // package's library lands in <target dir>/[<triple>/]<profile>.
+    let Some(dest) = out.ancestors().nth(3) else {
+        panic!("unexpected OUT_DIR {}", out.display());
+    };
+    let built = rustc_cdylib(&out, "tessera_preload", "front/lib.rs", &[], &[]);
+    install(&built, dest, FRONT_FILE);
+    for (file, soname, real) in SHIMS {
+        // A library whose DT_SONAME is the real file's absolute path: linked into the
+        // shim, it becomes the shim's DT_NEEDED, which ld.so opens by that path.
+        let src = out.join("needed_stub.rs");
+        std::fs::write(&src, STUB_SRC).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let stem = soname.split('.').next().unwrap_or(soname);
+        let stub = rustc_cdylib(
+            &out,
+            &format!("{}_real_stub", stem.replace('-', "_")),
+            src.to_str().expect("utf-8 OUT_DIR"),
+            &[],
+            &[format!("-Wl,-soname,{real}")],
+        );
+        let shim = rustc_cdylib(
+            &out,
+            &format!("tessera_shim_{}", stem.replace('-', "_")),
+            "front/lib.rs",
+            &["tessera_shim"],
+            &[
+                format!("-Wl,-soname,{soname}"),
+                // rustc links with --as-needed: the stub defines nothing the shim uses.
+                "-Wl,--no-as-needed".into(),
+                stub.display().to_string(),
+            ],
+        );
+        install(&shim, dest, file);
+    }
+}
+
+/// The shims: (file name beside the library, DT_SONAME, DT_NEEDED). The NEEDED paths
+/// are `tessera_abi::CONTAINER_DRIVER_DIR`'s files (`cuda/src/loader/resolve.rs`
+/// looks the real functions up there; the plugin mounts the real files there).
+const SHIMS: [(&str, &str, &str); 2] = [
+    (
+        "libtessera_shim_cuda.so.1",
+        "libcuda.so.1",
+        "/usr/local/tessera/driver/libcuda.real",
+    ),
+    (
+        "libtessera_shim_nvidia-ml.so.1",
+        "libnvidia-ml.so.1",
+        "/usr/local/tessera/driver/libnvidia-ml.real",
+    ),
+];
+
+/// The stand-in linked for a shim's DT_NEEDED: nothing but what a no_std cdylib needs.
+const STUB_SRC: &str =
+    "#![no_std]\n#[panic_handler]\nfn panic(_: &core::panic::PanicInfo) -> ! {\n    loop {}\n}\n";
+
+/// Runs rustc on `src` as a `panic=abort` cdylib named `name` in `out`, with `cfgs`
+/// and extra linker arguments; returns the built file.
+fn rustc_cdylib(
+    out: &std::path::Path,
+    name: &str,
+    src: &str,
+    cfgs: &[&str],
+    link_args: &[String],
+) -> PathBuf {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let target = std::env::var("TARGET").expect("TARGET");
-    let built = out.join(FRONT_FILE);
+    let built = out.join(format!("lib{name}.so"));
     let mut cmd = Command::new(&rustc);
     cmd.args([
         "--crate-name",
-        "tessera_preload",
+        name,
         "--crate-type",
         "cdylib",
         "--edition",
@@ -155,10 +223,14 @@ fn front_library() {
         "link-arg=-nostartfiles",
         "--target",
         &target,
-        "-o",
-    ])
-    .arg(&built)
-    .arg("front/lib.rs");
+    ]);
+    for c in cfgs {
+        cmd.arg("--cfg").arg(c);
+    }
+    for a in link_args {
+        cmd.arg("-C").arg(format!("link-arg={a}"));
+    }
+    cmd.arg("-o").arg(&built).arg(src);
     // Its warnings are clippy's to report (`cargo clippy --workspace` lints the
     // `tessera-front` rlib, the same file): a lint a newer rustc adds must not break a
     // user's build.
@@ -170,18 +242,18 @@ fn front_library() {
         .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
     assert!(
         res.status.success(),
-        "building the front library (front/lib.rs) failed:\n{}",
+        "building {name} ({src}) failed:\n{}",
         String::from_utf8_lossy(&res.stderr)
     );
-    // OUT_DIR is <target dir>/[<triple>/]<profile>/build/<package>-<hash>/out; the
-    // package's library lands in <target dir>/[<triple>/]<profile>.
-    let Some(dest) = out.ancestors().nth(3) else {
-        panic!("unexpected OUT_DIR {}", out.display());
-    };
-    let tmp = dest.join(format!(".{FRONT_FILE}.tmp"));
-    std::fs::copy(&built, &tmp)
-        .and_then(|_| std::fs::rename(&tmp, dest.join(FRONT_FILE)))
-        .unwrap_or_else(|e| panic!("installing {FRONT_FILE} in {}: {e}", dest.display()));
+    built
+}
+
+/// Copies `built` to `dest/file` atomically.
+fn install(built: &std::path::Path, dest: &std::path::Path, file: &str) {
+    let tmp = dest.join(format!(".{file}.tmp"));
+    std::fs::copy(built, &tmp)
+        .and_then(|_| std::fs::rename(&tmp, dest.join(file)))
+        .unwrap_or_else(|e| panic!("installing {file} in {}: {e}", dest.display()));
 }
 
 const FRONT_FILE: &str = "libtessera_preload.so";

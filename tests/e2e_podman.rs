@@ -41,19 +41,23 @@ impl Node {
         h.opts.paths.host_dev_root = dev_root;
         // The driver's libcuda, mounted at its soname by the spec.
         let lib = root.join("driver-root/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06");
-        let program = if enforcing {
+        let programs = if enforcing {
             let fakes = e2e::cuda_fakes(&root.join("build"));
             std::fs::copy(&fakes.libcuda, lib).unwrap();
             h.opts.interception_lib = Some(e2e::interception_library());
-            fakes.client
+            vec![
+                linked_client(&root.join("build"), &fakes.libcuda),
+                fakes.client,
+            ]
         } else {
             let built = e2e::build(&root.join("build"));
             std::fs::copy(&built.libcuda, lib).unwrap();
-            built.cudaprobe
+            vec![built.cudaprobe]
         };
         let plugin = h.start_plugin().await;
         let k = h.kubelet().await;
-        let rootfs = e2e::rootfs(&root.join("image"), &[&program]);
+        let programs: Vec<&std::path::Path> = programs.iter().map(|p| p.as_path()).collect();
+        let rootfs = e2e::rootfs(&root.join("image"), &programs);
         let podman = Podman::new(&root.join("podman"), &h.opts.paths.cdi_dir);
         Node {
             h,
@@ -104,6 +108,52 @@ impl Node {
     }
 }
 
+/// `linked <bytes>`, linked against `libcuda.so.1` (no `dlsym`, no
+/// `cuGetProcAddress`): `cuInit` and the primary context of device 0 (a line), then a
+/// `cuMemAlloc_v2` of `<bytes>` (a line: `ok` or `err <code>`).
+fn linked_client(dir: &std::path::Path, libcuda: &std::path::Path) -> PathBuf {
+    let src = dir.join("linked.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(void **, int);
+CUresult cuCtxSetCurrent(void *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+static void say(CUresult rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
+int main(int argc, char **argv) {
+    void *ctx = NULL;
+    CUdeviceptr p;
+    CUresult rc = cuInit(0);
+    if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (!rc) rc = cuCtxSetCurrent(ctx);
+    say(rc);
+    if (argc > 1) say(cuMemAlloc_v2(&p, strtoull(argv[1], NULL, 10)));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let bin = dir.join("linked");
+    let out = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .arg(libcuda)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
 async fn whole_gpu_claim(n: &Node) {
     let c =
         n.h.allocated_claim("whole", &[("gpu", NODE, "gpu-2", None)], &[])
@@ -140,9 +190,11 @@ async fn whole_gpu_claim(n: &Node) {
         assert!(out.has_line(&format!("FILE={f}")), "{f}:\n{}", out.stdout);
     }
     assert!(out.has_line("cuInit=0"), "{}", out.stdout);
+    // The plugin has a library installed (the harness's stand-in), so libcuda.so.1 is
+    // its soname shim, which forwards to the driver mounted at its fixed path.
     assert!(
-        out.has_line("LIBCUDA=/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        "the program linked with -lcuda loads the mounted library:\n{}",
+        out.has_line("LIBCUDA=/usr/local/tessera/driver/libcuda.real"),
+        "the program linked with -lcuda reaches the mounted driver through the shim:\n{}",
         out.stdout
     );
 
@@ -460,6 +512,53 @@ async fn podman_enforces_shared_budgets() {
         t.elapsed()
     );
 
+    // Renaming /etc makes ld.so skip /etc/ld.so.preload (no front): the driver's
+    // soname is Tessera's shim, the real driver behind it. A dlsym client, a
+    // cuGetProcAddress client, a program linked with -lcuda, LD_LIBRARY_PATH at the
+    // real files' directory and LD_PRELOAD=libc.so.6 each keep the limit; a
+    // non-hooked function forwarded through the handle (cuCtxSetCurrent) works.
+    // Renaming /usr/local/tessera takes the real driver away: CUDA fails.
+    let t = std::time::Instant::now();
+    let c = "/usr/local/bin/cuda_client";
+    let over = 21 * GIB;
+    let script = format!(
+        "mv /etc /etc.x && test ! -e /etc/ld.so.preload && echo etc-moved; \
+         {c} dlsym ctx 0 alloc {over}; {c} gpa ctx 0 alloc {over}; /usr/local/bin/linked {over}; \
+         LD_LIBRARY_PATH=/usr/local/tessera/driver {c} dlsym ctx 0 alloc {over}; \
+         LD_PRELOAD=libc.so.6 {c} dlsym ctx 0 alloc {over}; \
+         LD_PRELOAD=libc.so.6 /usr/local/bin/linked {over}; \
+         mv /usr/local/tessera /usr/local/x && echo tessera-moved; \
+         {c} dlsym ctx 0 alloc {GIB}; echo status $?; /usr/local/bin/linked {GIB}; echo status $?"
+    );
+    let out = n
+        .podman
+        .run_writable(&n.rootfs, &fake_args(&a_ids), &script);
+    assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
+    assert!(out.has_line("etc-moved"), "{}\n{}", out.stdout, out.stderr);
+    let r = results(&out);
+    let held: Vec<String> = ["ok", "err 2"]
+        .repeat(6)
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(
+        r[..12],
+        held[..],
+        "with /etc renamed, each path keeps the 20 GiB budget:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(out.has_line("tessera-moved"), "{}", out.stdout);
+    assert!(
+        r[12..].iter().all(|l| !l.starts_with("ok")),
+        "with /usr/local/tessera renamed, CUDA fails: {r:?}\n{}",
+        out.stderr
+    );
+    eprintln!(
+        "passed: /etc renamed (dlsym, cuGetProcAddress, -lcuda, LD_LIBRARY_PATH, LD_PRELOAD=libc.so.6), /usr/local/tessera renamed in {:?}",
+        t.elapsed()
+    );
+
     // Two containers of one claim share its budget; another claim has its own.
     let t = std::time::Instant::now();
     let holder = "tessera-e2e-holder";
@@ -527,21 +626,36 @@ async fn podman_enforces_shared_budgets() {
         n.h.allocated_claim("whole", &[("gpu", NODE, "gpu-2", None)], &[])
             .await;
     let w_ids = ids(&n.prepare(&w).await, &w.uid);
-    let both: Vec<String> = a_ids.iter().chain(&w_ids).cloned().collect();
-    let out = n.podman.run(
-        &n.rootfs,
-        &fake_args(&both),
-        &format!("{client} meminfo ctx 1 meminfo alloc {}", 14 * GIB),
-    );
-    let r = results(&out);
-    let total = |line: &str| -> u64 { line.split(' ').nth(2).unwrap().parse().unwrap() };
-    assert_eq!(total(&r[1]), 20 * GIB, "the share's budget: {r:?}");
-    assert_eq!(
-        total(&r[3]),
-        16106127360,
-        "the whole GPU is unrestricted: {r:?}"
-    );
-    assert!(r[4].starts_with("ok "), "{r:?}");
+    // Both orders of the two specs (CDI: the last one mounting a path wins): the same
+    // shim at libcuda.so.1's path, so the share stays budgeted with /etc renamed.
+    for both in [
+        a_ids.iter().chain(&w_ids).cloned().collect::<Vec<String>>(),
+        w_ids.iter().chain(&a_ids).cloned().collect(),
+    ] {
+        let out = n.podman.run_writable(
+            &n.rootfs,
+            &fake_args(&both),
+            &format!(
+                "{client} meminfo ctx 1 meminfo alloc {}; mv /etc /etc.x && test ! -e /etc/ld.so.preload && /usr/local/bin/cuda_client dlsym ctx 0 alloc {}",
+                14 * GIB,
+                21 * GIB
+            ),
+        );
+        let r = results(&out);
+        let total = |line: &str| -> u64 { line.split(' ').nth(2).unwrap().parse().unwrap() };
+        assert_eq!(total(&r[1]), 20 * GIB, "the share's budget: {r:?}");
+        assert_eq!(
+            total(&r[3]),
+            16106127360,
+            "the whole GPU is unrestricted: {r:?}"
+        );
+        assert!(r[4].starts_with("ok "), "{r:?}");
+        assert_eq!(
+            r[5..],
+            ["ok", "err 2"],
+            "{both:?}: with /etc renamed, the share keeps its budget: {r:?}"
+        );
+    }
     eprintln!(
         "passed: a share and a whole GPU in one container in {:?}",
         t.elapsed()

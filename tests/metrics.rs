@@ -442,7 +442,6 @@ struct Workload {
     /// Holds `libcuda.so.1` (the fake driver).
     libcuda_dir: std::path::PathBuf,
     ledger: std::path::PathBuf,
-    library: std::path::PathBuf,
     run_dir: std::path::PathBuf,
     scratch: std::path::PathBuf,
 }
@@ -481,6 +480,14 @@ impl Workload {
             }
         }
         script += "exec \"$@\"\n";
+        // The library as the plugin installed it (`<run>/lib/<version>/`): it trusts
+        // only claims mounted from its own run directory.
+        let installed = std::fs::read_dir(self.run_dir.join("lib"))
+            .expect("the plugin installed its library")
+            .flatten()
+            .map(|e| e.path().join("libtessera_cuda.so"))
+            .find(|p| p.is_file())
+            .expect("an installed library version");
         let mut child = std::process::Command::new("unshare")
             .args(["-m", "sh", "-c", &script, "sh"])
             .arg(&self.client)
@@ -488,7 +495,7 @@ impl Workload {
             .args(commands)
             .arg("hold")
             .env("LD_LIBRARY_PATH", &self.libcuda_dir)
-            .env("LD_PRELOAD", &self.library)
+            .env("LD_PRELOAD", &installed)
             .env("FAKE_CUDA_LEDGER", &self.ledger)
             .env("FAKE_CUDA_DEVICES", format!("{GPU1_UUID}:{GPU1_MEMORY}"))
             // Each context holds what the library charges a context it cannot measure
@@ -610,7 +617,6 @@ fn metrics_match_the_processes_of_shared_claims() {
                 client: fakes.client.clone(),
                 libcuda_dir: libcuda_dir.clone(),
                 ledger: ledger.clone(),
-                library: library.clone(),
                 run_dir: h.opts.paths.run_dir.clone(),
                 scratch: scratch.clone(),
             };

@@ -519,7 +519,13 @@ fn hostile_preload_over_budget_is_reported_or_killed() {
         DEFAULT_NODE_YAML,
         |host| {
             let n = node(host);
-            let library = e2e::interception_library();
+            // Installed in the run directory as the plugin installs it: the library
+            // trusts only claims mounted from its own run directory.
+            let library =
+                tessera::prepare::library::install(&n.run_dir, &e2e::interception_library())
+                    .expect("install the library")
+                    .dir
+                    .join(tessera::prepare::library::LIB_FILE);
             let hostile = hostile_library(n._tmp.path());
             // The wall holds without the hostile library.
             let (mut walled, seen) = n.tenant(POD_A, &[&library], "gpa", 2 * GIB);

@@ -37,12 +37,27 @@
 //! unwind) as a cdylib, next to `libtessera_cuda.so`; see `cuda/README.md` for the
 //! figures. Cargo builds this same file as the `tessera-front` rlib, for `cargo check`
 //! and clippy only.
+//!
+//! **The soname shims.** `cuda/build.rs` builds this file twice more with
+//! `--cfg tessera_shim`: Tessera's `libcuda.so.1` and `libnvidia-ml.so.1`, which the
+//! plugin mounts at the driver's own paths in a shared-claim container, each NEEDing
+//! the real library at a fixed path whose name is no soname
+//! (`/usr/local/tessera/driver/libcuda.real`, `…/libnvidia-ml.real`). A program that
+//! links or `dlopen`s the driver by soname then gets the shim first and the real
+//! driver behind it: `dlsym` on the handle and direct binding find a hooked name in the
+//! shim (its stub) and every other name in the real driver, even when `ld.so.preload`
+//! was skipped. A shim loads the interception library from the fixed
+//! [`CORE_PATH`] (it is not mounted beside it), runs no check at load (libc, ahead of
+//! it in every process, defines `dlsym`), and exports `tessera_shim`, which the
+//! front's check and the interception library recognise.
 
 // The stubs are x86-64 assembly; on other targets `cuda/build.rs` does not build the
 // library, and this crate is empty.
 #![cfg(target_arch = "x86_64")]
 #![no_std]
 #![allow(non_snake_case, non_camel_case_types)]
+// `tessera_shim` is set by `cuda/build.rs` for the soname shims, never by cargo.
+#![allow(unexpected_cfgs)]
 
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -79,7 +94,9 @@ unsafe extern "C" {
 /// execute", as a shell says for a command it could not run).
 const STOPPED: c_int = 126;
 
-/// Run by ld.so before `main`, the one thing this library does at load.
+/// Run by ld.so before `main`, the one thing this library does at load (the front
+/// only: a shim comes after libc, which defines `dlsym`).
+#[cfg(not(tessera_shim))]
 #[used]
 #[unsafe(link_section = ".init_array")]
 static CHECK_AT_LOAD: unsafe extern "C" fn() = refuse_interposers_ahead;
@@ -91,13 +108,17 @@ static CHECK_AT_LOAD: unsafe extern "C" fn() = refuse_interposers_ahead;
 /// cuda-bindings do) would get the bare driver. `LD_PRELOAD=libc.so.6` (glibc 2.34+
 /// defines `dlsym`) and a preloaded driver are the configurations this stops; the
 /// interception library itself (it defines `tessera_front_attach`) may come first.
-/// It cannot wait for the first CUDA call: the program never calls through here.
-/// Costs one walk of the objects ahead (normally the program alone).
+/// Tessera's soname shim (it defines `tessera_shim`) may come first too: it is this
+/// library's twin. It cannot wait for the first CUDA call: the program never calls
+/// through here. Costs one walk of the objects ahead (normally the program alone).
+#[cfg(not(tessera_shim))]
 unsafe extern "C" fn refuse_interposers_ahead() {
     let me = refuse_interposers_ahead as *const () as usize;
-    let Some((object, name)) =
-        elf_symbols::defined_ahead(me, &[b"dlsym\0dlvsym\0", NAMES], b"tessera_front_attach\0")
-    else {
+    let Some((object, name)) = elf_symbols::defined_ahead(
+        me,
+        &[b"dlsym\0dlvsym\0", NAMES],
+        b"tessera_front_attach\0tessera_shim\0",
+    ) else {
         return;
     };
     put(b"tessera: ");
@@ -112,8 +133,21 @@ unsafe extern "C" fn refuse_interposers_ahead() {
     unsafe { _exit(STOPPED) }
 }
 
-/// The interception library's file name, looked for beside this one.
+/// The interception library's file name, looked for beside the front.
+#[cfg(not(tessera_shim))]
 const CORE_FILE: &[u8] = b"libtessera_cuda.so";
+/// Where a shim loads the interception library from: the plugin's library directory
+/// in the container (`CONTAINER_LIB_DIR`), NUL-terminated. A shim is mounted at the
+/// driver's path, so its own directory is the driver's.
+#[cfg(tessera_shim)]
+const CORE_PATH: &[u8] = b"/usr/local/tessera/lib/libtessera_cuda.so\0";
+
+/// Marks a soname shim (`libcuda.so.1`, `libnvidia-ml.so.1` built from this file): the
+/// front's check lets it come first, and the interception library never takes an
+/// address inside it for the driver's.
+#[cfg(tessera_shim)]
+#[unsafe(no_mangle)]
+pub extern "C" fn tessera_shim() {}
 /// What a hook returns when the interception library could not be loaded:
 /// `CUDA_ERROR_UNKNOWN`, which is also `NVML_ERROR_UNKNOWN`.
 const UNKNOWN: c_int = 999;
@@ -426,33 +460,17 @@ fn loaded() -> bool {
 /// Why loading failed: a message and, if any, `dlerror()`'s.
 struct Why(&'static [u8], *const c_char);
 
-/// Opens `libtessera_cuda.so` beside this library and fills the table.
+/// Opens `libtessera_cuda.so` (beside the front; at [`CORE_PATH`] for a shim) and
+/// fills the table.
 fn load_core() -> Result<(), Why> {
     let Some((me, lo, hi)) = elf_symbols::object_containing(load_core as *const () as usize) else {
         return Err(Why(
-            b"cannot find libtessera_preload.so among the loaded objects",
+            b"cannot find Tessera's front library among the loaded objects",
             core::ptr::null(),
         ));
     };
-    // <directory of this library>/libtessera_cuda.so, NUL-terminated.
     let mut path = [0u8; 4096];
-    // SAFETY: ld.so's name for a loaded object.
-    let me = unsafe { cstr(me) };
-    let Some(slash) = me.iter().rposition(|&c| c == b'/') else {
-        return Err(Why(
-            b"libtessera_preload.so was not loaded by a path",
-            core::ptr::null(),
-        ));
-    };
-    let len = slash + 1 + CORE_FILE.len();
-    if len >= path.len() {
-        return Err(Why(
-            b"the library directory's path is too long",
-            core::ptr::null(),
-        ));
-    }
-    path[..=slash].copy_from_slice(&me[..=slash]);
-    path[slash + 1..len].copy_from_slice(CORE_FILE);
+    core_path(me, &mut path)?;
     let (dlopen, dlsym) = (glibc_function(b"dlopen\0"), real_dlsym());
     if dlopen == 0 || dlsym == 0 {
         return Err(Why(
@@ -498,6 +516,36 @@ fn load_core() -> Result<(), Why> {
         slot.store(lookup(name), Ordering::Release);
     }
     CORE_DLSYM.store(core_dlsym, Ordering::Release);
+    Ok(())
+}
+
+/// `<directory of this library>/libtessera_cuda.so`, NUL-terminated, into `path`.
+#[cfg(not(tessera_shim))]
+fn core_path(me: *const c_char, path: &mut [u8; 4096]) -> Result<(), Why> {
+    // SAFETY: ld.so's name for a loaded object.
+    let me = unsafe { cstr(me) };
+    let Some(slash) = me.iter().rposition(|&c| c == b'/') else {
+        return Err(Why(
+            b"libtessera_preload.so was not loaded by a path",
+            core::ptr::null(),
+        ));
+    };
+    let len = slash + 1 + CORE_FILE.len();
+    if len >= path.len() {
+        return Err(Why(
+            b"the library directory's path is too long",
+            core::ptr::null(),
+        ));
+    }
+    path[..=slash].copy_from_slice(&me[..=slash]);
+    path[slash + 1..len].copy_from_slice(CORE_FILE);
+    Ok(())
+}
+
+/// [`CORE_PATH`] into `path`.
+#[cfg(tessera_shim)]
+fn core_path(_me: *const c_char, path: &mut [u8; 4096]) -> Result<(), Why> {
+    path[..CORE_PATH.len()].copy_from_slice(CORE_PATH);
     Ok(())
 }
 

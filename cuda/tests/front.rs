@@ -251,46 +251,7 @@ fn a_program_linked_against_libcuda_is_enforced_through_the_front() {
         return;
     }
     let sb = one_gpu(4 * MIB);
-    let src = sb.dir.path().join("linked.c");
-    std::fs::write(
-        &src,
-        r#"#include <stdio.h>
-#include <stddef.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-static void say(CUresult rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
-int main(void) {
-    void *ctx = NULL;
-    CUdeviceptr p;
-    CUresult rc = cuInit(0);
-    if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, 0);
-    if (!rc) rc = cuCtxSetCurrent(ctx);
-    say(rc);
-    say(cuMemAlloc_v2(&p, 6291456));
-    say(cuMemAlloc_v2(&p, 2097152));
-    return 0;
-}
-"#,
-    )
-    .expect("write");
-    let bin = sb.dir.path().join("linked");
-    let fake = artifacts().fake_dir.join("libcuda.so.1");
-    let out = Command::new("cc")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .arg(&fake)
-        .output()
-        .expect("cc");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let bin = linked_program(&sb);
     for env in [
         vec![],
         vec![("LD_PRELOAD".to_string(), CORE_PATH.to_string())],

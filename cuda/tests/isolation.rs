@@ -361,16 +361,20 @@ fn an_interposer_preloaded_ahead_of_tessera_stops_the_process() {
     if !require("interposer") {
         return;
     }
-    for (preload, defines) in [
-        ("libc.so.6", "defines dlsym"),
-        ("libcuda.so.1", "defines cu"),
-        ("libm.so.6:libc.so.6", "defines dlsym"),
+    for (preload, defines, no_shims) in [
+        ("libc.so.6", "defines dlsym", false),
+        // The driver by its real file (its soname is Tessera's shim's now), and the
+        // driver at its soname in the layout before the shims.
+        (REAL_CUDA, "defines cu", false),
+        ("libcuda.so.1", "defines cu", true),
+        ("libm.so.6:libc.so.6", "defines dlsym", false),
     ] {
         for mode in ["gpa", "dlsym"] {
             let sb = one_gpu(4 * MIB);
             let o = RunOpts {
                 env: vec![("LD_PRELOAD".into(), preload.into())],
                 mode: Some(mode),
+                no_shims,
                 ..opts()
             };
             let out = sb.client_output(&o, &["ctx", "0", "alloc", "6291456"]);
@@ -395,6 +399,213 @@ fn an_interposer_preloaded_ahead_of_tessera_stops_the_process() {
         .output()
         .expect("true");
     assert_eq!(out.status.code(), Some(126), "{out:?}");
+}
+
+/// `libcuda.so.1` preloaded is Tessera's soname shim, the front's twin: allowed ahead
+/// of the front, and the process is enforced.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn the_soname_shim_preloaded_ahead_of_the_front_is_enforced() {
+    if !require("shim-preloaded") {
+        return;
+    }
+    for mode in ["gpa", "dlsym"] {
+        let sb = one_gpu(4 * MIB);
+        let o = RunOpts {
+            env: vec![("LD_PRELOAD".into(), "libcuda.so.1".into())],
+            mode: Some(mode),
+            ..opts()
+        };
+        let r = sb.client(&o, &["ctx", "0", "alloc", "6291456", "alloc", "2097152"]);
+        assert_eq!(r[1..], [OOM.to_string(), r[2].clone()], "{mode}: {r:?}");
+        assert!(r[0] == "ok" && r[2].starts_with("ok "), "{mode}: {r:?}");
+        assert_eq!(sb.ledger().peak[0], 2 * MIB, "{mode}");
+    }
+}
+
+/// What a tenant gets when ld.so skips `/etc/ld.so.preload` (renaming `/etc` does
+/// that: the file is gone, so ld.so loads no front): the process finds the driver by
+/// its soname, which is Tessera's shim, the real driver behind it.
+fn without_the_preload() -> RunOpts {
+    RunOpts {
+        tenant_script: "umount /etc/ld.so.preload\nrm /etc/ld.so.preload".into(),
+        ..opts()
+    }
+}
+
+/// With `/etc/ld.so.preload` skipped, a client that `dlopen`s `libcuda.so.1` and
+/// looks its functions up (`dlsym` by exact name, as cudart and PyTorch do, or
+/// `cuGetProcAddress` as cuda-bindings does, per-thread variants too) is enforced: the
+/// handle's lookups find the hooked names in the shim and every other name
+/// (`cuCtxSetCurrent`, `cuDeviceGet`) in the real driver behind it. Before the shims
+/// this reached the bare driver.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn with_the_preload_skipped_the_soname_shim_enforces_dlopen_clients() {
+    if !require("no-preload-dlopen") {
+        return;
+    }
+    for mode in ["dlsym", "gpa", "gpa-ptds"] {
+        let sb = one_gpu(4 * MIB);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..without_the_preload()
+        };
+        let out = sb.client_output(&o, &["ctx", "0", "alloc", "6291456", "alloc", "2097152"]);
+        let r = lines(&out.stdout);
+        assert_eq!(r.len(), 3, "{mode}: {out:?}");
+        assert_eq!(r[0], "ok", "{mode}: forwarded functions work: {out:?}");
+        assert_eq!(r[1], OOM, "{mode}: {r:?}");
+        assert!(r[2].starts_with("ok "), "{mode}: {r:?}");
+        assert_eq!(sb.ledger().peak[0], 2 * MIB, "{mode}");
+    }
+    // Control: the layout before the shims reaches the bare driver this way.
+    let sb = one_gpu(4 * MIB);
+    let o = RunOpts {
+        mode: Some("dlsym"),
+        no_shims: true,
+        ..without_the_preload()
+    };
+    let r = sb.client(&o, &["ctx", "0", "alloc", "6291456"]);
+    assert!(
+        r[1].starts_with("ok "),
+        "the preload was not skipped: {r:?}"
+    );
+}
+
+/// With `/etc/ld.so.preload` skipped, a program linked against `libcuda.so.1` binds
+/// to the shim's stubs (first in the global scope), the rest to the real driver.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn with_the_preload_skipped_a_program_linked_against_libcuda_is_enforced() {
+    if !require("no-preload-linked") {
+        return;
+    }
+    let sb = one_gpu(4 * MIB);
+    let bin = linked_program(&sb);
+    let out = sb
+        .command(&without_the_preload(), &bin, &[])
+        .output()
+        .expect("linked");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(lines(&out.stdout), ["ok", OOM, "ok"], "{out:?}");
+    assert_eq!(sb.ledger().peak[0], 2 * MIB);
+}
+
+/// The tenant's environment on top of a skipped preload: `LD_LIBRARY_PATH` naming the
+/// real files' directory finds no soname there; `LD_PRELOAD=libc.so.6` (no front to
+/// stop it) puts glibc's `dlsym` first, which still finds the shim first on the
+/// handle. Each keeps the limit, by both lookup paths.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn with_the_preload_skipped_environment_tricks_keep_the_limit() {
+    if !require("no-preload-env") {
+        return;
+    }
+    let ld_path = format!(
+        "/usr/local/tessera/driver:{}",
+        artifacts().fake_dir.display()
+    );
+    for env in [
+        vec![("LD_LIBRARY_PATH".to_string(), ld_path)],
+        vec![("LD_PRELOAD".to_string(), "libc.so.6".to_string())],
+    ] {
+        for mode in ["dlsym", "gpa"] {
+            let sb = one_gpu(4 * MIB);
+            let o = RunOpts {
+                env: env.clone(),
+                mode: Some(mode),
+                ..without_the_preload()
+            };
+            let r = sb.client(&o, &["ctx", "0", "alloc", "6291456", "alloc", "2097152"]);
+            assert_eq!(
+                r[..2],
+                ["ok".to_string(), OOM.to_string()],
+                "{env:?} {mode}: {r:?}"
+            );
+            assert_eq!(sb.ledger().peak[0], 2 * MIB, "{env:?} {mode}");
+        }
+        let sb = one_gpu(4 * MIB);
+        let bin = linked_program(&sb);
+        let o = RunOpts {
+            env: env.clone(),
+            ..without_the_preload()
+        };
+        let out = sb.command(&o, &bin, &[]).output().expect("linked");
+        assert_eq!(lines(&out.stdout), ["ok", OOM, "ok"], "{env:?}: {out:?}");
+    }
+}
+
+/// A container holding only whole-GPU claims gets the same shims at the driver's
+/// sonames (section 9 of ARCHITECTURE.md: every spec mounts them) and no
+/// `ld.so.preload`: the shim loads the interception library, which finds no claim and
+/// forwards, by every lookup path and when linked.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn without_a_claim_the_soname_shim_forwards_unrestricted() {
+    if !require("shim-no-claim") {
+        return;
+    }
+    for mode in ["dlsym", "gpa"] {
+        let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
+        let o = RunOpts {
+            mode: Some(mode),
+            ..without_the_preload()
+        };
+        let r = sb.client(&o, &["ctx", "0", "alloc", "6291456", "meminfo"]);
+        assert!(r[1].starts_with("ok "), "{mode}: {r:?}");
+        assert_eq!(r[2].split(' ').nth(2), Some("85899345920"), "{mode}: {r:?}");
+    }
+    let sb = Sandbox::new(&[(GPU0, 80 << 30)], vec![]);
+    let bin = linked_program(&sb);
+    let out = sb
+        .command(&without_the_preload(), &bin, &[])
+        .output()
+        .expect("linked");
+    assert_eq!(lines(&out.stdout), ["ok", "ok", "ok"], "{out:?}");
+}
+
+/// Renaming `/usr/local/tessera` takes the front, the interception library and the
+/// real driver files away from their paths: ld.so skips the preload (a warning), and
+/// the shim cannot load (its real file is missing: a linked program cannot start,
+/// `dlopen` fails). Never the bare driver.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn renaming_the_tessera_directories_fails_closed() {
+    if !require("rename-tessera") {
+        return;
+    }
+    // The mounts themselves cannot be renamed (EBUSY); the directories above them can.
+    for moved in ["mv /usr/local/tessera /usr/local/elsewhere"] {
+        for mode in ["dlsym", "gpa"] {
+            let sb = one_gpu(4 * MIB);
+            let o = RunOpts {
+                tenant_script: moved.into(),
+                mode: Some(mode),
+                ..opts()
+            };
+            let out = sb.client_output(&o, &["ctx", "0", "alloc", "2097152"]);
+            let r = lines(&out.stdout);
+            assert!(
+                r.is_empty() || !r[0].starts_with("ok"),
+                "{moved} {mode}: CUDA must fail: {out:?}"
+            );
+            assert_eq!(sb.ledger().peak[0], 0, "{moved} {mode}: {out:?}");
+        }
+        let sb = one_gpu(4 * MIB);
+        let bin = linked_program(&sb);
+        let o = RunOpts {
+            tenant_script: moved.into(),
+            ..opts()
+        };
+        let out = sb.command(&o, &bin, &[]).output().expect("linked");
+        let r = lines(&out.stdout);
+        assert!(
+            r.is_empty() || !r[0].starts_with("ok"),
+            "{moved} linked: CUDA must fail: {out:?}"
+        );
+        assert_eq!(sb.ledger().peak[0], 0, "{moved} linked: {out:?}");
+    }
 }
 
 /// A process that never calls CUDA opens no region and takes no slot; a CUDA

@@ -85,9 +85,26 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
     let Some(lib) = zig_library("glibc-2.17") else {
         return;
     };
-    // Both objects: the front library (what ld.so.preload names) and the
-    // interception library it loads.
-    for lib in [lib.with_file_name(FRONT_FILE), lib] {
+    // Every object: the front library (what ld.so.preload names), the soname shims
+    // (which also NEED their real driver file by absolute path, and carry the
+    // driver's soname) and the interception library they load.
+    for (shim, soname, real) in [
+        (SHIM_CUDA_FILE, "libcuda.so.1", REAL_CUDA),
+        (SHIM_NVML_FILE, "libnvidia-ml.so.1", REAL_NVML),
+    ] {
+        let d = readelf("-d", &lib.with_file_name(shim));
+        assert!(
+            d.contains(&format!("(NEEDED)             Shared library: [{real}]"))
+                && d.contains(&format!("(SONAME)             Library soname: [{soname}]")),
+            "{shim}: {d}"
+        );
+    }
+    for lib in [
+        lib.with_file_name(FRONT_FILE),
+        lib.with_file_name(SHIM_CUDA_FILE),
+        lib.with_file_name(SHIM_NVML_FILE),
+        lib,
+    ] {
         let versions = readelf("-V", &lib);
         let mut newest = (2, 0);
         for v in versions.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
@@ -113,7 +130,7 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
                     .map(|s| s.trim_end_matches(']').to_string())
             })
             .collect();
-        let allowed = ["libc.so.6", "ld-linux-x86-64.so.2"];
+        let allowed = ["libc.so.6", "ld-linux-x86-64.so.2", REAL_CUDA, REAL_NVML];
         for n in &needed {
             assert!(
                 allowed.contains(&n.as_str()),
@@ -372,17 +389,19 @@ fn the_release_library_works_on_glibc_2_31() {
         needed.contains("libpthread.so.0") && needed.contains("libdl.so.2"),
         "the client must load libdl and libpthread as on old glibc: {needed}"
     );
-    // An overlay of the cached root filesystem, with the claim and the libraries
-    // mounted as the plugin mounts them (from one run directory: `<d>/claims/claim-a/`,
-    // limits and control read-only, and `<d>/lib/v/`), the fake and the client.
+    // An overlay of the cached root filesystem, with the claim mounted as the plugin
+    // mounts it (limits and control read-only), the libraries from a version directory
+    // beside the claims (the library trusts only claims of its own run directory), the
+    // fake and the client.
     let (dd, r) = (d.display(), d.join("root"));
     let rr = r.display();
     let mut script = format!(
         "set -e\nmkdir -p {dd}/up {dd}/work {rr}\n\
          mount -t overlay overlay -o lowerdir={rootfs},upperdir={dd}/up,workdir={dd}/work {rr}\n\
          mount -t proc proc {rr}/proc\n\
-         mkdir -p {rr}/run/tessera/claims/claim-a {rr}/usr/local/tessera/lib {rr}/fake {dd}/lib/v\n\
-         cp {lib} {front} {dd}/lib/v/\nmount --bind {dd}/lib/v {rr}/usr/local/tessera/lib\n\
+         mkdir -p {rr}/run/tessera/claims/claim-a {rr}/usr/local/tessera/lib {rr}/fake\n\
+         mkdir -p {dd}/lib/v.old\ncp {lib} {front} {dd}/lib/v.old/\n\
+         mount --bind {dd}/lib/v.old {rr}/usr/local/tessera/lib\n\
          cp {fake} {rr}/fake/\ncp {client} {rr}/cuda_client\n\
          touch {rr}/ledger\nmount --bind {dd}/ledger {rr}/ledger\n",
         rootfs = rootfs.display(),

@@ -127,20 +127,59 @@ pub fn render_claim_spec(
             i64::from(minor),
         ));
     }
-    for f in &ctx.driver_files {
-        common = common.with_mount(Mount::bind_ro(
-            f.host_path.clone(),
-            f.container_path.clone(),
-        ));
-    }
+    common = driver_mounts(ctx, common);
     if plan.is_shared() {
         common = shared_claim_mounts(plan, ctx, common)?;
     }
     Ok(Spec::new("auto", CDI_KIND, devices).with_container_edits(common))
 }
 
-/// The mounts of a claim with shared-GPU devices: the interception library's directory
-/// and its version's `ld.so.preload` at `/etc/ld.so.preload` (identical in every
+/// The driver files. With an interception library installed, in every spec (whole
+/// GPUs too: CDI runtimes replace a mount at one container path by the last spec's,
+/// so a container holding a whole-GPU claim and a shared one must get the same file
+/// from both), `libcuda.so.1` and `libnvidia-ml.so.1` are Tessera's soname shims,
+/// the real files are mounted at `/usr/local/tessera/driver/*.real` (where each shim
+/// NEEDs its own), and the library directory at `/usr/local/tessera/lib` (where the
+/// shims load the interception library from). A process then reaches the driver
+/// through Tessera's library even when `ld.so.preload` was skipped (renamed `/etc`);
+/// in a container without a shared claim the library finds no budget and forwards.
+fn driver_mounts(ctx: &CdiContext, mut edits: ContainerEdits) -> ContainerEdits {
+    use crate::prepare::library as lib;
+    let version = ctx.interception.as_deref();
+    for f in &ctx.driver_files {
+        let shim = lib::SHIMMED
+            .iter()
+            .find(|(soname, _, _)| f.container_path.rsplit('/').next() == Some(*soname));
+        edits = match (version, shim) {
+            (Some(version), Some((_, shim, real))) => edits
+                .with_mount(Mount::bind_ro(
+                    join_host(
+                        &ctx.host_run_dir,
+                        &format!("{}/{version}/{shim}", lib::LIB_DIR),
+                    ),
+                    f.container_path.clone(),
+                ))
+                .with_mount(Mount::bind_ro(
+                    f.host_path.clone(),
+                    format!("{}/{real}", lib::CONTAINER_DRIVER_DIR),
+                )),
+            _ => edits.with_mount(Mount::bind_ro(
+                f.host_path.clone(),
+                f.container_path.clone(),
+            )),
+        };
+    }
+    if let Some(version) = version {
+        edits = edits.with_mount(Mount::bind_ro(
+            join_host(&ctx.host_run_dir, &format!("{}/{version}", lib::LIB_DIR)),
+            lib::CONTAINER_LIB_DIR,
+        ));
+    }
+    edits
+}
+
+/// The mounts of a claim with shared-GPU devices (besides [`driver_mounts`]' library
+/// directory): its version's `ld.so.preload` at `/etc/ld.so.preload` (identical in every
 /// shared claim's spec of one version, so two claims in one container agree; across
 /// versions, the last spec's pair wins whole), and the claim's own three files, each mounted as a single
 /// file under `/run/tessera/claims/<uid>/` (never a writable directory): `limits` and
@@ -155,18 +194,13 @@ fn shared_claim_mounts(
         "no interception library is installed (see --interception-lib): a shared-GPU claim would not be enforced",
     )?;
     let run = &ctx.host_run_dir;
-    edits = edits
-        .with_mount(Mount::bind_ro(
-            join_host(run, &format!("{}/{version}", lib::LIB_DIR)),
-            lib::CONTAINER_LIB_DIR,
-        ))
-        .with_mount(Mount::bind_ro(
-            join_host(
-                run,
-                &format!("{}/{version}/{}", lib::LIB_DIR, lib::PRELOAD_FILE),
-            ),
-            "/etc/ld.so.preload",
-        ));
+    edits = edits.with_mount(Mount::bind_ro(
+        join_host(
+            run,
+            &format!("{}/{version}/{}", lib::LIB_DIR, lib::PRELOAD_FILE),
+        ),
+        "/etc/ld.so.preload",
+    ));
     for (name, rw) in [
         (tessera_abi::LIMITS_FILE, false),
         (tessera_abi::CONTROL_FILE, false),
@@ -376,6 +410,59 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
         );
         assert!(common.mounts[0].options.contains(&"ro".to_string()));
+    }
+
+    /// With a library installed, every spec, whole-GPU or shared, mounts the same
+    /// files at the driver's sonames (Tessera's shims, from the version directory),
+    /// the real file at `/usr/local/tessera/driver/libcuda.real` and the library
+    /// directory: a container holding both kinds of claim gets one layout whichever
+    /// spec the runtime applies last. Without a library, the driver itself.
+    #[test]
+    fn every_spec_mounts_the_shim_at_the_driver_soname() {
+        let mounts = |plan: &ClaimPlan, c: &CdiContext| -> Vec<(String, String)> {
+            let spec = render_claim_spec(plan, c, &[]).unwrap();
+            let mut m: Vec<_> = spec
+                .container_edits
+                .unwrap()
+                .mounts
+                .iter()
+                .filter(|m| !m.container_path.starts_with("/run/tessera/claims"))
+                .filter(|m| m.container_path != "/etc/ld.so.preload")
+                .map(|m| (m.host_path.clone(), m.container_path.clone()))
+                .collect();
+            m.sort();
+            m
+        };
+        let whole = mounts(&plan(&[(2, None)]), &ctx());
+        let shared = mounts(
+            &plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]),
+            &ctx(),
+        );
+        assert_eq!(whole, shared);
+        let pair = |h: &str, c: &str| (h.to_string(), c.to_string());
+        assert_eq!(
+            whole,
+            [
+                pair("/run/tessera/lib/0.1.0-abc", "/usr/local/tessera/lib"),
+                pair(
+                    "/run/tessera/lib/0.1.0-abc/libtessera_shim_cuda.so.1",
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+                ),
+                pair(
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                    "/usr/local/tessera/driver/libcuda.real"
+                ),
+            ]
+        );
+        let mut none = ctx();
+        none.interception = None;
+        assert_eq!(
+            mounts(&plan(&[(2, None)]), &none),
+            [pair(
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+            )]
+        );
     }
 
     /// Shared allocations carry their shareID in the CDI name.

@@ -5,6 +5,13 @@
 //! `/etc/ld.so.preload`. The front is what every process of the container loads; it
 //! loads the interception library at the first CUDA call (`cuda/front/lib.rs`).
 //!
+//! Beside them, the soname shims `libtessera_shim_cuda.so.1` and
+//! `libtessera_shim_nvidia-ml.so.1` (the front built as Tessera's `libcuda.so.1` and
+//! `libnvidia-ml.so.1`, `cuda/build.rs`): a spec mounts them at the driver's own paths
+//! and the real driver files at [`CONTAINER_DRIVER_DIR`], so that a program that loads
+//! the driver by soname gets Tessera's library first even when `ld.so.preload` is
+//! skipped (`cdi_spec.rs`).
+//!
 //! The preload file lives in the version directory so that a spec always mounts a pair
 //! that agrees. Specs written before the front existed mount `<run-dir>/ld.so.preload`
 //! beside an older library directory (no front): that file keeps naming
@@ -29,8 +36,22 @@ pub const LIB_FILE: &str = "libtessera_cuda.so";
 /// The front library's file name: beside `--interception-lib`, in the run dir and in
 /// containers; what `ld.so.preload` names.
 pub const FRONT_FILE: &str = "libtessera_preload.so";
-/// Where the library directory is mounted in containers (read-only).
+/// Where the library directory is mounted in containers (read-only). The shims load
+/// the interception library from here (a path built into them).
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/tessera/lib";
+/// The soname shims' file names: beside `--interception-lib`, in the run dir.
+pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so.1";
+pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvidia-ml.so.1";
+/// Where the real driver libraries are mounted (read-only) in a container whose
+/// sonames are the shims'. Each shim NEEDs its file here by absolute path (built into
+/// it); the names are no sonames, so no search by soname finds the real files.
+pub const CONTAINER_DRIVER_DIR: &str = "/usr/local/tessera/driver";
+/// The driver's sonames the shims take, each with its shim and its real file's name
+/// in [`CONTAINER_DRIVER_DIR`].
+pub const SHIMMED: [(&str, &str, &str); 2] = [
+    ("libcuda.so.1", SHIM_CUDA_FILE, "libcuda.real"),
+    ("libnvidia-ml.so.1", SHIM_NVML_FILE, "libnvidia-ml.real"),
+];
 /// `lib/` under the run dir.
 pub const LIB_DIR: &str = "lib";
 /// `<run-dir>/lib/<version>/ld.so.preload`, mounted at `/etc/ld.so.preload`; and the
@@ -76,35 +97,47 @@ pub fn version_of(lib: &[u8], front: &[u8]) -> String {
     format!("{}-{hex}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Installs `source` (an ELF shared object), the front library beside it and their
-/// `ld.so.preload` into `<run_dir>/lib/<version>/` unless that version is already
-/// there, and (re)writes the legacy `<run_dir>/ld.so.preload`. Both atomic.
+/// Installs `source` (an ELF shared object), the front library and the two soname
+/// shims beside it and their `ld.so.preload` into `<run_dir>/lib/<version>/` unless
+/// that version is already there, and (re)writes the legacy `<run_dir>/ld.so.preload`.
+/// Both atomic. A build without its front or shims is refused.
 pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallError> {
     let fail = |what: String| InstallError {
         source_path: source.to_path_buf(),
         what,
     };
-    let front_path = source.with_file_name(FRONT_FILE);
     let bytes = fs::read(source).map_err(|e| fail(e.to_string()))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(fail("not an ELF file".into()));
     }
-    let front = fs::read(&front_path).map_err(|e| {
-        fail(format!(
-            "the front library {} (built beside it): {e}",
-            front_path.display()
-        ))
-    })?;
-    if !front.starts_with(b"\x7fELF") {
-        return Err(fail(format!("{}: not an ELF file", front_path.display())));
+    let beside = |file: &str, what: &str| -> Result<Vec<u8>, InstallError> {
+        let path = source.with_file_name(file);
+        let b = fs::read(&path)
+            .map_err(|e| fail(format!("{what} {} (built beside it): {e}", path.display())))?;
+        if !b.starts_with(b"\x7fELF") {
+            return Err(fail(format!("{}: not an ELF file", path.display())));
+        }
+        Ok(b)
+    };
+    let front = beside(FRONT_FILE, "the front library")?;
+    let shims = [
+        beside(SHIM_CUDA_FILE, "the soname shim")?,
+        beside(SHIM_NVML_FILE, "the soname shim")?,
+    ];
+    let mut together = front.clone();
+    for s in &shims {
+        together.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        together.extend_from_slice(s);
     }
-    let version = version_of(&bytes, &front);
+    let version = version_of(&bytes, &together);
     let libs = run_dir.join(LIB_DIR);
     fs::create_dir_all(&libs).map_err(|e| fail(format!("{}: {e}", libs.display())))?;
     let dir = libs.join(&version);
     let preload = preload_contents();
     let installed = fs::read(dir.join(LIB_FILE)).is_ok_and(|b| b == bytes)
         && fs::read(dir.join(FRONT_FILE)).is_ok_and(|b| b == front)
+        && fs::read(dir.join(SHIM_CUDA_FILE)).is_ok_and(|b| b == shims[0])
+        && fs::read(dir.join(SHIM_NVML_FILE)).is_ok_and(|b| b == shims[1])
         && fs::read(dir.join(PRELOAD_FILE)).is_ok_and(|b| b == preload.as_bytes());
     if !installed {
         // Per process: two installers never share a temp dir (callers also hold the
@@ -118,6 +151,8 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
             for (file, content, mode) in [
                 (LIB_FILE, bytes.as_slice(), 0o755),
                 (FRONT_FILE, front.as_slice(), 0o755),
+                (SHIM_CUDA_FILE, shims[0].as_slice(), 0o755),
+                (SHIM_NVML_FILE, shims[1].as_slice(), 0o755),
                 (PRELOAD_FILE, preload.as_bytes(), 0o644),
             ] {
                 let mut f = fs::File::create_new(tmp.join(file))?;
@@ -202,7 +237,10 @@ mod tests {
         b.extend_from_slice(tag);
         fs::write(&p, &b).unwrap();
         b.extend_from_slice(b"front");
-        fs::write(d.join(FRONT_FILE), b).unwrap();
+        fs::write(d.join(FRONT_FILE), &b).unwrap();
+        for shim in [SHIM_CUDA_FILE, SHIM_NVML_FILE] {
+            fs::write(d.join(shim), [b.as_slice(), shim.as_bytes()].concat()).unwrap();
+        }
         p
     }
 
@@ -216,7 +254,7 @@ mod tests {
         assert_eq!(install(run.path(), &fake_lib(src.path(), b"a")).unwrap(), a);
         let b = install(run.path(), &fake_lib(src.path(), b"b")).unwrap();
         assert_ne!(a.version, b.version);
-        for f in [LIB_FILE, FRONT_FILE] {
+        for f in [LIB_FILE, FRONT_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE] {
             assert!(a.dir.join(f).is_file() && b.dir.join(f).is_file(), "{f}");
         }
         assert_eq!(
@@ -260,5 +298,17 @@ mod tests {
         let e = install(run.path(), &lib).unwrap_err();
         assert!(e.to_string().contains("libtessera_preload.so"), "{e}");
         assert!(!run.path().join(LIB_DIR).exists() && !run.path().join(PRELOAD_FILE).exists());
+    }
+
+    /// So is a library without its soname shims.
+    #[test]
+    fn refuses_a_library_without_its_shims() {
+        let src = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let lib = fake_lib(src.path(), b"a");
+        fs::remove_file(lib.with_file_name(SHIM_NVML_FILE)).unwrap();
+        let e = install(run.path(), &lib).unwrap_err();
+        assert!(e.to_string().contains(SHIM_NVML_FILE), "{e}");
+        assert!(!run.path().join(LIB_DIR).exists());
     }
 }

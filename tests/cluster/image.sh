@@ -17,7 +17,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 tag=${TESSERA_IMAGE:-localhost/tessera/tessera:dev}
 rel=$repo/target/release
-for f in tessera libtessera_cuda.so libtessera_preload.so; do
+shims="libtessera_shim_cuda.so.1 libtessera_shim_nvidia-ml.so.1"
+for f in tessera libtessera_cuda.so libtessera_preload.so $shims; do
   [ -f "$rel/$f" ] || { echo "image.sh: $rel/$f missing (nice -n 19 cargo build --release -p tessera -p tessera-cuda)" >&2; exit 1; }
 done
 R=$("$here/chroot.sh")
@@ -25,7 +26,7 @@ out=$repo/target/cluster-image
 mkdir -p "$out"
 archive=$out/tessera.tar
 # Rebuild only when an input changed.
-inputs=$( { sha256sum "$rel/tessera" "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$repo"/deploy/deviceclasses/*.yaml "$0" "$here/lib.sh"; echo "$tag"; } | sha256sum | cut -d' ' -f1)
+inputs=$( { sha256sum "$rel/tessera" "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so.1" "$rel/libtessera_shim_nvidia-ml.so.1" "$repo"/deploy/deviceclasses/*.yaml "$0" "$here/lib.sh"; echo "$tag"; } | sha256sum | cut -d' ' -f1)
 if [ ! -f "$archive" ] || [ "$(cat "$archive.inputs" 2>/dev/null)" != "$inputs" ]; then
   rootfs=$out/rootfs
   rm -rf "$rootfs"
@@ -34,7 +35,7 @@ if [ ! -f "$archive" ] || [ "$(cat "$archive.inputs" 2>/dev/null)" != "$inputs" 
   mkdir -p "$rootfs/lib64"
   ln -s ../usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$rootfs/lib64/ld-linux-x86-64.so.2"
   install -m 755 "$rel/tessera" "$rootfs/usr/bin/tessera"
-  install -m 755 "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rootfs/usr/local/lib/tessera/"
+  install -m 755 "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so.1" "$rel/libtessera_shim_nvidia-ml.so.1" "$rootfs/usr/local/lib/tessera/"
   cp -r "$repo/deploy/deviceclasses" "$rootfs/usr/share/tessera/"
   # The shared libraries the three ELF files need, transitively, and the loader, all
   # from the chroot's glibc.

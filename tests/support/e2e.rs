@@ -307,6 +307,29 @@ impl Podman {
     /// in a private mount namespace where `/var/run/cdi` is the plugin's CDI dir and
     /// `/etc/cdi` is empty.
     pub fn run(&self, rootfs: &Path, args: &[String], script: &str) -> Run {
+        self.run_rootfs(&format!("{}:O", rootfs.display()), args, script)
+    }
+
+    /// As [`Podman::run`], on a writable copy of `rootfs` taken for this run alone
+    /// (`--rootfs COPY`, no overlay): every directory of the image can be renamed there,
+    /// as on storage without overlayfs (an overlay without `redirect_dir` refuses to
+    /// rename a directory of a lower layer, `EXDEV`), which the tenant's renames need.
+    pub fn run_writable(&self, rootfs: &Path, args: &[String], script: &str) -> Run {
+        let copy = tempfile::Builder::new()
+            .prefix("rootfs-rw")
+            .tempdir_in(&self.dir)
+            .unwrap();
+        let st = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", rootfs.display()))
+            .arg(copy.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "copying the rootfs");
+        self.run_rootfs(&copy.path().display().to_string(), args, script)
+    }
+
+    fn run_rootfs(&self, rootfs: &str, args: &[String], script: &str) -> Run {
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
             .arg(
@@ -317,7 +340,7 @@ impl Podman {
             .args(["--log-level=debug", "run", "--rm"])
             .args(args)
             .arg("--rootfs")
-            .arg(format!("{}:O", rootfs.display()))
+            .arg(rootfs)
             .args(["/bin/sh", "-c", script])
             .env("CONTAINERS_CONF", self.dir.join("conf/containers.conf"))
             .env(

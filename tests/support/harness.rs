@@ -68,26 +68,49 @@ pub fn options(root: &Path) -> PluginOptions {
 /// A shared object standing in for the interception library where a test checks how
 /// the plugin installs and mounts it (enforcement is tested in the `cuda` crate):
 /// an empty ELF `.so` built with the C compiler, under `<root>/stand-in/`, with a copy
-/// beside it standing in for the front library.
+/// beside it standing in for the front library, and forwarding stand-ins for the
+/// soname shims: libraries with the driver's soname, nothing of their own and a
+/// DT_NEEDED on the real file's container path, as the shims have, so that a
+/// container of a whole GPU still reaches its driver through them.
 pub fn interception_stand_in(root: &Path) -> PathBuf {
+    use tessera::prepare::library::{CONTAINER_DRIVER_DIR, SHIMMED};
     let dir = root.join("stand-in");
     let out = dir.join("libtessera_cuda.so");
     let front = dir.join(tessera::prepare::library::FRONT_FILE);
-    if out.is_file() && front.is_file() {
+    if out.is_file() && front.is_file() && SHIMMED.iter().all(|(_, s, _)| dir.join(s).is_file()) {
         return out;
     }
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("empty.c");
     std::fs::write(&src, "int tessera_stand_in;\n").unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("a C compiler (cc) builds the stand-in library");
-    assert!(status.success(), "building the stand-in library failed");
+    let build = |out: &Path, link: &[String]| {
+        let status = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(out)
+            .arg(&src)
+            .args(link)
+            .status()
+            .expect("a C compiler (cc) builds the stand-in library");
+        assert!(status.success(), "building {} failed", out.display());
+    };
+    build(&out, &[]);
     std::fs::copy(&out, &front).unwrap();
+    for (soname, shim, real) in SHIMMED {
+        let needed = dir.join(format!("needed-{real}.so"));
+        build(
+            &needed,
+            &[format!("-Wl,-soname,{CONTAINER_DRIVER_DIR}/{real}")],
+        );
+        build(
+            &dir.join(shim),
+            &[
+                format!("-Wl,-soname,{soname}"),
+                "-Wl,--no-as-needed".into(),
+                needed.display().to_string(),
+            ],
+        );
+    }
     out
 }
 

@@ -264,7 +264,8 @@ unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_voi
 
 /// The first object loaded ahead of the one spanning `stop`, the main program
 /// excepted, that defines a function named in `lists` (each a run of NUL-terminated
-/// names; at any version) and does not define `unless`: (its name as ld.so has it,
+/// names; at any version) and defines none of `unless` (a run of NUL-terminated names):
+/// (its name as ld.so has it,
 /// the name it defines, NUL included). Objects load in the order ld.so searches them
 /// for a program's symbols, so such an object answers before the one at `stop`.
 pub fn defined_ahead(
@@ -315,9 +316,11 @@ pub fn defined_ahead(
         let Some((t, gnu, sysv)) = (unsafe { object_tables(info) }) else {
             return 0;
         };
-        // SAFETY: this object's tables.
-        if unsafe { lookup(&t, gnu, sysv, &query(a.unless)) }.is_some() {
-            return 0;
+        for name in a.unless.split_inclusive(|&c| c == 0) {
+            // SAFETY: this object's tables.
+            if unsafe { lookup(&t, gnu, sysv, &query(name)) }.is_some() {
+                return 0;
+            }
         }
         for list in a.lists {
             for name in list.split_inclusive(|&c| c == 0) {
@@ -439,6 +442,80 @@ unsafe fn version_is(ndx: u16, verdef: usize, count: u64, strtab: usize, want: &
         v += d.next as usize;
     }
     false
+}
+
+/// The loaded object whose segments span `addr`, as the range they span, and whether
+/// it defines every name of `all` and none of `none` (runs of NUL-terminated names, at
+/// any version). The interception library tells the front's and the sonames' stubs
+/// from the driver's functions with it.
+pub fn classify_object(
+    addr: usize,
+    all: &'static [u8],
+    none: &'static [u8],
+) -> Option<(usize, usize, bool)> {
+    struct Classify {
+        addr: usize,
+        all: &'static [u8],
+        none: &'static [u8],
+        found: Option<(usize, usize, bool)>,
+    }
+    fn defines(t: &Tables, gnu: usize, sysv: usize, name: &'static [u8]) -> bool {
+        let bare = name.strip_suffix(b"\0").unwrap_or(name);
+        let q = Query {
+            name,
+            ver: b"",
+            gnu_hash: gnu_hash(bare),
+            sysv_hash: sysv_hash(bare),
+            found: 0,
+            object: core::ptr::null(),
+        };
+        // SAFETY: one loaded object's tables.
+        unsafe { lookup(t, gnu, sysv, &q) }.is_some()
+    }
+    unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: per dl_iterate_phdr, with `data` = a `Classify`.
+        let (info, c) = unsafe { (&*info, &mut *data.cast::<Classify>()) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: ld.so's program headers for this object.
+        let phdrs =
+            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
+            let start = base.wrapping_add(p.p_vaddr as usize);
+            lo = lo.min(start);
+            hi = hi.max(start.wrapping_add(p.p_memsz as usize));
+        }
+        if !(lo..hi).contains(&c.addr) {
+            return 0;
+        }
+        // SAFETY: as above.
+        let is = match unsafe { object_tables(info) } {
+            Some((t, gnu, sysv)) => {
+                c.all
+                    .split_inclusive(|&b| b == 0)
+                    .all(|n| defines(&t, gnu, sysv, n))
+                    && !c
+                        .none
+                        .split_inclusive(|&b| b == 0)
+                        .any(|n| defines(&t, gnu, sysv, n))
+            }
+            None => false,
+        };
+        c.found = Some((lo, hi, is));
+        1
+    }
+    let mut c = Classify {
+        addr,
+        all,
+        none,
+        found: None,
+    };
+    // SAFETY: the callback reads only what ld.so mapped.
+    unsafe { dl_iterate_phdr(Some(visit), (&raw mut c).cast()) };
+    c.found
 }
 
 /// The loaded object whose segments span `addr`: its name as ld.so has it (the path

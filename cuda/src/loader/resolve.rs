@@ -1,7 +1,9 @@
 //! Finding what is behind the library: glibc's own `dlsym` (the library exports one of
-//! its own), and a driver or NVML function in the objects after this library or in its
-//! library (`libcuda.so.1`, `libnvidia-ml.so.1`), which a client may have opened
-//! `RTLD_LOCAL`.
+//! its own), and a driver or NVML function: in the real driver file where Tessera's
+//! soname shims put it (`/usr/local/tessera/driver/libcuda.real`, loaded as the shim's
+//! dependency), else in the objects after this library or in its library
+//! (`libcuda.so.1`, `libnvidia-ml.so.1`), which a client may have opened `RTLD_LOCAL`.
+//! An answer inside Tessera's own stubs (the front or a shim) is never taken.
 //!
 //! Nothing here runs at load: glibc's `dlsym` is looked up at the first `dlsym(RTLD_NEXT,
 //! …)` or the first function resolved.
@@ -66,8 +68,53 @@ pub extern "C" fn resolve_real_dlsym_c() -> usize {
     resolve_real_dlsym()
 }
 
-/// Finds `name` in the objects after this library, then in `lib` if it is loaded
-/// (a client may have opened it `RTLD_LOCAL`), loading `lib` as a last resort.
+/// Where the plugin mounts the real driver libraries in a container whose
+/// `libcuda.so.1` and `libnvidia-ml.so.1` are Tessera's shims (each NEEDs its real
+/// file by this absolute path; `tessera_abi::CONTAINER_DRIVER_DIR`). The names are not
+/// sonames, so no library search by soname finds them.
+pub fn real_file_of(lib: &CStr) -> &'static CStr {
+    if lib.to_bytes().starts_with(b"libnvidia-ml") {
+        c"/usr/local/tessera/driver/libnvidia-ml.real"
+    } else {
+        c"/usr/local/tessera/driver/libcuda.real"
+    }
+}
+
+/// `name` in the real file behind `lib`'s shim, if that file is loaded: `Some` with
+/// its function (or null when it has none), `None` when it is not loaded.
+///
+/// # Safety
+/// `name` must be a NUL-terminated string.
+unsafe fn from_real_file(dlsym: DlsymFn, name: *const c_char, lib: &CStr) -> Option<*mut c_void> {
+    // SAFETY: RTLD_NOLOAD only finds an object already loaded (the shim's dependency).
+    let real = unsafe {
+        libc::dlopen(
+            real_file_of(lib).as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if real.is_null() {
+        return None;
+    }
+    // SAFETY: glibc dlsym with a handle and a valid name. The real file's search list
+    // starts with itself: its own function, or nothing.
+    let p = unsafe { dlsym(real, name) };
+    Some(not_a_stub(p))
+}
+
+/// `p`, or null when it lies in Tessera's stubs (they would jump back here).
+fn not_a_stub(p: *mut c_void) -> *mut c_void {
+    if !p.is_null() && in_front(p as usize) {
+        std::ptr::null_mut()
+    } else {
+        p
+    }
+}
+
+/// Finds `name` in the real driver file behind the shim of `lib` if it is loaded,
+/// else in the objects after this library, then in `lib` if it is loaded (a client
+/// may have opened it `RTLD_LOCAL`), loading `lib` as a last resort. Never an address
+/// inside Tessera's stubs (null instead).
 ///
 /// # Safety
 /// `name` must be a NUL-terminated string.
@@ -75,6 +122,10 @@ pub unsafe fn resolve_behind(name: *const c_char, lib: &CStr) -> *mut c_void {
     let Some(dlsym) = real_dlsym() else {
         return std::ptr::null_mut();
     };
+    // SAFETY: per the caller.
+    if let Some(p) = unsafe { from_real_file(dlsym, name, lib) } {
+        return p;
+    }
     // SAFETY: glibc dlsym with a valid name.
     let p = unsafe { dlsym(libc::RTLD_NEXT, name) };
     if !p.is_null() && !in_front(p as usize) {
@@ -87,8 +138,13 @@ pub unsafe fn resolve_behind(name: *const c_char, lib: &CStr) -> *mut c_void {
         // SAFETY: dlopen with a valid name; the handle stays open (as the client's does).
         let h = unsafe { libc::dlopen(lib.as_ptr(), mode) };
         if !h.is_null() {
+            // Tessera's shim at the soname: its real file is loaded now.
+            // SAFETY: per the caller.
+            if let Some(p) = unsafe { from_real_file(dlsym, name, lib) } {
+                return p;
+            }
             // SAFETY: as above.
-            return unsafe { dlsym(h, name) };
+            return not_a_stub(unsafe { dlsym(h, name) });
         }
     }
     std::ptr::null_mut()

@@ -34,6 +34,13 @@ pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_preload.so";
 pub const CORE_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
 pub const CORE_FILE: &str = "libtessera_cuda.so";
 pub const FRONT_FILE: &str = "libtessera_preload.so";
+/// Tessera's `libcuda.so.1` and `libnvidia-ml.so.1` (the front built as soname shims),
+/// as `cuda/build.rs` names them beside the library.
+pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so.1";
+pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvidia-ml.so.1";
+/// Where the real driver files are mounted when the shims take their sonames.
+pub const REAL_CUDA: &str = "/usr/local/tessera/driver/libcuda.real";
+pub const REAL_NVML: &str = "/usr/local/tessera/driver/libnvidia-ml.real";
 
 /// Copies a build of `libtessera_cuda.so` and the front library built beside it
 /// (`build.rs` puts it there) into `dir`, as the plugin installs them.
@@ -48,6 +55,16 @@ pub fn install_libs(core: &Path, dir: &Path) {
     fs::create_dir_all(dir).expect("mkdir");
     fs::copy(core, dir.join(CORE_FILE)).expect("copy library");
     fs::copy(&front, dir.join(FRONT_FILE)).expect("copy front library");
+    for shim in [SHIM_CUDA_FILE, SHIM_NVML_FILE] {
+        let f = core.with_file_name(shim);
+        assert!(
+            f.is_file(),
+            "{} missing beside {}",
+            f.display(),
+            core.display()
+        );
+        fs::copy(&f, dir.join(shim)).expect("copy shim");
+    }
 }
 
 const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
@@ -254,6 +271,47 @@ pub fn built_library_with(profile: &str, extra: &[&str]) -> PathBuf {
     lib
 }
 
+/// A program linked against `libcuda.so.1` (no `dlsym`, no `cuGetProcAddress`), built
+/// into the sandbox's directory: `cuInit`, the primary context (one line), then
+/// `cuMemAlloc_v2` of 6 MiB and of 2 MiB (a line each: `ok` or `err <code>`).
+pub fn linked_program(sb: &Sandbox) -> PathBuf {
+    let src = sb.dir.path().join("linked.c");
+    fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <stddef.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(void **, int);
+CUresult cuCtxSetCurrent(void *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+static void say(CUresult rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
+int main(void) {
+    void *ctx = NULL;
+    CUdeviceptr p;
+    CUresult rc = cuInit(0);
+    if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (!rc) rc = cuCtxSetCurrent(ctx);
+    say(rc);
+    say(cuMemAlloc_v2(&p, 6291456));
+    say(cuMemAlloc_v2(&p, 2097152));
+    return 0;
+}
+"#,
+    )
+    .expect("write");
+    let bin = sb.dir.path().join("linked");
+    let fake = artifacts().fake_dir.join("libcuda.so.1");
+    cc(&[
+        "-o",
+        bin.to_str().expect("utf-8 path"),
+        src.to_str().expect("utf-8 path"),
+        fake.to_str().expect("utf-8 path"),
+    ]);
+    bin
+}
+
 /// One claim's files as the plugin writes them.
 #[derive(Clone)]
 pub struct ClaimSpec {
@@ -294,6 +352,13 @@ pub struct RunOpts {
     /// A directory holding another build of both libraries to mount instead
     /// ([`install_libs`]).
     pub lib_dir: Option<PathBuf>,
+    /// The layout before the soname shims: the fake driver at its soname, nothing at
+    /// the real files' paths. By default the shims are mounted over the fake driver
+    /// (and fake NVML) and those at `/usr/local/tessera/driver/*.real`, as the plugin
+    /// mounts them.
+    pub no_shims: bool,
+    /// Shell run after every mount, just before the program (the tenant's moves).
+    pub tenant_script: String,
 }
 
 /// A simulated node: fake GPUs, a ledger, and claim files.
@@ -384,9 +449,36 @@ impl Sandbox {
              mkdir -p {root}/etc-upper-$$ {root}/etc-work-$$\n\
              mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-upper-$$,workdir={root}/etc-work-$$ /etc\n\
              touch /etc/ld.so.preload\nmount --bind {root}/ld.so.preload /etc/ld.so.preload\n\
-             mount -o remount,bind,ro /etc/ld.so.preload\nexec \"$@\"\n",
+             mount -o remount,bind,ro /etc/ld.so.preload\n",
             lib = opts.lib_dir.as_ref().unwrap_or(&art.lib_dir).display()
         );
+        if !opts.no_shims {
+            // As the plugin mounts them: the real files at fixed paths (bound before
+            // the shims cover them), the shims at the driver's paths.
+            let fake = art.fake_dir.display();
+            s += "mkdir -p /usr/local/tessera/driver\n";
+            for (soname, shim, real) in [
+                ("libcuda.so.1", SHIM_CUDA_FILE, REAL_CUDA),
+                ("libnvidia-ml.so.1", SHIM_NVML_FILE, REAL_NVML),
+            ] {
+                s += &format!(
+                    "if [ -f {fake}/{soname} ]; then touch {real}\n\
+                     mount --bind {fake}/{soname} {real}\nmount -o remount,bind,ro {real}\n\
+                     mount --bind $v/{shim} {fake}/{soname}\n\
+                     mount -o remount,bind,ro {fake}/{soname}\nfi\n"
+                );
+            }
+        }
+        if !opts.tenant_script.is_empty() {
+            // Without the tenant's variables, which are the program's.
+            s += &format!(
+                "(\nunset LD_PRELOAD LD_LIBRARY_PATH\n{}\n)\n",
+                opts.tenant_script
+            );
+        }
+        // The tenant's variables (`RunOpts::env`) reach the program only, never the
+        // harness's own commands (a preload there would stop them).
+        s += "exec env \"$@\"\n";
         s
     }
 
@@ -405,6 +497,7 @@ impl Sandbox {
             .arg("-c")
             .arg(self.script(opts))
             .arg("sh")
+            .args(opts.env.iter().map(|(k, v)| format!("{k}={v}")))
             .arg(program)
             .args(args);
         let devices: Vec<String> = self
@@ -415,9 +508,6 @@ impl Sandbox {
         cmd.env("FAKE_CUDA_DEVICES", devices.join(","))
             .env("FAKE_CUDA_LEDGER", self.dir.path().join("ledger"))
             .env("LD_LIBRARY_PATH", &art.fake_dir);
-        for (k, v) in &opts.env {
-            cmd.env(k, v);
-        }
         cmd
     }
 
