@@ -56,20 +56,27 @@ struct Query {
     object: *const c_char,
 }
 
+impl Query {
+    /// A lookup of `name` (NUL-terminated) at version `ver` (empty: any version).
+    fn new(name: &'static [u8], ver: &'static [u8]) -> Self {
+        let bare = name.strip_suffix(b"\0").unwrap_or(name);
+        Query {
+            name,
+            ver,
+            gnu_hash: gnu_hash(bare),
+            sysv_hash: sysv_hash(bare),
+            found: 0,
+            object: core::ptr::null(),
+        }
+    }
+}
+
 /// The address of the function `name` defined at version `ver` by a loaded object
 /// (0 if none) and that object's name. Reads the objects' dynamic symbol tables (GNU
 /// or SysV hash, version definitions) as ld.so does; allocates nothing and calls
 /// nothing that could be a shim.
 pub fn find(name: &'static [u8], ver: &'static [u8]) -> (usize, *const c_char) {
-    let bare = name.strip_suffix(b"\0").unwrap_or(name);
-    let mut q = Query {
-        name,
-        ver,
-        gnu_hash: gnu_hash(bare),
-        sysv_hash: sysv_hash(bare),
-        found: 0,
-        object: core::ptr::null(),
-    };
+    let mut q = Query::new(name, ver);
     // SAFETY: the callback reads only what ld.so mapped, and stops at the first match.
     unsafe { dl_iterate_phdr(Some(visit), (&raw mut q).cast()) };
     (q.found, q.object)
@@ -281,15 +288,7 @@ pub fn defined_ahead(
         found: Option<(*const c_char, &'static [u8])>,
     }
     fn query(name: &'static [u8]) -> Query {
-        let bare = name.strip_suffix(b"\0").unwrap_or(name);
-        Query {
-            name,
-            ver: b"",
-            gnu_hash: gnu_hash(bare),
-            sysv_hash: sysv_hash(bare),
-            found: 0,
-            object: core::ptr::null(),
-        }
+        Query::new(name, b"")
     }
     unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: per dl_iterate_phdr, with `data` = an `Ahead`.
@@ -460,15 +459,7 @@ pub fn classify_object(
         found: Option<(usize, usize, bool)>,
     }
     fn defines(t: &Tables, gnu: usize, sysv: usize, name: &'static [u8]) -> bool {
-        let bare = name.strip_suffix(b"\0").unwrap_or(name);
-        let q = Query {
-            name,
-            ver: b"",
-            gnu_hash: gnu_hash(bare),
-            sysv_hash: sysv_hash(bare),
-            found: 0,
-            object: core::ptr::null(),
-        };
+        let q = Query::new(name, b"");
         // SAFETY: one loaded object's tables.
         unsafe { lookup(t, gnu, sysv, &q) }.is_some()
     }
