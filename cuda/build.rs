@@ -32,6 +32,7 @@ fn main() {
         println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     }
     front_library();
+    cdi_hook();
     let src = "data/gpa-variants.tsv";
     println!("cargo::rerun-if-changed={src}");
     let text = std::fs::read_to_string(src).unwrap_or_else(|e| panic!("{src}: {e}"));
@@ -171,6 +172,40 @@ fn front_library() {
     }
 }
 
+/// Builds `tessera-cdi-hook` (`hook/lib.rs`, the `createContainer` hook of shared
+/// claims' specs, which the plugin installs beside the library) with the same rustc,
+/// target and linker, and puts it beside this package's library. It runs on the
+/// host, so it gets the release build's glibc floor; its package
+/// (`tessera-cdi-hook`) is an rlib for clippy and its unit tests.
+fn cdi_hook() {
+    println!("cargo::rerun-if-changed=hook/lib.rs");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let Some(dest) = out.ancestors().nth(3) else {
+        panic!("unexpected OUT_DIR {}", out.display());
+    };
+    let lib = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+        .join("hook/lib.rs");
+    let src = out.join("cdi_hook_main.rs");
+    std::fs::write(
+        &src,
+        format!(
+            "#[path = {:?}]\nmod hook;\nfn main() {{\n    std::process::exit(hook::main())\n}}\n",
+            lib.display().to_string()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    let built = out.join("tessera-cdi-hook");
+    rustc(
+        &built,
+        "tessera_cdi_hook",
+        "bin",
+        src.to_str().expect("utf-8 OUT_DIR"),
+        &[],
+        &[],
+    );
+    install(&built, dest, "tessera-cdi-hook");
+}
+
 /// The shims: (file name beside the library, DT_SONAME, DT_NEEDED). The NEEDED paths
 /// are `tessera_abi::CONTAINER_DRIVER_DIR`'s files (`cuda/src/loader/resolve.rs`
 /// looks the real functions up there; the plugin mounts the real files there).
@@ -192,7 +227,7 @@ const STUB_SRC: &str =
     "#![no_std]\n#[panic_handler]\nfn panic(_: &core::panic::PanicInfo) -> ! {\n    loop {}\n}\n";
 
 /// Runs rustc on `src` as a `panic=abort` cdylib named `name` in `out`, with `cfgs`
-/// and extra linker arguments; returns the built file.
+/// and extra linker arguments, without C start files; returns the built file.
 fn rustc_cdylib(
     out: &std::path::Path,
     name: &str,
@@ -200,15 +235,33 @@ fn rustc_cdylib(
     cfgs: &[&str],
     link_args: &[String],
 ) -> PathBuf {
+    let built = out.join(format!("lib{name}.so"));
+    let link_args: Vec<String> = std::iter::once("-nostartfiles".to_string())
+        .chain(link_args.iter().cloned())
+        .collect();
+    rustc(&built, name, "cdylib", src, cfgs, &link_args);
+    built
+}
+
+/// Runs rustc on `src` as a `panic=abort` crate of `crate_type` named `name`, with
+/// `cfgs` and linker arguments, for the target and with the linker cargo uses, into
+/// `built`.
+fn rustc(
+    built: &std::path::Path,
+    name: &str,
+    crate_type: &str,
+    src: &str,
+    cfgs: &[&str],
+    link_args: &[String],
+) {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let target = std::env::var("TARGET").expect("TARGET");
-    let built = out.join(format!("lib{name}.so"));
     let mut cmd = Command::new(&rustc);
     cmd.args([
         "--crate-name",
         name,
         "--crate-type",
-        "cdylib",
+        crate_type,
         "--edition",
         "2024",
         "-C",
@@ -219,8 +272,6 @@ fn rustc_cdylib(
         "debuginfo=0",
         "-C",
         "strip=debuginfo",
-        "-C",
-        "link-arg=-nostartfiles",
         "--target",
         &target,
     ]);
@@ -230,10 +281,10 @@ fn rustc_cdylib(
     for a in link_args {
         cmd.arg("-C").arg(format!("link-arg={a}"));
     }
-    cmd.arg("-o").arg(&built).arg(src);
+    cmd.arg("-o").arg(built).arg(src);
     // Its warnings are clippy's to report (`cargo clippy --workspace` lints the
-    // `tessera-front` rlib, the same file): a lint a newer rustc adds must not break a
-    // user's build.
+    // `tessera-front` and `tessera-cdi-hook` rlibs, the same files): a lint a newer
+    // rustc adds must not break a user's build.
     if let Ok(linker) = std::env::var("RUSTC_LINKER") {
         cmd.arg("-C").arg(format!("linker={linker}"));
     }
@@ -245,7 +296,6 @@ fn rustc_cdylib(
         "building {name} ({src}) failed:\n{}",
         String::from_utf8_lossy(&res.stderr)
     );
-    built
 }
 
 /// Copies `built` to `dest/file` atomically.

@@ -275,6 +275,13 @@ async fn a_clean_mock_node_passes_every_check() {
             .any(|s| s.starts_with("not checked: a CUDA context")),
         "the finding says what it did not exercise"
     );
+    assert!(
+        finding(&r, "interception-library")
+            .saw
+            .iter()
+            .any(|s| s.contains("/tessera-cdi-hook loads")),
+        "the CDI hook, which the runtime runs on the host, is traced by the host's loader"
+    );
     assert_ne!(r.worst(), Verdict::Fail);
 }
 

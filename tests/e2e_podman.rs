@@ -45,10 +45,12 @@ impl Node {
             let fakes = e2e::cuda_fakes(&root.join("build"));
             std::fs::copy(&fakes.libcuda, lib).unwrap();
             h.opts.interception_lib = Some(e2e::interception_library());
-            vec![
+            let mut programs = vec![
                 linked_client(&root.join("build"), &fakes.libcuda),
                 fakes.client,
-            ]
+            ];
+            programs.extend(tenant_programs(&root.join("build")));
+            programs
         } else {
             let built = e2e::build(&root.join("build"));
             std::fs::copy(&built.libcuda, lib).unwrap();
@@ -398,6 +400,108 @@ fn fake_args(ids: &[String]) -> Vec<String> {
     a
 }
 
+/// What a tenant's own code would use to reach the driver (installed in
+/// `/usr/local/bin`): `tenant path|dlmopen FILE BYTES` opens FILE with `dlopen` or in
+/// a new link-map namespace with `dlmopen` and allocates through `dlsym` (one result
+/// line for the context, one for the allocation); `audit.so`, an `LD_AUDIT` module
+/// that answers ld.so's search for `libcuda.so.1` with the real driver file; and
+/// `static_client`, `cuda_client` linked statically (no ld.so, so no
+/// `/etc/ld.so.preload`: what a program linked statically against cudart is).
+fn tenant_programs(dir: &std::path::Path) -> Vec<PathBuf> {
+    let tenant = dir.join("tenant.c");
+    std::fs::write(
+        &tenant,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef int (*init_t)(unsigned);
+typedef int (*retain_t)(void **, int);
+typedef int (*set_t)(void *);
+typedef int (*alloc_t)(unsigned long long *, size_t);
+static void say(int rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
+int main(int argc, char **argv) {
+    if (argc < 4) return 2;
+    void *h = strcmp(argv[1], "dlmopen") == 0
+        ? dlmopen(LM_ID_NEWLM, argv[2], RTLD_NOW | RTLD_LOCAL)
+        : dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    if (!h) { printf("err dlopen %s\n", dlerror()); return 3; }
+    init_t init = (init_t)dlsym(h, "cuInit");
+    retain_t retain = (retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
+    set_t set = (set_t)dlsym(h, "cuCtxSetCurrent");
+    alloc_t alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
+    void *ctx = NULL;
+    unsigned long long p;
+    int rc = init(0);
+    if (!rc) rc = retain(&ctx, 0);
+    if (!rc) rc = set(ctx);
+    say(rc);
+    say(alloc(&p, strtoull(argv[3], NULL, 10)));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let audit = dir.join("audit.c");
+    std::fs::write(
+        &audit,
+        r#"#define _GNU_SOURCE
+#include <link.h>
+#include <string.h>
+unsigned int la_version(unsigned int v) { (void)v; return LAV_CURRENT; }
+char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
+    (void)cookie; (void)flag;
+    if (strcmp(name, "libcuda.so.1") == 0) return "/usr/local/tessera/driver/libcuda.real";
+    return (char *)name;
+}
+"#,
+    )
+    .unwrap();
+    let client =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/tests/fakes/cuda_client.c");
+    let builds: [(&str, Vec<String>); 3] = [
+        ("tenant", vec![tenant.display().to_string(), "-ldl".into()]),
+        (
+            "audit.so",
+            vec![
+                "-shared".into(),
+                "-fPIC".into(),
+                audit.display().to_string(),
+            ],
+        ),
+        (
+            "static_client",
+            vec![
+                "-static".into(),
+                "-std=gnu11".into(),
+                "-O1".into(),
+                client.display().to_string(),
+                "-ldl".into(),
+                "-lpthread".into(),
+            ],
+        ),
+    ];
+    builds
+        .into_iter()
+        .map(|(name, args)| {
+            let out = dir.join(name);
+            let r = std::process::Command::new("cc")
+                .arg("-o")
+                .arg(&out)
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                r.status.success(),
+                "building {name}: {}",
+                String::from_utf8_lossy(&r.stderr)
+            );
+            out
+        })
+        .collect()
+}
+
 /// The result lines of `cuda_client` (`ok ...` / `err N` / `holding`).
 fn results(r: &Run) -> Vec<String> {
     r.stdout
@@ -430,7 +534,9 @@ async fn share(
 /// spec: budgets enforced over the fake driver, shared by two containers of one claim,
 /// separate per claim, merged with a whole GPU in one container, and not disabled by
 /// the tenant's environment, a forged limits file or renamed claim directories; a
-/// process with a `dlsym`-defining library preloaded ahead of Tessera's is stopped.
+/// process with a `dlsym`-defining library preloaded ahead of Tessera's is stopped;
+/// the directories above Tessera's mounts cannot be renamed (the spec's hook), and
+/// the real driver file named by path keeps the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and podman"]
 async fn podman_enforces_shared_budgets() {
@@ -512,50 +618,71 @@ async fn podman_enforces_shared_budgets() {
         t.elapsed()
     );
 
-    // Renaming /etc makes ld.so skip /etc/ld.so.preload (no front): the driver's
-    // soname is Tessera's shim, the real driver behind it. A dlsym client, a
-    // cuGetProcAddress client, a program linked with -lcuda, LD_LIBRARY_PATH at the
-    // real files' directory and LD_PRELOAD=libc.so.6 each keep the limit; a
-    // non-hooked function forwarded through the handle (cuCtxSetCurrent) works.
-    // Renaming /usr/local/tessera takes the real driver away: CUDA fails.
+    // The spec's hook pinned /etc and the directories above Tessera's mounts: the
+    // tenant (root in the container, on a writable root where a rename otherwise
+    // works) cannot rename them, so ld.so always reads /etc/ld.so.preload and loads
+    // the front. Then naming the real driver file: preloading it stops the process
+    // before main; a link to it called libcuda.so.1 on LD_LIBRARY_PATH, or its
+    // directory on LD_LIBRARY_PATH, keeps the limit for a dlsym client, a
+    // cuGetProcAddress client and a program linked with -lcuda.
     let t = std::time::Instant::now();
     let c = "/usr/local/bin/cuda_client";
     let over = 21 * GIB;
     let script = format!(
-        "mv /etc /etc.x && test ! -e /etc/ld.so.preload && echo etc-moved; \
-         {c} dlsym ctx 0 alloc {over}; {c} gpa ctx 0 alloc {over}; /usr/local/bin/linked {over}; \
+        "for d in /etc /usr /usr/local /usr/local/tessera; do \
+           if mv $d $d.x; then echo renamed $d; else echo refused $d; fi; done; \
+         mkdir /scratch && mv /scratch /scratch.x && echo control-renamed; \
+         LD_PRELOAD=/usr/local/tessera/driver/libcuda.real {c} dlsym ctx 0 alloc {over}; echo status $?; \
+         mkdir /tmp/l && ln -s /usr/local/tessera/driver/libcuda.real /tmp/l/libcuda.so.1; \
+         LD_LIBRARY_PATH=/tmp/l {c} dlsym ctx 0 alloc {over}; \
+         LD_LIBRARY_PATH=/tmp/l {c} gpa ctx 0 alloc {over}; \
+         LD_LIBRARY_PATH=/tmp/l /usr/local/bin/linked {over}; \
          LD_LIBRARY_PATH=/usr/local/tessera/driver {c} dlsym ctx 0 alloc {over}; \
-         LD_PRELOAD=libc.so.6 {c} dlsym ctx 0 alloc {over}; \
-         LD_PRELOAD=libc.so.6 /usr/local/bin/linked {over}; \
-         mv /usr/local/tessera /usr/local/x && echo tessera-moved; \
-         {c} dlsym ctx 0 alloc {GIB}; echo status $?; /usr/local/bin/linked {GIB}; echo status $?"
+         LD_LIBRARY_PATH=/usr/local/tessera/driver /usr/local/bin/linked {over}; \
+         LD_PRELOAD=libc.so.6 /usr/local/bin/linked {over}; echo status $?"
     );
     let out = n
         .podman
         .run_writable(&n.rootfs, &fake_args(&a_ids), &script);
     assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
-    assert!(out.has_line("etc-moved"), "{}\n{}", out.stdout, out.stderr);
+    for d in ["/etc", "/usr", "/usr/local", "/usr/local/tessera"] {
+        assert!(
+            out.has_line(&format!("refused {d}")),
+            "{d} was renamed:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    assert!(
+        out.has_line("control-renamed"),
+        "a directory of the image's own is renamed as usual: {}",
+        out.stdout
+    );
+    let statuses: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("status "))
+        .collect();
+    assert_eq!(
+        statuses,
+        ["status 126", "status 126"],
+        "LD_PRELOAD of the real driver file, and of libc.so.6, stop the process before main:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
     let r = results(&out);
     let held: Vec<String> = ["ok", "err 2"]
-        .repeat(6)
+        .repeat(5)
         .iter()
         .map(|s| s.to_string())
         .collect();
     assert_eq!(
-        r[..12],
-        held[..],
-        "with /etc renamed, each path keeps the 20 GiB budget:\n{}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    assert!(out.has_line("tessera-moved"), "{}", out.stdout);
-    assert!(
-        r[12..].iter().all(|l| !l.starts_with("ok")),
-        "with /usr/local/tessera renamed, CUDA fails: {r:?}\n{}",
-        out.stderr
+        r, held,
+        "the real driver reached through LD_LIBRARY_PATH keeps the 20 GiB budget:\n{}\n{}",
+        out.stdout, out.stderr
     );
     eprintln!(
-        "passed: /etc renamed (dlsym, cuGetProcAddress, -lcuda, LD_LIBRARY_PATH, LD_PRELOAD=libc.so.6), /usr/local/tessera renamed in {:?}",
+        "passed: /etc, /usr, /usr/local, /usr/local/tessera pinned; the real driver file preloaded or on LD_LIBRARY_PATH (dlsym, cuGetProcAddress, -lcuda) in {:?}",
         t.elapsed()
     );
 
@@ -627,7 +754,7 @@ async fn podman_enforces_shared_budgets() {
             .await;
     let w_ids = ids(&n.prepare(&w).await, &w.uid);
     // Both orders of the two specs (CDI: the last one mounting a path wins): the same
-    // shim at libcuda.so.1's path, so the share stays budgeted with /etc renamed.
+    // shim at libcuda.so.1's path, and the shared spec's hook pins /etc.
     for both in [
         a_ids.iter().chain(&w_ids).cloned().collect::<Vec<String>>(),
         w_ids.iter().chain(&a_ids).cloned().collect(),
@@ -636,7 +763,9 @@ async fn podman_enforces_shared_budgets() {
             &n.rootfs,
             &fake_args(&both),
             &format!(
-                "{client} meminfo ctx 1 meminfo alloc {}; mv /etc /etc.x && test ! -e /etc/ld.so.preload && /usr/local/bin/cuda_client dlsym ctx 0 alloc {}",
+                "{client} meminfo ctx 1 meminfo alloc {}; mv /etc /etc.x || echo etc-pinned; \
+                 cmp /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/local/tessera/lib/libtessera_shim_cuda.so.1 && echo shim-at-soname; \
+                 /usr/local/bin/cuda_client dlsym ctx 0 alloc {}",
                 14 * GIB,
                 21 * GIB
             ),
@@ -650,11 +779,13 @@ async fn podman_enforces_shared_budgets() {
             "the whole GPU is unrestricted: {r:?}"
         );
         assert!(r[4].starts_with("ok "), "{r:?}");
-        assert_eq!(
-            r[5..],
-            ["ok", "err 2"],
-            "{both:?}: with /etc renamed, the share keeps its budget: {r:?}"
+        assert!(
+            out.has_line("etc-pinned") && out.has_line("shim-at-soname"),
+            "{both:?}: the shared spec's hook ran and Tessera's shim is at the soname whichever spec came last:\n{}\n{}",
+            out.stdout,
+            out.stderr
         );
+        assert_eq!(r[5..], ["ok", "err 2"], "{both:?}: {r:?}");
     }
     eprintln!(
         "passed: a share and a whole GPU in one container in {:?}",
@@ -662,4 +793,142 @@ async fn podman_enforces_shared_budgets() {
     );
     n.stop().await;
     eprintln!("podman enforcement suite: total {:?}", t0.elapsed());
+}
+
+/// Tenant code and private roots, in a real container of a 20 GiB share: what holds,
+/// and what is the watchdog's (ARCHITECTURE.md, threat model). Held: the real driver
+/// file opened by path, an `LD_AUDIT` module that points ld.so's search for
+/// `libcuda.so.1` at the real file (the front is loaded and hooks both), and the real
+/// file in a new link-map namespace with `dlmopen` (the program's `dlsym` is the
+/// front's). A program linked statically (no ld.so, so no front) fails closed. Not
+/// held, as the threat model says: a private root, with `chroot` into a tree holding
+/// a copy of the driver, or with `unshare -Urm`, a tmpfs over `/etc` and the real file
+/// preloaded; dropping `SYS_CHROOT` and refusing `unshare` in the seccomp profile
+/// stop both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and podman"]
+async fn a_private_root_escapes_the_library_and_dropping_its_privileges_stops_it() {
+    if e2e::prerequisites("podman suite", &["podman", "runc", "unshare", "cc"]).is_err() {
+        return;
+    }
+    let n = Node::start(true).await;
+    let (_a, a_ids) = share(
+        &n,
+        "light",
+        "1a2b3c4d-0000-4000-8000-00000000000c",
+        "20Gi",
+        "25",
+    )
+    .await;
+    let over = 21 * GIB;
+    let real = "/usr/local/tessera/driver/libcuda.real";
+    let held = format!(
+        "echo case static; /usr/local/bin/static_client dlsym ctx 0 alloc {over}; \
+         echo case path; /usr/local/bin/tenant path {real} {over}; \
+         echo case audit-dlsym; LD_AUDIT=/usr/local/bin/audit.so /usr/local/bin/cuda_client dlsym ctx 0 alloc {over}; \
+         echo case audit-linked; LD_AUDIT=/usr/local/bin/audit.so /usr/local/bin/linked {over}; \
+         echo case dlmopen; /usr/local/bin/tenant dlmopen {real} {over}"
+    );
+    let out = n.podman.run(&n.rootfs, &fake_args(&a_ids), &held);
+    assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
+    let by_case = cases(&out.stdout);
+    println!("{by_case:?}\n{}", out.stderr);
+    // Linked statically, the program has no ld.so and so no front: the shim it
+    // dlopens finds none and fails every call (fail closed, not unbudgeted).
+    assert_eq!(
+        by_case.get("static").map(Vec::as_slice),
+        Some(&["err 999".to_string(), "err 999".to_string()][..]),
+        "static: CUDA fails closed: {by_case:?}\n{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("cannot find Tessera's front library"),
+        "{}",
+        out.stderr
+    );
+    for case in ["path", "audit-dlsym", "audit-linked"] {
+        assert_eq!(
+            by_case.get(case).map(Vec::as_slice),
+            Some(&["ok".to_string(), "err 2".to_string()][..]),
+            "{case}: the 20 GiB budget holds: {by_case:?}\n{}",
+            out.stderr
+        );
+    }
+    // In a new namespace the real file has no front, but the program's own `dlsym`
+    // is still the front's, which answers hooked names with Tessera's hooks: the
+    // allocation does not get through. (Code that looks the copy's functions up
+    // without the base namespace's `dlsym` is the watchdog's.)
+    let dlmopen = by_case.get("dlmopen").cloned().unwrap_or_default();
+    assert!(
+        dlmopen.len() == 2 && !dlmopen[1].starts_with("ok"),
+        "dlmopen: no allocation over the budget: {by_case:?}"
+    );
+
+    // A private root: a tree with the program, libc, the loader and a copy of the
+    // real driver at the soname, and no ld.so.preload; or a user and mount namespace
+    // with a tmpfs over /etc and the real file preloaded.
+    let private = format!(
+        "mkdir -p /nr/usr/local/bin /nr/lib/x86_64-linux-gnu /nr/lib64 /nr/usr/lib/x86_64-linux-gnu /nr/etc /nr/tmp; \
+         cp /usr/local/bin/cuda_client /nr/usr/local/bin/; \
+         cp /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /nr/lib/x86_64-linux-gnu/; \
+         ln -s ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /nr/lib64/ld-linux-x86-64.so.2; \
+         cp {real} /nr/usr/lib/x86_64-linux-gnu/libcuda.so.1; \
+         echo case chroot; chroot /nr /usr/local/bin/cuda_client dlsym ctx 0 alloc {over} || echo refused chroot; \
+         echo case userns; unshare -Urm sh -c 'mount -t tmpfs t /etc && LD_PRELOAD={real} /usr/local/bin/cuda_client dlsym ctx 0 alloc {over}' || echo refused userns"
+    );
+    let out = n.podman.run(&n.rootfs, &fake_args(&a_ids), &private);
+    assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
+    let by_case = cases(&out.stdout);
+    println!("defaults: {by_case:?}\n{}", out.stderr);
+    for case in ["chroot", "userns"] {
+        let r = by_case.get(case).cloned().unwrap_or_default();
+        assert!(
+            r.len() == 2 && r.iter().all(|l| l.starts_with("ok")),
+            "{case}: with podman's default capabilities and seccomp profile a private root escapes the library: {by_case:?}"
+        );
+    }
+    // The same with SYS_CHROOT dropped and a seccomp profile that refuses unshare.
+    let profile = n.h.dir.path().join("no-unshare.json");
+    std::fs::write(
+        &profile,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["unshare"],"action":"SCMP_ACT_ERRNO","errnoRet":1}]}"#,
+    )
+    .unwrap();
+    let mut args = fake_args(&a_ids);
+    args.extend([
+        "--cap-drop".to_string(),
+        "SYS_CHROOT".to_string(),
+        "--security-opt".to_string(),
+        format!("seccomp={}", profile.display()),
+    ]);
+    let out = n.podman.run(&n.rootfs, &args, &private);
+    assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
+    let by_case = cases(&out.stdout);
+    println!("hardened: {by_case:?}\n{}", out.stderr);
+    for case in ["chroot", "userns"] {
+        assert_eq!(
+            by_case.get(case).map(Vec::as_slice),
+            Some(&[format!("refused {case}")][..]),
+            "{case}: stopped by the pod's privileges: {by_case:?}\n{}",
+            out.stderr
+        );
+    }
+    n.stop().await;
+}
+
+/// The result lines after each `case NAME` line.
+fn cases(stdout: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut m = std::collections::BTreeMap::new();
+    let mut cur: Option<String> = None;
+    for l in stdout.lines() {
+        if let Some(c) = l.strip_prefix("case ") {
+            cur = Some(c.to_string());
+            m.insert(c.to_string(), Vec::new());
+        } else if let Some(v) = cur.as_ref().and_then(|c| m.get_mut(c))
+            && (l.starts_with("ok") || l.starts_with("err") || l.starts_with("refused"))
+        {
+            v.push(l.to_string());
+        }
+    }
+    m
 }

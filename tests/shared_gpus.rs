@@ -794,8 +794,8 @@ async fn library_versions_stay_while_a_claim_references_them() {
     let mut bytes = std::fs::read(&current).unwrap();
     bytes.extend_from_slice(b"v2");
     std::fs::write(&newer, bytes).unwrap();
-    use tessera::prepare::library::{FRONT_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE};
-    for f in [FRONT_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE] {
+    use tessera::prepare::library::{FRONT_FILE, HOOK_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE};
+    for f in [FRONT_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE, HOOK_FILE] {
         std::fs::copy(current.with_file_name(f), newer.with_file_name(f)).unwrap();
     }
     h.opts.interception_lib = Some(newer);

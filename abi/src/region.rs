@@ -10,7 +10,10 @@
 //!   counters the compute controller reads (thread blocks, launches, ns waited);
 //! * slot table: one slot per process: a random 128-bit token (0 = free), flags, start
 //!   time, then one u64 of bytes charged per GPU and (v2) one u64 per GPU of bytes the
-//!   process reserved ahead of its allocations (its pool, part of its charge).
+//!   process reserved ahead of its allocations (its pool, part of its charge);
+//! * (v3) the slot map, after the slot table: one bit per slot, set while the slot has
+//!   an owner, so that memory queries read the pools of the slots in use only
+//!   ([`Region::allocated`]).
 //!
 //! A process owns slot *i* while it holds an OFD write lock on the slot's byte range
 //! (`slot_offset(i) .. + slot_size`). The kernel drops that lock at process death,
@@ -34,8 +37,9 @@ use crate::map::{self, Mapping};
 use crate::{AbiError, DEFAULT_BURST_NS, UUID_FIELD};
 
 pub const MAGIC: [u8; 8] = *b"TSRAREG\0";
-/// v2 appended the per-GPU pool counters to the slots.
-pub const VERSION: u32 = 2;
+/// v2 appended the per-GPU pool counters to the slots; v3 the slot map (a header
+/// field and a bitmap after the slot table).
+pub const VERSION: u32 = 3;
 pub const HEADER_SIZE: usize = 64;
 pub const GPU_ENTRY_SIZE: usize = 128;
 /// Slots per region: concurrent processes per claim. When all are taken, new processes
@@ -56,6 +60,9 @@ pub mod hdr {
     pub const SLOT_COUNT: usize = 36;
     pub const SLOT_SIZE: usize = 40;
     pub const SLOT_TABLE: usize = 44;
+    /// (v3) Offset of the slot map: one bit per slot (bit `s % 64` of little-endian
+    /// u64 word `s / 64`), set while slot `s` has an owner; 0 = none.
+    pub const SLOT_MAP: usize = 48;
 }
 
 /// GPU entry field offsets.
@@ -143,6 +150,8 @@ pub struct Layout {
     pub slot_count: usize,
     pub slot_size: usize,
     pub slot_table: usize,
+    /// (v3) Offset of the slot map ([`hdr::SLOT_MAP`]); 0 = none (older regions).
+    pub slot_map: usize,
 }
 
 fn round_up(x: usize, to: usize) -> usize {
@@ -150,13 +159,20 @@ fn round_up(x: usize, to: usize) -> usize {
 }
 
 impl Layout {
-    /// The geometry this version writes (v2) for `gpus` GPUs and `slots` slots.
+    /// The geometry this version writes (v3) for `gpus` GPUs and `slots` slots: the
+    /// slot map follows the slot table, on a cache line of its own.
     pub fn current(gpus: usize, slots: u32) -> Result<Self, AbiError> {
         let mut l = Self::v1(gpus, slots)?;
         l.version = VERSION;
         l.slot_size = round_up(slot::pooled(gpus, gpus), 64);
-        l.file_size = round_up(l.slot_table + l.slot_count * l.slot_size, 4096);
+        l.slot_map = round_up(l.slot_table + l.slot_count * l.slot_size, 64);
+        l.file_size = round_up(l.slot_map + l.slot_map_words() * 8, 4096);
         Ok(l)
+    }
+
+    /// Words (u64) of the slot map: one bit per slot.
+    pub fn slot_map_words(&self) -> usize {
+        self.slot_count.div_ceil(64)
     }
 
     /// Whether slots carry pool counters (v2 and later).
@@ -187,6 +203,7 @@ impl Layout {
             slot_count,
             slot_size,
             slot_table,
+            slot_map: 0,
         })
     }
 
@@ -195,7 +212,7 @@ impl Layout {
         if b.len() < HEADER_SIZE || b[..8] != MAGIC {
             return Err(AbiError::BadMagic);
         }
-        let l = Layout {
+        let mut l = Layout {
             version: rd_u32(b, hdr::VERSION),
             header_size: rd_u32(b, hdr::HEADER_SIZE) as usize,
             file_size: rd_u64(b, hdr::FILE_SIZE) as usize,
@@ -205,7 +222,11 @@ impl Layout {
             slot_count: rd_u32(b, hdr::SLOT_COUNT) as usize,
             slot_size: rd_u32(b, hdr::SLOT_SIZE) as usize,
             slot_table: rd_u32(b, hdr::SLOT_TABLE) as usize,
+            slot_map: 0,
         };
+        if l.version >= 3 && l.header_size >= hdr::SLOT_MAP + 4 {
+            l.slot_map = rd_u32(b, hdr::SLOT_MAP) as usize;
+        }
         let bad = |s: &str| Err(AbiError::BadLayout(s.to_string()));
         if l.version < 1 {
             return bad("version 0");
@@ -229,6 +250,18 @@ impl Layout {
         let slot_end = l.slot_table + l.slot_count * l.slot_size;
         if l.gpu_table < l.header_size || l.slot_table < gpu_end || slot_end > l.file_size {
             return bad("tables overlap or exceed the file");
+        }
+        if l.slot_map != 0 {
+            let map_end = l.slot_map + 8 * l.slot_map_words();
+            let overlaps = |start: usize, end: usize| l.slot_map < end && start < map_end;
+            if !l.slot_map.is_multiple_of(8)
+                || map_end > l.file_size
+                || overlaps(0, l.header_size)
+                || overlaps(l.gpu_table, gpu_end)
+                || overlaps(l.slot_table, slot_end)
+            {
+                return bad("slot map misaligned, overlapping a table or beyond the file");
+            }
         }
         if b.len() < l.file_size {
             return bad("file shorter than its header says");
@@ -264,6 +297,7 @@ pub fn initial_bytes(uuids: &[&str], slots: u32) -> Result<Vec<u8>, AbiError> {
     wr_u32(&mut b, hdr::SLOT_COUNT, l.slot_count as u32);
     wr_u32(&mut b, hdr::SLOT_SIZE, l.slot_size as u32);
     wr_u32(&mut b, hdr::SLOT_TABLE, l.slot_table as u32);
+    wr_u32(&mut b, hdr::SLOT_MAP, l.slot_map as u32);
     for (i, u) in uuids.iter().enumerate() {
         let off = l.gpu_offset(i) + gpu::UUID;
         put_uuid(&mut b[off..off + UUID_FIELD], u)?;
@@ -490,14 +524,69 @@ impl Region {
             .map_or(0, |a| a.load(Ordering::Relaxed))
     }
 
-    /// Bytes reserved on GPU `g` less what every slot's pool holds: what the claim's
-    /// processes have really allocated (a loop over the slots' pool counters: one
-    /// load, and one cache line, per slot; 128 in a region the plugin makes).
+    /// Bytes reserved on GPU `g` less what the slots' pools hold: what the claim's
+    /// processes have really allocated. With a slot map (v3) only the pools of the
+    /// slots it marks in use are read (one word per 64 slots, then one load per slot
+    /// in use); without one, every slot's (one cache line each, 128 in a region the
+    /// plugin makes). The map is tenant-writable like the rest of the region: a bit
+    /// cleared by mistake or malice leaves that slot's pool counted as allocated
+    /// (less reported free, never more), and nothing that reserves or refuses reads
+    /// it.
     pub fn allocated(&self, g: usize) -> Option<u64> {
-        let pooled = (0..self.layout.slot_count)
-            .map(|s| self.pool(s, g))
-            .fold(0u64, u64::saturating_add);
-        self.gpu_used(g).map(|u| u.saturating_sub(pooled))
+        let used = self.gpu_used(g)?;
+        if !self.layout.has_pools() {
+            return Some(used);
+        }
+        let pooled = match self.slot_map_word(0) {
+            Some(_) => {
+                let mut sum = 0u64;
+                for w in 0..self.layout.slot_map_words() {
+                    let mut bits = self
+                        .slot_map_word(w)
+                        .map_or(0, |a| a.load(Ordering::Acquire));
+                    while bits != 0 {
+                        let s = w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        sum = sum.saturating_add(self.pool(s, g));
+                    }
+                }
+                sum
+            }
+            None => (0..self.layout.slot_count)
+                .map(|s| self.pool(s, g))
+                .fold(0u64, u64::saturating_add),
+        };
+        Some(used.saturating_sub(pooled))
+    }
+
+    /// Word `w` of the slot map (v3; `None` without one).
+    #[inline]
+    fn slot_map_word(&self, w: usize) -> Option<&AtomicU64> {
+        (self.layout.slot_map != 0 && w < self.layout.slot_map_words())
+            .then(|| self.map.u64_at(self.layout.slot_map + 8 * w))
+            .flatten()
+    }
+
+    /// Marks slot `s` in use (`true`) or free in the slot map (no-op without one).
+    fn mark_slot(&self, s: usize, in_use: bool) {
+        if s >= self.layout.slot_count {
+            return;
+        }
+        if let Some(w) = self.slot_map_word(s / 64) {
+            let bit = 1u64 << (s % 64);
+            if in_use {
+                w.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                w.fetch_and(!bit, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Whether the slot map marks slot `s` in use (`None` without a slot map).
+    pub fn slot_marked(&self, s: usize) -> Option<bool> {
+        self.slot_map_word(s / 64)
+            .filter(|_| s < self.layout.slot_count)
+            .map(|w| w.load(Ordering::Acquire) & (1u64 << (s % 64)) != 0)
     }
 
     /// Returns to GPU `g`'s total what other slots (every slot but `own`) hold in
@@ -798,6 +887,8 @@ impl Region {
                 p.store(0, Ordering::Relaxed);
             }
         }
+        // Only once its pools are empty: a slot the map leaves out must hold none.
+        self.mark_slot(s, false);
         let o = self.layout.slot_offset(s);
         for off in [slot::TOKEN, slot::TOKEN + 8, slot::STARTED_NS] {
             if let Some(a) = self.map.u64_at(o + off) {
@@ -826,6 +917,8 @@ impl Region {
         if !self.map.writable() {
             return;
         }
+        // Before the slot can hold a pool (its owner fills it after this).
+        self.mark_slot(s, true);
         let o = self.layout.slot_offset(s);
         if let (Some(lo), Some(hi), Some(t), Some(f)) = (
             self.map.u64_at(o + slot::TOKEN),

@@ -32,7 +32,7 @@ fn doc() -> String {
 
 #[test]
 fn region_table_matches_the_code() {
-    let rows = table(&doc(), "### `region` v2");
+    let rows = table(&doc(), "### `region` v3");
     let want: Vec<(&str, usize, usize)> = vec![
         ("", region::hdr::MAGIC, 8),
         ("", region::hdr::VERSION, 4),
@@ -44,6 +44,7 @@ fn region_table_matches_the_code() {
         ("", region::hdr::SLOT_COUNT, 4),
         ("", region::hdr::SLOT_SIZE, 4),
         ("", region::hdr::SLOT_TABLE, 4),
+        ("", region::hdr::SLOT_MAP, 4),
         ("GPU entry + ", region::gpu::UUID, tessera_abi::UUID_FIELD),
         ("GPU entry + ", region::gpu::USED, 8),
         ("GPU entry + ", region::gpu::PEAK, 8),
@@ -84,6 +85,12 @@ fn region_table_matches_the_code() {
     assert!(rows[7].2.contains(&format!("({})", region::DEFAULT_SLOTS)));
     assert_eq!(l.slot_size, 128, "64 + 16·2 rounded up to 64");
     assert!(rows[8].2.contains("64 + 16·GPUs"));
+    assert_eq!(
+        l.slot_map,
+        l.slot_table + l.slot_count * l.slot_size,
+        "the slot map follows the slot table"
+    );
+    assert!(rows[10].2.contains("after the slot table"));
     assert!(rows[0].2.contains("TSRAREG"));
 }
 

@@ -58,11 +58,21 @@ fn golden_v2() -> Vec<u8> {
     b
 }
 
+/// The v3 file: the v2 bytes with version 3 and the slot map after the slot table
+/// (320 + 3 × 128 = 704, a multiple of 64), slot 1's bit set.
+fn golden_v3() -> Vec<u8> {
+    let mut b = golden_v2();
+    put32(&mut b, 8, 3);
+    put32(&mut b, 48, 704);
+    put64(&mut b, 704, 1 << 1);
+    b
+}
+
 /// The crate writes exactly the documented bytes, and reads them back: used is the
 /// usage counter less the pools.
 #[test]
-fn golden_v2_region_matches_the_documented_layout() {
-    let g = golden_v2();
+fn golden_v3_region_matches_the_documented_layout() {
+    let g = golden_v3();
     let fresh = region::initial_bytes(&["GPU-a", "GPU-b"], 3).unwrap();
     // Same header and GPU UUIDs as the hand-written file (counters differ).
     assert_eq!(fresh[..64], g[..64]);
@@ -71,6 +81,7 @@ fn golden_v2_region_matches_the_documented_layout() {
     let s = Snapshot::parse(&g).unwrap();
     assert_eq!(s.layout, Layout::current(2, 3).unwrap());
     assert!(s.layout.has_pools());
+    assert_eq!(s.layout.slot_map, 704);
     assert_eq!(
         (
             s.gpus[0].uuid.as_str(),
@@ -89,6 +100,30 @@ fn golden_v2_region_matches_the_documented_layout() {
         (sl.flags, sl.started_ns, sl.charged.clone()),
         (1, 77, vec![1000, 0])
     );
+}
+
+/// A v2 file (pools, no slot map) is still read and used: its memory view reads every
+/// slot's pool.
+#[test]
+fn a_v2_region_is_still_read_and_its_pools_all_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("region");
+    std::fs::write(&p, golden_v2()).unwrap();
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    assert_eq!(r.layout().slot_map, 0);
+    assert_eq!(r.slot_marked(1), None);
+    assert_eq!(
+        r.allocated(0),
+        Some(700),
+        "slot 1's pool, found without a map"
+    );
+    // Taking and reclaiming slots works without a map.
+    r.occupy_slot(2, 5, 0, 0);
+    r.reserve_ahead(2, 0, 100, 50, 1 << 20).unwrap();
+    assert_eq!(r.allocated(0), Some(800));
+    r.reclaim_slot(2);
+    assert_eq!(r.allocated(0), Some(700));
 }
 
 /// A v1 file (no pools) is still read, its usage counter as it stands.
@@ -112,7 +147,7 @@ fn a_grown_layout_stays_readable() {
     let size = 4096;
     let mut b = vec![0u8; size];
     b[..8].copy_from_slice(b"TSRAREG\0");
-    put32(&mut b, 8, 3);
+    put32(&mut b, 8, 4);
     put32(&mut b, 12, hs as u32);
     put64(&mut b, 16, size as u64);
     put32(&mut b, 24, gpus as u32);
@@ -121,15 +156,18 @@ fn a_grown_layout_stays_readable() {
     put32(&mut b, 36, slots as u32);
     put32(&mut b, 40, ss as u32);
     put32(&mut b, 44, slot_table as u32);
-    b[64..72].copy_from_slice(&[0xff; 8]); // a v3 header field
+    let slot_map = slot_table + slots * ss;
+    put32(&mut b, 48, slot_map as u32);
+    put64(&mut b, slot_map, 1 << 1);
+    b[64..72].copy_from_slice(&[0xff; 8]); // a v4 header field
     b[hs..hs + 5].copy_from_slice(b"GPU-z");
     put64(&mut b, hs + 64, 42);
-    put64(&mut b, hs + 152, u64::MAX); // a v3 GPU field, after the v2 ones
+    put64(&mut b, hs + 152, u64::MAX); // a v4 GPU field, after the v3 ones
     let s1 = slot_table + ss;
     put64(&mut b, s1, 9);
     put64(&mut b, s1 + 64, 42);
     let s = Snapshot::parse(&b).unwrap();
-    assert_eq!(s.layout.version, 3);
+    assert_eq!((s.layout.version, s.layout.slot_map), (4, slot_map));
     assert_eq!((s.gpus[0].uuid.as_str(), s.gpus[0].used), ("GPU-z", 42));
     assert_eq!(
         (s.slots[0].index, s.slots[0].charged.clone()),
@@ -150,6 +188,12 @@ fn malformed_regions_are_refused() {
     let mut bad = g;
     put32(&mut bad, 40, 64); // slot too small for 2 GPUs
     assert!(Snapshot::parse(&bad).is_err());
+    // A slot map that is misaligned, overlaps a table or leaves the file.
+    for at in [708, 4, 64, 320 + 128, 4092] {
+        let mut bad = golden_v3();
+        put32(&mut bad, 48, at);
+        assert!(Snapshot::parse(&bad).is_err(), "slot map at {at}");
+    }
     assert!(Layout::v1(0, 1).is_err());
 }
 
@@ -305,6 +349,69 @@ fn concurrent_pools_never_exceed_the_budget() {
         })
         .sum();
     assert_eq!(charged, r.gpu_used(0).unwrap());
+}
+
+/// The memory view (`Region::allocated`) reads the pools of the slots the slot map
+/// marks: slots are marked when taken and unmarked when reclaimed (a dead process's
+/// slot too), so the view equals the usage counter less every pool. A map a tenant
+/// cleared leaves pools counted as allocated (less free, never more), and nothing
+/// that reserves reads it: the budget holds.
+#[test]
+fn the_slot_map_follows_owners_and_bounds_the_memory_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a", "GPU-b"], 130);
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    assert_eq!(r.layout().slot_map_words(), 3);
+    let (keep, budget) = (1u64 << 20, 64u64 << 20);
+    let all_pools = |r: &Region, g| (0..130).map(|s| r.pool(s, g)).sum::<u64>();
+    // Slots in three map words, one taken twice (reclaimed in between).
+    for s in [0usize, 1, 64, 129, 1] {
+        if r.slot_marked(s) == Some(true) {
+            r.reclaim_slot(s);
+            assert_eq!(r.slot_marked(s), Some(false));
+        }
+        r.occupy_slot(s, s as u128 + 1, 0, 0);
+        assert_eq!(r.slot_marked(s), Some(true));
+        r.reserve_ahead(s, 0, 4096, keep, budget).unwrap();
+        r.reserve_ahead(s, 1, 2 << 20, 0, budget).unwrap();
+        assert!(r.pool_take(s, 0, 8192) || r.reserve(s, 0, 8192, budget).is_ok());
+    }
+    assert_eq!(r.slot_marked(2), Some(false));
+    for g in 0..2 {
+        let want = r.gpu_used(g).unwrap() - all_pools(&r, g);
+        assert_eq!(r.allocated(g), Some(want), "GPU {g}");
+    }
+    assert_eq!(r.allocated(0), Some(4 * (4096 + 8192)));
+    // A dead process's slot (its lock is free: this test holds none) is reclaimed
+    // with its pool, and leaves the map.
+    assert_eq!(r.reclaim_dead(&f).unwrap(), vec![0, 1, 64, 129]);
+    assert!((0..130).all(|s| r.slot_marked(s) == Some(false)));
+    assert_eq!((r.allocated(0), r.gpu_used(0)), (Some(0), Some(0)));
+    // A tenant clearing the map: its pool then counts as allocated, and the budget
+    // is enforced as before (the map is not read by reservations).
+    r.occupy_slot(3, 9, 0, 0);
+    r.reserve_ahead(3, 0, 4096, keep, budget).unwrap();
+    assert_eq!(r.allocated(0), Some(4096));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .and_then(|mut w| {
+            use std::io::{Seek, SeekFrom};
+            w.seek(SeekFrom::Start(r.layout().slot_map as u64))?;
+            w.write_all(&[0u8; 24])
+        })
+        .unwrap();
+    assert_eq!(r.slot_marked(3), Some(false));
+    assert_eq!(
+        r.allocated(0),
+        Some(4096 + keep),
+        "the pool counted, not hidden"
+    );
+    assert_eq!(
+        r.reserve(3, 0, budget - 4096 - keep + 1, budget),
+        Err(Refusal::OverBudget)
+    );
 }
 
 #[test]

@@ -99,21 +99,38 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
             "{shim}: {d}"
         );
     }
+    // The CDI hook runs on the host, which any glibc from 2.17 on has: it may also
+    // need the libraries Rust's std links (glibc's own, and libgcc_s).
+    let hook = lib.with_file_name("tessera-cdi-hook");
+    assert!(
+        glibc_floor(&hook) <= (2, 17),
+        "{}: needs GLIBC_{:?}",
+        hook.display(),
+        glibc_floor(&hook)
+    );
+    for n in needed(&hook) {
+        assert!(
+            [
+                "libc.so.6",
+                "ld-linux-x86-64.so.2",
+                "libgcc_s.so.1",
+                "libpthread.so.0",
+                "libdl.so.2",
+                "libm.so.6",
+                "librt.so.1"
+            ]
+            .contains(&n.as_str()),
+            "{}: NEEDED {n}",
+            hook.display()
+        );
+    }
     for lib in [
         lib.with_file_name(FRONT_FILE),
         lib.with_file_name(SHIM_CUDA_FILE),
         lib.with_file_name(SHIM_NVML_FILE),
         lib,
     ] {
-        let versions = readelf("-V", &lib);
-        let mut newest = (2, 0);
-        for v in versions.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
-            if let Some(n) = v.strip_prefix("GLIBC_") {
-                let mut it = n.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
-                let ver = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-                newest = newest.max(ver);
-            }
-        }
+        let newest = glibc_floor(&lib);
         assert!(
             newest <= (2, 17),
             "{}: needs GLIBC_{}.{}",
@@ -121,15 +138,7 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
             newest.0,
             newest.1
         );
-        let needed: Vec<String> = readelf("-d", &lib)
-            .lines()
-            .filter(|l| l.contains("(NEEDED)"))
-            .filter_map(|l| {
-                l.split('[')
-                    .nth(1)
-                    .map(|s| s.trim_end_matches(']').to_string())
-            })
-            .collect();
+        let needed = needed(&lib);
         let allowed = ["libc.so.6", "ld-linux-x86-64.so.2", REAL_CUDA, REAL_NVML];
         for n in &needed {
             assert!(
@@ -139,6 +148,33 @@ fn the_release_library_needs_glibc_2_17_and_only_libc() {
             );
         }
     }
+}
+
+/// The newest GLIBC_x.y symbol version an ELF file needs.
+fn glibc_floor(file: &Path) -> (u32, u32) {
+    let versions = readelf("-V", file);
+    let mut newest = (2, 0);
+    for v in versions.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')) {
+        if let Some(n) = v.strip_prefix("GLIBC_") {
+            let mut it = n.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+            let ver = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+            newest = newest.max(ver);
+        }
+    }
+    newest
+}
+
+/// An ELF file's DT_NEEDED entries.
+fn needed(file: &Path) -> Vec<String> {
+    readelf("-d", file)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| {
+            l.split('[')
+                .nth(1)
+                .map(|s| s.trim_end_matches(']').to_string())
+        })
+        .collect()
 }
 
 /// With libgcc_s masked out of the root filesystem, the release library still loads

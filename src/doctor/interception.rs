@@ -1,5 +1,5 @@
-//! Whether the interception library (and its front, which `ld.so.preload` names) loads
-//! on this host's glibc: a child process runs the host's own dynamic loader (found
+//! Whether the interception library (and its front, which `ld.so.preload` names, and
+//! the CDI hook, which the runtime runs on the host) loads on this host's glibc: a child process runs the host's own dynamic loader (found
 //! under the host root) in trace mode with immediate binding, against the host's
 //! library directories only (`--inhibit-cache --library-path`), as `ldd -r` does. A
 //! missing glibc symbol version or library fails it; nothing of the library runs.
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::Finding;
-use crate::prepare::library::FRONT_FILE;
+use crate::prepare::library::{FRONT_FILE, HOOK_FILE};
 
 const CHECK: &str = "interception-library";
 
@@ -83,10 +83,14 @@ pub fn gather(host_root: &Path, lib: Option<&Path>) -> SeenInterception {
         .map(|p| p.display().to_string())
         .collect();
     let mut libs = vec![lib.to_path_buf()];
-    if let Some(front) = lib.parent().map(|d| d.join(FRONT_FILE))
-        && front.is_file()
-    {
-        libs.push(front);
+    // The front, and the CDI hook, which the runtime runs on the host: its libraries
+    // must resolve there.
+    for beside in [FRONT_FILE, HOOK_FILE] {
+        if let Some(f) = lib.parent().map(|d| d.join(beside))
+            && f.is_file()
+        {
+            libs.push(f);
+        }
     }
     let libs = libs
         .into_iter()

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use tessera_cdi::{
-    ContainerEdits, Device, DeviceNode, Mount, Spec, SpecFileNames, SpecVersion, VersionPolicy,
-    WriteError,
+    ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, SpecFileNames, SpecVersion,
+    VersionPolicy, WriteError,
 };
 
 use crate::inventory::CharMajors;
@@ -179,7 +179,8 @@ fn driver_mounts(ctx: &CdiContext, mut edits: ContainerEdits) -> ContainerEdits 
 }
 
 /// The mounts of a claim with shared-GPU devices (besides [`driver_mounts`]' library
-/// directory): its version's `ld.so.preload` at `/etc/ld.so.preload` (identical in every
+/// directory) and its hook (which pins the directories above them,
+/// [`lib::PINNED_DIRS`]): its version's `ld.so.preload` at `/etc/ld.so.preload` (identical in every
 /// shared claim's spec of one version, so two claims in one container agree; across
 /// versions, the last spec's pair wins whole), and the claim's own three files, each mounted as a single
 /// file under `/run/tessera/claims/<uid>/` (never a writable directory): `limits` and
@@ -201,6 +202,22 @@ fn shared_claim_mounts(
         ),
         "/etc/ld.so.preload",
     ));
+    // The hook runs on the host, from the version directory, before the container's
+    // `pivot_root`: it makes `/etc` and the directories above the library and the
+    // driver's real files mount points, which the tenant cannot rename.
+    let mut hook = Hook::new(
+        "createContainer",
+        join_host(
+            run,
+            &format!("{}/{version}/{}", lib::LIB_DIR, lib::HOOK_FILE),
+        ),
+    );
+    hook.args = std::iter::once(lib::HOOK_FILE)
+        .chain(["pin"])
+        .chain(lib::PINNED_DIRS)
+        .map(String::from)
+        .collect();
+    edits = edits.with_hook(hook);
     for (name, rw) in [
         (tessera_abi::LIMITS_FILE, false),
         (tessera_abi::CONTROL_FILE, false),
@@ -333,7 +350,7 @@ pub fn driver_lib_version(path: &Path, base: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prepare::claim_plan::PlannedDevice;
+    use crate::prepare::claim_plan::{Budget, PlannedDevice};
     use crate::prepare::gpu_config::GpuConfig;
 
     fn ctx() -> CdiContext {
@@ -478,6 +495,36 @@ mod tests {
             spec.devices[0].name,
             "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e-gpu-1-9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"
         );
+    }
+
+    /// A shared claim's spec runs the CDI hook from the host's copy of its library
+    /// version, pinning `/etc` and the directories above the library and driver
+    /// mounts; a whole-GPU spec has no budget to protect and runs nothing.
+    #[test]
+    fn a_shared_claim_spec_pins_the_directories_above_its_mounts() {
+        let mut shared = plan(&[(1, Some("9f1c2d3e-aaaa-4bbb-8ccc-dddddddddddd"))]);
+        shared.devices[0].budget = Some(Budget {
+            memory_bytes: 1 << 30,
+            compute_percent: 25,
+        });
+        let spec = render_claim_spec(&shared, &ctx(), &[]).unwrap();
+        let hooks = &spec.container_edits.as_ref().unwrap().hooks;
+        assert_eq!(hooks.len(), 1, "{hooks:?}");
+        assert_eq!(hooks[0].hook_name, "createContainer");
+        assert_eq!(hooks[0].path, "/run/tessera/lib/0.1.0-abc/tessera-cdi-hook");
+        assert_eq!(
+            hooks[0].args,
+            [
+                "tessera-cdi-hook",
+                "pin",
+                "/etc",
+                "/usr",
+                "/usr/local",
+                "/usr/local/tessera"
+            ]
+        );
+        let whole = render_claim_spec(&plan(&[(0, None)]), &ctx(), &[]).unwrap();
+        assert!(whole.container_edits.unwrap().hooks.is_empty());
     }
 
     /// Host paths honour the host dev root.

@@ -99,6 +99,14 @@ pub enum ClaimError {
         expected: String,
         found: String,
     },
+    #[error(
+        "ResourceClaim {namespace}/{name} has UID {uid:?}: a UID is letters, digits and dashes, from and to a letter or digit (it names the claim's CDI devices and files)"
+    )]
+    BadUid {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
     #[error("ResourceClaim {namespace}/{name} is not allocated")]
     NotAllocated { namespace: String, name: String },
     #[error("ResourceClaim {namespace}/{name} has no devices of driver {driver} in pool {pool}")]
@@ -240,6 +248,18 @@ fn overlaps(gpus: &[ManagedGpu], other: &str, planned: &PlannedDevice) -> bool {
     }
 }
 
+/// Whether a claim UID or shareID can be part of CDI device names and file names:
+/// 1 to 64 letters, digits and dashes, beginning and ending with a letter or digit
+/// (the API server's are UUIDs; a CDI device name ends with a letter or digit).
+fn fit_for_cdi_names(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
 /// This node as claim planning sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeView<'a> {
@@ -285,6 +305,16 @@ pub fn plan_claim(
             found: uid,
         });
     }
+    // The API server's UIDs are UUIDs; the UID names the claim's CDI devices
+    // (`<uid>-<device>`), spec file and claim directory, so anything else is refused
+    // here rather than as an invalid spec.
+    if !fit_for_cdi_names(&uid) {
+        return Err(ClaimError::BadUid {
+            namespace,
+            name,
+            uid,
+        });
+    }
     let Some(alloc) = claim
         .status
         .as_ref()
@@ -304,6 +334,16 @@ pub fn plan_claim(
                 device: r.device.clone(),
                 pool: r.pool.clone(),
                 ours: pool.into(),
+            });
+        }
+        // The shareID names the CDI device too (`<uid>-<device>-<shareID>`).
+        if let Some(share) = r.share_id.as_deref().filter(|s| !fit_for_cdi_names(s)) {
+            return Err(ClaimError::BadShare {
+                request: r.request.clone(),
+                device: r.device.clone(),
+                reason: format!(
+                    "shareID {share:?} is not letters, digits and dashes from and to a letter or digit (it names the CDI device)"
+                ),
             });
         }
         let unknown = || ClaimError::UnknownDevice {
@@ -565,5 +605,72 @@ mod tests {
         ] {
             assert_eq!(allocation_kind(&c, d), want);
         }
+    }
+
+    /// Regression (fuzz target claim_plan): a claim whose UID matched the expected one
+    /// but was empty or held characters a CDI device name refuses (`@`, `,`, `:`, `!`)
+    /// was accepted, and its spec failed validation. Such a UID is refused by name.
+    #[test]
+    fn a_uid_unfit_for_cdi_names_is_refused() {
+        let claim = |uid: &str| -> ResourceClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+                "status": {"allocation": {"devices": {"results": []}}}}))
+            .unwrap()
+        };
+        let node = NodeView {
+            driver: "gpu.tessera.dev",
+            pool: "n",
+            gpus: &[],
+            shared_slots: 0,
+        };
+        let long = "a".repeat(65);
+        for uid in [
+            "",
+            "0b8d8d8c.0c2a,5e4b",
+            "0b5c6e2a-1f3d:[-4c8e",
+            "a@b",
+            "a/b",
+            &long,
+        ] {
+            let err = plan_claim(&claim(uid), uid, node, &Held::default()).unwrap_err();
+            assert!(matches!(err, ClaimError::BadUid { .. }), "{uid:?}: {err}");
+        }
+        // A UUID passes the check (and meets the next one).
+        let uid = "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e";
+        let err = plan_claim(&claim(uid), uid, node, &Held::default()).unwrap_err();
+        assert!(matches!(err, ClaimError::NoDevicesHere { .. }), "{err}");
+    }
+
+    /// Regression (fuzz target claim_plan): a share of the shared GPU with a shareID
+    /// holding a comma was accepted, and the CDI device it names failed validation.
+    #[test]
+    fn a_share_id_unfit_for_cdi_names_is_refused() {
+        let uid = "0b5c6e2a-1f3d-4c8e-9a7b-2d4f6e8a0c1e";
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": "gpu.tessera.dev", "pool": "n", "device": "gpu-1",
+                "shareID": "2a7ed99d-db05,5111,5110.d038ab07aa75",
+                "consumedCapacity": {"memory": "20Gi", "compute": "25"}}]}}}}))
+        .unwrap();
+        let node = NodeView {
+            driver: "gpu.tessera.dev",
+            pool: "n",
+            gpus: &[],
+            shared_slots: 0,
+        };
+        let err = plan_claim(&claim, uid, node, &Held::default()).unwrap_err();
+        assert!(
+            matches!(&err, ClaimError::BadShare { reason, .. } if reason.contains("shareID")),
+            "{err}"
+        );
+        // Nor may it end with a dash (found next: "35ef9e2a-5d98-4000-").
+        let mut claim = claim;
+        let results = claim.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        results.devices.as_mut().unwrap().results.as_mut().unwrap()[0].share_id =
+            Some("35ef9e2a-5d98-4000-".into());
+        let err = plan_claim(&claim, uid, node, &Held::default()).unwrap_err();
+        assert!(matches!(err, ClaimError::BadShare { .. }), "{err}");
     }
 }

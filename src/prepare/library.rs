@@ -12,6 +12,11 @@
 //! the driver by soname gets Tessera's library first even when `ld.so.preload` is
 //! skipped (`cdi_spec.rs`).
 //!
+//! And `tessera-cdi-hook`, the `createContainer` hook every shared claim's spec runs
+//! (`cuda/hook/lib.rs`): it makes [`PINNED_DIRS`] mount points, which a tenant without
+//! `CAP_SYS_ADMIN` cannot rename, so `/etc/ld.so.preload` and the front are always
+//! where ld.so looks.
+//!
 //! The preload file lives in the version directory so that a spec always mounts a pair
 //! that agrees. Specs written before the front existed mount `<run-dir>/ld.so.preload`
 //! beside an older library directory (no front): that file keeps naming
@@ -52,6 +57,14 @@ pub const SHIMMED: [(&str, &str, &str); 2] = [
     ("libcuda.so.1", SHIM_CUDA_FILE, "libcuda.real"),
     ("libnvidia-ml.so.1", SHIM_NVML_FILE, "libnvidia-ml.real"),
 ];
+/// The hook executable's file name: beside `--interception-lib`, in the run dir. The
+/// runtime runs it on the host, from there.
+pub const HOOK_FILE: &str = "tessera-cdi-hook";
+/// The container directories the hook pins (makes mount points, outer first): `/etc`,
+/// which holds `ld.so.preload`, and every directory above [`CONTAINER_LIB_DIR`] and
+/// [`CONTAINER_DRIVER_DIR`]. Renaming any of them would make ld.so skip the front, or
+/// let the tenant put its own file where the front or a shim's real driver is named.
+pub const PINNED_DIRS: [&str; 4] = ["/etc", "/usr", "/usr/local", "/usr/local/tessera"];
 /// `lib/` under the run dir.
 pub const LIB_DIR: &str = "lib";
 /// `<run-dir>/lib/<version>/ld.so.preload`, mounted at `/etc/ld.so.preload`; and the
@@ -97,10 +110,10 @@ pub fn version_of(lib: &[u8], front: &[u8]) -> String {
     format!("{}-{hex}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Installs `source` (an ELF shared object), the front library and the two soname
-/// shims beside it and their `ld.so.preload` into `<run_dir>/lib/<version>/` unless
+/// Installs `source` (an ELF shared object), the front library, the two soname
+/// shims and the CDI hook beside it and their `ld.so.preload` into `<run_dir>/lib/<version>/` unless
 /// that version is already there, and (re)writes the legacy `<run_dir>/ld.so.preload`.
-/// Both atomic. A build without its front or shims is refused.
+/// Both atomic. A build without its front, shims or hook is refused.
 pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallError> {
     let fail = |what: String| InstallError {
         source_path: source.to_path_buf(),
@@ -124,8 +137,9 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
         beside(SHIM_CUDA_FILE, "the soname shim")?,
         beside(SHIM_NVML_FILE, "the soname shim")?,
     ];
+    let hook = beside(HOOK_FILE, "the CDI hook")?;
     let mut together = front.clone();
-    for s in &shims {
+    for s in shims.iter().chain([&hook]) {
         together.extend_from_slice(&(s.len() as u64).to_le_bytes());
         together.extend_from_slice(s);
     }
@@ -138,6 +152,7 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
         && fs::read(dir.join(FRONT_FILE)).is_ok_and(|b| b == front)
         && fs::read(dir.join(SHIM_CUDA_FILE)).is_ok_and(|b| b == shims[0])
         && fs::read(dir.join(SHIM_NVML_FILE)).is_ok_and(|b| b == shims[1])
+        && fs::read(dir.join(HOOK_FILE)).is_ok_and(|b| b == hook)
         && fs::read(dir.join(PRELOAD_FILE)).is_ok_and(|b| b == preload.as_bytes());
     if !installed {
         // Per process: two installers never share a temp dir (callers also hold the
@@ -153,6 +168,7 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
                 (FRONT_FILE, front.as_slice(), 0o755),
                 (SHIM_CUDA_FILE, shims[0].as_slice(), 0o755),
                 (SHIM_NVML_FILE, shims[1].as_slice(), 0o755),
+                (HOOK_FILE, hook.as_slice(), 0o755),
                 (PRELOAD_FILE, preload.as_bytes(), 0o644),
             ] {
                 let mut f = fs::File::create_new(tmp.join(file))?;
@@ -238,7 +254,7 @@ mod tests {
         fs::write(&p, &b).unwrap();
         b.extend_from_slice(b"front");
         fs::write(d.join(FRONT_FILE), &b).unwrap();
-        for shim in [SHIM_CUDA_FILE, SHIM_NVML_FILE] {
+        for shim in [SHIM_CUDA_FILE, SHIM_NVML_FILE, HOOK_FILE] {
             fs::write(d.join(shim), [b.as_slice(), shim.as_bytes()].concat()).unwrap();
         }
         p
@@ -254,9 +270,24 @@ mod tests {
         assert_eq!(install(run.path(), &fake_lib(src.path(), b"a")).unwrap(), a);
         let b = install(run.path(), &fake_lib(src.path(), b"b")).unwrap();
         assert_ne!(a.version, b.version);
-        for f in [LIB_FILE, FRONT_FILE, SHIM_CUDA_FILE, SHIM_NVML_FILE] {
+        for f in [
+            LIB_FILE,
+            FRONT_FILE,
+            SHIM_CUDA_FILE,
+            SHIM_NVML_FILE,
+            HOOK_FILE,
+        ] {
             assert!(a.dir.join(f).is_file() && b.dir.join(f).is_file(), "{f}");
         }
+        assert_eq!(
+            fs::metadata(a.dir.join(HOOK_FILE))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755,
+            "the runtime executes the hook"
+        );
         assert_eq!(
             fs::read(a.dir.join(FRONT_FILE)).unwrap(),
             b"\x7fELFafront",
@@ -300,15 +331,40 @@ mod tests {
         assert!(!run.path().join(LIB_DIR).exists() && !run.path().join(PRELOAD_FILE).exists());
     }
 
-    /// So is a library without its soname shims.
+    /// So is a library without either soname shim or its CDI hook (a shared claim's
+    /// spec cannot pin the container's directories without it), and nothing is
+    /// installed.
     #[test]
-    fn refuses_a_library_without_its_shims() {
-        let src = tempfile::tempdir().unwrap();
-        let run = tempfile::tempdir().unwrap();
-        let lib = fake_lib(src.path(), b"a");
-        fs::remove_file(lib.with_file_name(SHIM_NVML_FILE)).unwrap();
-        let e = install(run.path(), &lib).unwrap_err();
-        assert!(e.to_string().contains(SHIM_NVML_FILE), "{e}");
-        assert!(!run.path().join(LIB_DIR).exists());
+    fn refuses_a_library_without_its_shims_or_cdi_hook() {
+        for missing in [SHIM_CUDA_FILE, SHIM_NVML_FILE, HOOK_FILE] {
+            let src = tempfile::tempdir().unwrap();
+            let run = tempfile::tempdir().unwrap();
+            let lib = fake_lib(src.path(), b"a");
+            fs::remove_file(lib.with_file_name(missing)).unwrap();
+            let e = install(run.path(), &lib).unwrap_err();
+            assert!(e.to_string().contains(missing), "{e}");
+            assert!(!run.path().join(LIB_DIR).exists(), "{missing}");
+        }
+    }
+
+    /// The hook pins `/etc` and every directory above the library and driver
+    /// mounts, outer first.
+    #[test]
+    fn the_pinned_dirs_cover_every_directory_above_tesseras_mounts() {
+        let mut want = vec!["/etc".to_string()];
+        for mount in [CONTAINER_LIB_DIR, CONTAINER_DRIVER_DIR] {
+            let mut p = Path::new(mount).parent();
+            let mut chain = Vec::new();
+            while let Some(d) = p.filter(|d| *d != Path::new("/")) {
+                chain.push(d.display().to_string());
+                p = d.parent();
+            }
+            for d in chain.into_iter().rev() {
+                if !want.contains(&d) {
+                    want.push(d);
+                }
+            }
+        }
+        assert_eq!(PINNED_DIRS.to_vec(), want);
     }
 }

@@ -19,6 +19,49 @@ resolve_version() {
   K8S_BIN=$repo/target/k8s/$K8S_VERSION
 }
 
+# disk_headroom DIR: fails, saying why, unless DIR's filesystem has room for a cluster
+# above the kubelet's hard eviction threshold (up.sh: nodefs/imagefs.available 1%).
+# Below it the kubelet reports DiskPressure, the node is tainted
+# node.kubernetes.io/disk-pressure and no pod is scheduled: every scenario then waits
+# out its timeouts instead of failing at once (a CI run on a 99 % full disk did).
+# TESSERA_CLUSTER_MIN_FREE_GIB: the room wanted above the threshold (default 3).
+disk_headroom() {
+  local dir=$1 size avail need
+  read -r size avail < <(df -k --output=size,avail "$dir" | tail -1)
+  need=$(( size / 100 + ${TESSERA_CLUSTER_MIN_FREE_GIB:-3} * 1024 * 1024 ))
+  if [ "$avail" -lt "$need" ]; then
+    echo "disk: $((avail / 1024 / 1024)) GiB free on $(df --output=target "$dir" | tail -1) ($dir), a cluster needs $((need / 1024 / 1024)) GiB (the kubelet's 1% eviction threshold + ${TESSERA_CLUSTER_MIN_FREE_GIB:-3} GiB); free some space" >&2
+    return 1
+  fi
+}
+
+# node_pressure KUBECTL... : the node conditions other than Ready that are True
+# (DiskPressure, MemoryPressure, PIDPressure) and the node's taints, one line; empty
+# when there are none. For failure messages: a node under pressure schedules nothing.
+node_pressure() {
+  "$@" get nodes -o jsonpath='{range .items[*]}{range .status.conditions[?(@.status=="True")]}{.type} {end}{range .spec.taints[*]}taint={.key}:{.effect} {end}{end}' 2>/dev/null \
+    | sed 's/\bReady //'
+}
+
+# exec_retry CMD...: runs a `kubectl exec` command; when runc fails to start the exec
+# ("OCI runtime exec failed": a transient of runc under load, e.g. "read init-p:
+# connection reset by peer", seen once in CI), tries again, at most 3 times, saying so.
+# Any other failure, and the command's own exit status, are the caller's.
+exec_retry() {
+  local attempt out rc
+  for attempt in 1 2 3; do
+    rc=0
+    out=$("$@" 2>&1) || rc=$?
+    if [ "$rc" != 0 ] && [[ $out == *"OCI runtime exec failed"* ]] && [ "$attempt" -lt 3 ]; then
+      echo "  (runc could not start the exec, attempt $attempt: ${out##*$'\n'}; again)" >&2
+      sleep 1
+      continue
+    fi
+    printf '%s\n' "$out"
+    return "$rc"
+  done
+}
+
 # now: seconds since the epoch with milliseconds.
 now() { date +%s.%3N; }
 # since T0: seconds elapsed since T0 (one decimal).
@@ -35,15 +78,16 @@ kill_pid() {
   echo "pid $pid ${2:-} survived SIGKILL" >&2
 }
 
-# mkimage ROOTFS TAG OUT CMD_JSON [ENTRYPOINT_JSON]: a docker-archive (`docker save`
-# layout) of one layer holding ROOTFS, for `ctr images import`. Reproducible: sorted
+# mkimage ROOTFS TAG OUT CMD_JSON [ENTRYPOINT_JSON [ENV_JSON_ITEMS]]: a docker-archive
+# (`docker save` layout) of one layer holding ROOTFS, for `ctr images import`.
+# ENV_JSON_ITEMS: more environment after PATH, e.g. '"A=1","B=2"'. Reproducible: sorted
 # names, owner 0, mtime 0.
 mkimage() {
-  local rootfs=$1 tag=$2 out=$3 cmd=$4 entrypoint=${5:-null} t diff config cfg
+  local rootfs=$1 tag=$2 out=$3 cmd=$4 entrypoint=${5:-null} env=${6:+,$6} t diff config cfg
   t=$(mktemp -d "$(dirname "$out")/tmp.XXXXXX")
   (cd "$rootfs" && tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 -cf "$t/layer.tar" $(ls -A))
   diff=$(sha256sum "$t/layer.tar" | cut -d' ' -f1)
-  config='{"architecture":"amd64","os":"linux","config":{"Entrypoint":'$entrypoint',"Cmd":'$cmd',"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff'"]},"history":[{"created_by":"tessera tests/cluster"}]}'
+  config='{"architecture":"amd64","os":"linux","config":{"Entrypoint":'$entrypoint',"Cmd":'$cmd',"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"'$env']},"rootfs":{"type":"layers","diff_ids":["sha256:'$diff'"]},"history":[{"created_by":"tessera tests/cluster"}]}'
   cfg=$(printf %s "$config" | sha256sum | cut -d' ' -f1).json
   printf %s "$config" >"$t/$cfg"
   printf '[{"Config":"%s","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$tag" >"$t/manifest.json"
@@ -74,5 +118,14 @@ e2e_stop() {
 # e2e_step NAME CMD...: runs a step; a failure is recorded in `status`.
 e2e_step() {
   echo "=== $1"
-  "${@:2}" || { echo "=== $1: FAILED" >&2; status=1; return 1; }
+  "${@:2}" && return 0
+  echo "=== $1: FAILED" >&2
+  status=1
+  # A node under pressure schedules nothing: say so, or every failure looks like a bug.
+  if [ -f "${DIR:-}/env" ]; then
+    local pressure
+    pressure=$(. "$DIR/env" && node_pressure "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG")
+    echo "    node now: ${pressure:-no pressure, no taint}; disk: $(df -h --output=avail,pcent "$DIR" | tail -1 | xargs) (free, used)" >&2
+  fi
+  return 1
 }

@@ -14,10 +14,10 @@ overlay=$repo/deploy/overlays/test-cluster
 NODE_ROOT=$DIR/tessera-node
 # Device nodes as the node would have them (tests/support/e2e.rs make_dev_root): one
 # per GPU, the MIG capability nodes of MIG-capable GPUs, nvidiactl and the uvm pair;
-# fake driver files (tests/support/harness.rs make_driver_root), except that nvidia-smi
-# is a script: the one binary of the driver root the workload runs (see below).
+# fake driver files (tests/support/harness.rs make_driver_root), except that libcuda is
+# the fake driver and nvidia-smi a script (see below).
 mkdir -p "$NODE_ROOT"/{dev,driver-root/usr/lib/x86_64-linux-gnu,driver-root/usr/bin,run,state,registry}
-python3 - "$overlay/mock-node.yaml" "$NODE_ROOT" <<'EOF'
+driver_version=$(python3 - "$overlay/mock-node.yaml" "$NODE_ROOT" <<'EOF'
 import os, stat, sys, yaml
 node = yaml.safe_load(open(sys.argv[1]))
 root = sys.argv[2]
@@ -40,9 +40,22 @@ mknod("nvidiactl", m["nvidia"], 255)
 mknod("nvidia-uvm", m["nvidia-uvm"], 0)
 mknod("nvidia-uvm-tools", m["nvidia-uvm"], 1)
 lib = os.path.join(root, "driver-root/usr/lib/x86_64-linux-gnu")
-for base in ["libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"]:
+for base in ["libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so"]:
     open(os.path.join(lib, f"{base}.{node['driverVersion']}"), "w").close()
+print(node["driverVersion"])
 EOF
+)
+# The driver's libcuda: the project's fake driver (cuda/tests/fakes/fake_cuda.c), so
+# that a CUDA client in a claim's container goes through the interception library the
+# CDI spec mounts to a driver, as on a GPU node. With FAKE_CUDA_DEVICE_NODES=1 (the
+# client image's environment, scenario-workloads.py) it shows the GPUs whose
+# /dev/nvidiaN the container has, as the real driver does.
+libcuda=$NODE_ROOT/driver-root/usr/lib/x86_64-linux-gnu/libcuda.so.$driver_version
+if [ ! -s "$libcuda" ] || [ "$repo/cuda/tests/fakes/fake_cuda.c" -nt "$libcuda" ]; then
+  cc -shared -fPIC -pthread -std=gnu11 -O1 -Wl,-Bsymbolic-functions -Wl,-soname,libcuda.so.1 \
+    -I"$repo/cuda/tests/fakes" -o "$libcuda.tmp" "$repo/cuda/tests/fakes/fake_cuda.c"
+  mv "$libcuda.tmp" "$libcuda"
+fi
 # The stand-in nvidia-smi, mounted into claim containers by the CDI spec: `-L` lists the
 # GPU device nodes the container has (name, major:minor), then it stays up until
 # SIGTERM so that the test can look into the running container.

@@ -54,6 +54,7 @@ gates=$(cat "$DIR/feature-gates")
 table=$OUT/table.tsv
 : >"$table"
 errors=0
+pinned_pods=0
 last_release=0
 T0=$(now)
 echo "scenario plan agreement ($K8S_VERSION): tessera plan --k8s-version 1.$minor --gates '$gates'"
@@ -71,6 +72,10 @@ allocate() {
     if has_allocation "$name"; then
       k -n "$ns" get resourceclaim "$name" -o json >"$fo/scheduler/$name.json"
       echo "  $name: allocated by the scheduler $(since "$t0")s after apply: $(jq -r '[.status.allocation.devices.results[] | "\(.request)=\(.device)"] | join(" ")' "$fo/scheduler/$name.json")"
+      # A claim of shares: of a shared GPU's capacity (shareID) or of its fallback slots.
+      if [ "$(jq '[.status.allocation.devices.results[] | select(.shareID or (.device | test("-slot-[0-9]+$")))] | length' "$fo/scheduler/$name.json")" -gt 0 ]; then
+        pinned "$name"
+      fi
       return 0
     fi
     cond=$(k -n "$ns" get pod "use-$name" -o jsonpath='{range .status.conditions[?(@.type=="PodScheduled")]}{.status} {.reason} {.message}{end}' 2>/dev/null || true)
@@ -90,10 +95,37 @@ allocate() {
     fi
     sleep 0.1
   done
-  echo "  FAIL $name: neither allocated nor unschedulable 60s after apply (PodScheduled: $cond)" >&2
+  echo "  FAIL $name: neither allocated nor unschedulable 60s after apply (PodScheduled: $cond; node: $(node_pressure k))" >&2
   k -n "$ns" get events --field-selector involvedObject.name="use-$name" -o custom-columns=REASON:.reason,MESSAGE:.message 2>/dev/null | sed 's/^/    event: /' >&2
   k -n "$ns" delete pod "use-$name" --wait=true >/dev/null
   errors=$((errors + 1))
+}
+
+# pinned NAME: the pod of a shared claim starts (the kubelet and containerd ran the
+# spec's createContainer hook, tessera-cdi-hook) and, as root in it, cannot rename /etc
+# or a directory above Tessera's mounts; /etc/ld.so.preload names the front.
+pinned() {
+  local name=$1 i phase out want
+  for i in $(seq 600); do
+    phase=$(k -n "$ns" get pod "use-$name" -o jsonpath='{.status.phase}' 2>/dev/null || true)
+    [ "$phase" = Running ] && break
+    sleep 0.1
+  done
+  if [ "$phase" != Running ]; then
+    echo "  FAIL $name: the pod of a shared claim is not Running 60s after its allocation (phase '$phase')" >&2
+    k -n "$ns" get events --field-selector involvedObject.name="use-$name" -o custom-columns=REASON:.reason,MESSAGE:.message 2>/dev/null | sed 's/^/    event: /' >&2
+    errors=$((errors + 1))
+    return 0
+  fi
+  out=$(exec_retry k -n "$ns" exec "use-$name" -- sh -c 'for d in /etc /usr /usr/local /usr/local/tessera; do if mv $d $d.x 2>/dev/null; then echo "renamed $d"; else echo "refused $d"; fi; done; head -1 /etc/ld.so.preload' 2>&1 || true)
+  want=$(printf 'refused %s\n' /etc /usr /usr/local /usr/local/tessera; echo /usr/local/tessera/lib/libtessera_preload.so)
+  if [ "$out" = "$want" ]; then
+    echo "  ok   $name: its pod is Running; /etc, /usr, /usr/local, /usr/local/tessera cannot be renamed in it (the CDI hook ran)"
+    pinned_pods=$((pinned_pods + 1))
+  else
+    echo "  FAIL $name: in its pod: $(tr '\n' ';' <<<"$out")" >&2
+    errors=$((errors + 1))
+  fi
 }
 
 # release NAME...: delete the pods; the controller removes the allocations.
@@ -114,44 +146,13 @@ release() {
   echo "  released $*: pods deleted, allocations removed $(since "$t0")s after"
 }
 
-# ---------- the plugin's node config ----------
-cm=$(k -n tessera-system get ds tessera-plugin -o jsonpath='{.spec.template.spec.volumes[?(@.name=="node-config")].configMap.name}')
-[ -n "$cm" ] || { echo "no node-config ConfigMap in the DaemonSet" >&2; exit 1; }
-k -n tessera-system get configmap "$cm" -o json | jq -r '.data["node-config.yaml"]' >"$OUT/node-config.installed.yaml"
-python3 -c 'import sys, yaml; yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["config"], sys.stdout, sort_keys=False)' \
-  "$repo/deploy/overlays/test-cluster/mock-node.yaml" >"$OUT/node-config.mock-node.yaml"
-plog() { k -n tessera-system logs "$1" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
-# use_node_config FILE: the ConfigMap holds FILE, the plugin pod is replaced, and the
-# stored slices are what `tessera inventory` prints in the new pod.
+# ---------- the plugin's node config (node-config.sh) ----------
+"$here/node-config.sh" "$DIR" save "$OUT/node-config.installed.yaml"
+"$here/node-config.sh" "$DIR" mock-node "$OUT/node-config.mock-node.yaml"
+# use_node_config FILE: the plugin runs with FILE (and DIR/tessera/env names its pod).
 use_node_config() {
-  local file=$1 t0 pod i deadline node_uid
-  t0=$(now)
-  k -n tessera-system create configmap "$cm" --from-file=node-config.yaml="$file" --dry-run=client -o yaml >"$OUT/configmap.yaml"
-  k apply -f "$OUT/configmap.yaml" >/dev/null
-  k -n tessera-system delete pod "$TESSERA_POD" --wait=true >/dev/null
-  k -n tessera-system rollout status ds/tessera-plugin --timeout=120s >/dev/null
-  pod=$(k -n tessera-system get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}')
-  [ -n "$pod" ] && [ "$pod" != "$TESSERA_POD" ] || { echo "  FAIL no new plugin pod" >&2; return 1; }
-  TESSERA_POD=$pod
-  sed -i "s/^TESSERA_POD=.*/TESSERA_POD=$pod/" "$DIR/tessera/env"
-  for i in $(seq 150); do plog "$pod" | grep "registered with the kubelet" >/dev/null && break; sleep 0.2; done
-  plog "$pod" | grep "registered with the kubelet" >/dev/null || { echo "  FAIL $pod did not register with the kubelet" >&2; return 1; }
-  # The pool generation is the plugin's counter of updates: not compared.
-  k -n tessera-system exec "$pod" -c plugin -- tessera inventory --backend mock:/etc/tessera-mock/mock-node.yaml \
-    --k8s-version "1.$minor" --gates "$gates" -o json | jq '.items[].spec.pool.generation = 0' >"$OUT/inventory.json"
-  node_uid=$(k get node "$NODE_NAME" -o jsonpath='{.metadata.uid}')
-  deadline=$(( $(date +%s) + 60 ))
-  while :; do
-    k get resourceslices -o json | jq '.items[].spec.pool.generation = 0' >"$OUT/stored.json"
-    python3 "$here/compare-slices.py" "$OUT/inventory.json" "$OUT/stored.json" gpu.tessera.dev "$NODE_NAME" "$node_uid" >"$OUT/compare-slices.out" 2>&1 && break
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      sed 's/^/  /' "$OUT/compare-slices.out" >&2
-      echo "  FAIL the stored slices are not $pod's inventory 60s after its start" >&2
-      return 1
-    fi
-    sleep 0.2
-  done
-  echo "  plugin $pod with node config $file: registered, slices stored ($(since "$t0")s)"
+  "$here/node-config.sh" "$DIR" use "$1" || return 1
+  . "$DIR/tessera/env"
 }
 switched=0
 restore() {
@@ -226,7 +227,7 @@ for config in installed mock-node; do
     switched=1
     use_node_config "$OUT/node-config.mock-node.yaml" || { errors=$((errors + 1)); break; }
   else
-    echo "--- node config installed: ConfigMap $cm as installed ($OUT/node-config.installed.yaml)"
+    echo "--- node config installed: the ConfigMap as installed ($OUT/node-config.installed.yaml)"
   fi
   for file in "$repo"/examples/claims/*.yaml; do run_file "$config" "$file"; done
 done
@@ -234,6 +235,8 @@ restore
 
 echo "agreement table ($K8S_VERSION; gates $gates):"
 python3 "$here/plan-agreement.py" table "$table"
+echo "pods of shared claims checked for the CDI hook's pinned directories: $pinned_pods"
+[ "$pinned_pods" -gt 0 ] || { echo "  FAIL no pod of a shared claim was checked" >&2; errors=$((errors + 1)); }
 echo "TIME_PLAN_AGREEMENT=$(since "$T0")" >"$OUT/times"
 if [ "$errors" -gt 0 ]; then
   echo "scenario plan agreement ($K8S_VERSION): $errors failure(s) ($(since "$T0")s)" >&2

@@ -38,6 +38,7 @@ if [ "${TESSERA_CLUSTER_INNER:-}" != 1 ]; then
   dir=$(cd "$dir" && pwd)
   [ -z "$(ls -A "$dir")" ] || { echo "$dir is not empty (a cluster's DIR is used once: down.sh $dir --purge)" >&2; exit 1; }
   [[ $dir != *[[:space:]]* ]] || { echo "DIR must not contain spaces" >&2; exit 2; }
+  disk_headroom "$dir" || exit 1
   # Re-run in the cluster namespace: a private mount namespace that the daemons keep
   # alive after this script exits (and that vanishes, with every mount in it, when the
   # last of them is stopped).
@@ -436,6 +437,9 @@ until ready; do
   sleep 0.5
 done
 "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" get node -o wide
+pressure=$(node_pressure "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig")
+# (The not-ready taint outlives Ready by a moment: only the pressure conditions count.)
+[[ $pressure != *Pressure* ]] || fail "node $NODE is Ready but not schedulable: $pressure ($(df -h --output=avail,pcent "$DIR" | tail -1 | xargs) free/used on $DIR's disk)"
 echo "node $NODE Ready ($K8S_VERSION) $(since "$T0")s after up.sh started"
 echo "KUBECONFIG=$DIR/kubeconfig"
 echo "stop with: $here/down.sh $DIR"

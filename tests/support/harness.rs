@@ -71,13 +71,19 @@ pub fn options(root: &Path) -> PluginOptions {
 /// beside it standing in for the front library, and forwarding stand-ins for the
 /// soname shims: libraries with the driver's soname, nothing of their own and a
 /// DT_NEEDED on the real file's container path, as the shims have, so that a
-/// container of a whole GPU still reaches its driver through them.
+/// container of a whole GPU still reaches its driver through them; and a CDI hook
+/// that pins nothing.
 pub fn interception_stand_in(root: &Path) -> PathBuf {
     use tessera::prepare::library::{CONTAINER_DRIVER_DIR, SHIMMED};
     let dir = root.join("stand-in");
     let out = dir.join("libtessera_cuda.so");
     let front = dir.join(tessera::prepare::library::FRONT_FILE);
-    if out.is_file() && front.is_file() && SHIMMED.iter().all(|(_, s, _)| dir.join(s).is_file()) {
+    let hook = dir.join(tessera::prepare::library::HOOK_FILE);
+    if out.is_file()
+        && front.is_file()
+        && hook.is_file()
+        && SHIMMED.iter().all(|(_, s, _)| dir.join(s).is_file())
+    {
         return out;
     }
     std::fs::create_dir_all(&dir).unwrap();
@@ -96,6 +102,22 @@ pub fn interception_stand_in(root: &Path) -> PathBuf {
     };
     build(&out, &[]);
     std::fs::copy(&out, &front).unwrap();
+    // The CDI hook's stand-in: an executable that reads the OCI state and pins
+    // nothing (the real hook is tested in `cuda/tests/cdi_hook.rs` and the podman
+    // suite).
+    let hook_src = dir.join("hook.c");
+    std::fs::write(
+        &hook_src,
+        "#include <stdio.h>\nint main(void) { while (getchar() != EOF) {} return 0; }\n",
+    )
+    .unwrap();
+    let status = Command::new(&cc)
+        .arg("-o")
+        .arg(&hook)
+        .arg(&hook_src)
+        .status()
+        .expect("a C compiler (cc) builds the stand-in hook");
+    assert!(status.success(), "building {} failed", hook.display());
     for (soname, shim, real) in SHIMMED {
         let needed = dir.join(format!("needed-{real}.so"));
         build(

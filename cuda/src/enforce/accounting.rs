@@ -56,7 +56,7 @@ pub struct State {
     /// 0xffff_ffff = UUID unavailable.
     devices: [AtomicU32; MAX_DEVICES],
     no_cuda_cleared: std::sync::atomic::AtomicBool,
-    /// When memory queries last reclaimed dead slots (wall clock, ns).
+    /// When memory queries last reclaimed dead slots ([`coarse_now_ns`]).
     last_reclaim_ns: std::sync::atomic::AtomicU64,
     /// Per merged GPU (same index as `gpus`): the (claim, GPU) token buckets its
     /// launches are charged to, in claim-UID order.
@@ -181,6 +181,23 @@ fn open_mounted(file: &budget::ClaimFile, write: bool) -> Result<File, String> {
         return Err(format!("{} is not a regular file", file.path));
     }
     Ok(f)
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in ns: read from the vDSO's data page without a TSC read
+/// (a few ns, where a precise clock costs about 30 ns on a VM), at the kernel tick's
+/// resolution (≤ 4 ms), plenty to pace [`RECLAIM_EVERY_NS`].
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a local timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return u64::MAX;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 fn now_ns() -> u64 {
@@ -496,10 +513,11 @@ impl State {
     /// (budget, used) of merged GPU `g`, summed over its claims. Dead slots are
     /// reclaimed first, at most once per [`RECLAIM_EVERY_NS`], so that a query soon
     /// stops reporting a dead process's memory without probing every slot's lock on
-    /// every call.
+    /// every call. Used is each claim's usage less the pools of its slots in use
+    /// ([`Region::allocated`]: the slot map, then one load per process).
     pub fn usage(&self, g: usize) -> Option<(u64, u64)> {
         let gpu = self.gpus.get(g)?;
-        let now = now_ns();
+        let now = coarse_now_ns();
         let last = self.last_reclaim_ns.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= RECLAIM_EVERY_NS
             && self

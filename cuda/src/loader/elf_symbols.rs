@@ -45,6 +45,28 @@ unsafe extern "C" {
 const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
 
+/// The address range an object's `PT_LOAD` segments span, `None` for an object ld.so
+/// gave no program headers or no loaded segment.
+///
+/// # Safety
+/// `info` must be what `dl_iterate_phdr` passed to its callback.
+unsafe fn load_span(info: &DlPhdrInfo) -> Option<(usize, usize)> {
+    if info.dlpi_phdr.is_null() {
+        return None;
+    }
+    // SAFETY: ld.so's program headers for this object (the caller's contract).
+    let phdrs =
+        unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let base = info.dlpi_addr as usize;
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
+        let start = base.wrapping_add(p.p_vaddr as usize);
+        lo = lo.min(start);
+        hi = hi.max(start.wrapping_add(p.p_memsz as usize));
+    }
+    (lo < hi).then_some((lo, hi))
+}
+
 /// A lookup in progress: the NUL-terminated name and version, the name's GNU and
 /// SysV hashes, and what it found (address, the object's name).
 struct Query {
@@ -294,18 +316,11 @@ pub fn defined_ahead(
         // SAFETY: per dl_iterate_phdr, with `data` = an `Ahead`.
         let (info, a) = unsafe { (&*info, &mut *data.cast::<Ahead>()) };
         a.seen += 1;
-        if info.dlpi_phdr.is_null() {
+        // SAFETY: `info` is dl_iterate_phdr's.
+        let Some((lo, hi)) = (unsafe { load_span(info) }) else {
             return 0;
-        }
-        // SAFETY: ld.so's program headers for this object.
-        let phdrs =
-            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let base = info.dlpi_addr as usize;
-        let spans_stop = phdrs.iter().filter(|p| p.p_type == PT_LOAD).any(|p| {
-            let lo = base.wrapping_add(p.p_vaddr as usize);
-            (lo..lo.wrapping_add(p.p_memsz as usize)).contains(&a.stop)
-        });
-        if spans_stop {
+        };
+        if (lo..hi).contains(&a.stop) {
             return 1;
         }
         if a.seen == 1 {
@@ -466,19 +481,10 @@ pub fn classify_object(
     unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: per dl_iterate_phdr, with `data` = a `Classify`.
         let (info, c) = unsafe { (&*info, &mut *data.cast::<Classify>()) };
-        if info.dlpi_phdr.is_null() {
+        // SAFETY: `info` is dl_iterate_phdr's.
+        let Some((lo, hi)) = (unsafe { load_span(info) }) else {
             return 0;
-        }
-        // SAFETY: ld.so's program headers for this object.
-        let phdrs =
-            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let base = info.dlpi_addr as usize;
-        let (mut lo, mut hi) = (usize::MAX, 0usize);
-        for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
-            let start = base.wrapping_add(p.p_vaddr as usize);
-            lo = lo.min(start);
-            hi = hi.max(start.wrapping_add(p.p_memsz as usize));
-        }
+        };
         if !(lo..hi).contains(&c.addr) {
             return 0;
         }
@@ -529,24 +535,16 @@ pub fn find_object(
     unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: per dl_iterate_phdr, with `data` = a `Find`.
         let (info, f) = unsafe { (&*info, &mut *data.cast::<Find>()) };
-        if info.dlpi_phdr.is_null() || info.dlpi_name.is_null() {
+        if info.dlpi_name.is_null() {
             return 0;
         }
-        // SAFETY: ld.so's program headers and name for this object.
-        let (phdrs, name) = unsafe {
-            (
-                core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)),
-                core::ffi::CStr::from_ptr(info.dlpi_name),
-            )
+        // SAFETY: `info` is dl_iterate_phdr's.
+        let Some((lo, hi)) = (unsafe { load_span(info) }) else {
+            return 0;
         };
-        let base = info.dlpi_addr as usize;
-        let (mut lo, mut hi) = (usize::MAX, 0usize);
-        for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
-            let start = base.wrapping_add(p.p_vaddr as usize);
-            lo = lo.min(start);
-            hi = hi.max(start.wrapping_add(p.p_memsz as usize));
-        }
-        if lo < hi && (f.pick)(name, lo, hi) {
+        // SAFETY: ld.so's name for this object.
+        let name = unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) };
+        if (f.pick)(name, lo, hi) {
             f.found = Some((info.dlpi_name, lo, hi));
             return 1;
         }

@@ -49,7 +49,11 @@
  *                             real driver's contexts hold hundreds of MiB)
  *   FAKE_CUDA_NO_BACKING      1: linear memory gets addresses but no host pages (for
  *                             benchmarks, so that mmap does not drown the library's cost)
- *   CUDA_VISIBLE_DEVICES      comma-separated indices into FAKE_CUDA_DEVICES
+ *   FAKE_CUDA_DEVICE_NODES    1: as the real driver, only the GPUs whose device node the
+ *                      process sees exist: entry i of FAKE_CUDA_DEVICES (listed in minor
+ *                      order) is there only if /dev/nvidia<i> is a character device (a
+ *                      container given one GPU by its CDI spec sees that one)
+ *   CUDA_VISIBLE_DEVICES      comma-separated indices into the GPUs that exist
  *   FAKE_CUDA_SIM      path of the simulated GPU's state file (fakesim.h; created by
  *                      the first process if missing). Unset: kernel launches are
  *                      instant no-ops and synchronisation returns at once.
@@ -96,6 +100,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -210,6 +215,17 @@ static void parse_devices(void) {
     }
     memcpy(alldevs, all, sizeof all);
     nalldevs = nall;
+    const char *nodes = getenv("FAKE_CUDA_DEVICE_NODES");
+    if (nodes && strcmp(nodes, "1") == 0) {
+        int kept = 0;
+        for (int i = 0; i < nall; i++) {
+            char path[32];
+            struct stat st;
+            snprintf(path, sizeof path, "/dev/nvidia%d", i);
+            if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) all[kept++] = all[i];
+        }
+        nall = kept;
+    }
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     ndev = 0;
     if (vis) {

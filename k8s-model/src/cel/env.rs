@@ -10,7 +10,7 @@ use cel::common::value::CowVal;
 use cel::parser::{Macro, MacroExprHelper, ParseError};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::{quantity, semver};
+use super::{cost, quantity, semver};
 
 /// The most list elements `includes()` looks at (`ResourceSliceMaxAttributeValuesPerDevice`).
 pub const INCLUDES_MAX_LIST_LEN: usize = 48;
@@ -42,6 +42,32 @@ fn build() -> Result<Env, DeclarationError> {
         includes,
     )?;
     env.add_macro(Macro::receiver("bind", 3, bind_macro))?;
+    // The cost meter's functions (`cost::instrument` calls them; no source can: their
+    // names are not identifiers).
+    env.add_overload(
+        cost::CHARGE,
+        "tessera_cost_dyn",
+        vec![DYN_TYPE],
+        cost::charge_value,
+    )?;
+    env.add_overload(
+        cost::CHARGE_COUNT,
+        "tessera_cost_count_dyn",
+        vec![DYN_TYPE],
+        cost::charge_count,
+    )?;
+    env.add_overload(
+        cost::REPLACE,
+        "tessera_replace_3",
+        vec![DYN_TYPE, DYN_TYPE, DYN_TYPE],
+        cost::replace,
+    )?;
+    env.add_overload(
+        cost::REPLACE,
+        "tessera_replace_4",
+        vec![DYN_TYPE, DYN_TYPE, DYN_TYPE, DYN_TYPE],
+        cost::replace,
+    )?;
     Ok(env)
 }
 

@@ -37,21 +37,25 @@
 //!   DRAListTypeAttributes gate enabled.
 //! * **Cost.** Kubernetes estimates the worst-case cost when validating and stops
 //!   evaluation beyond `CELSelectorExpressionMaxCost` (1,000,000). The `cel` crate has
-//!   neither an estimator nor a runtime budget, so only the 10 KiB size limit is enforced.
-//!   Selectors stored in a cluster already passed the apiserver's estimate, which bounds
-//!   their cost; a hand-written selector with nested comprehensions can run long.
+//!   neither an estimator nor a runtime budget; the model meters evaluation itself
+//!   ([`cost`]): past [`MAX_COST`] units an evaluation stops with "operation cancelled:
+//!   actual cost limit exceeded" ([`CelError::CostLimit`]). Its units are not cel-go's,
+//!   so the boundary differs, but no selector (nested comprehensions, doubling strings or
+//!   lists) runs long. There is no compile-time estimate.
 //! * Not provided: the Kubernetes `lists`, `regex` (`find`), URL, IP/CIDR, `format` and
 //!   `sets` libraries, quantity `mul`/`div`/`divInt`, and version gating of libraries.
 //!   `q.sign()` is accepted besides Kubernetes' `sign(q)`. Quantities are limited to 38
 //!   significant digits (see [`crate::validation::quantity`]). Runtime error texts come
 //!   from the `cel` crate and differ from cel-go's.
 
+pub mod cost;
 mod device;
 pub mod env;
 mod quantity;
 mod selector;
 mod semver;
 
+pub use cost::MAX_COST;
 pub use device::DeviceInput;
 pub use env::INCLUDES_MAX_LIST_LEN;
 pub use selector::{CelError, DeviceSelector, MAX_EXPRESSION_LEN};

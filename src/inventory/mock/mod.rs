@@ -117,6 +117,27 @@ impl MockNode {
             if g.mig_enabled && !g.mig_capable {
                 return Err(bad(format!("gpus[{i}].migEnabled: GPU is not migCapable")));
             }
+            // These become string attributes of the published devices, which the API
+            // server caps at 64 bytes: a longer one would get the whole pool refused.
+            for (field, value) in [
+                ("uuid", Some(&g.uuid)),
+                ("productName", Some(&g.product_name)),
+                ("brand", Some(&g.brand)),
+                ("architecture", Some(&g.architecture)),
+                ("cudaComputeCapability", Some(&g.cuda_compute_capability)),
+                ("pciBusID", Some(&g.pci_bus_id)),
+                ("pcieRoot", g.pcie_root.as_ref()),
+            ] {
+                if let Some(v) = value
+                    && v.len() > k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
+                {
+                    return Err(bad(format!(
+                        "gpus[{i}].{field}: {} bytes, more than the {} a device attribute may have",
+                        v.len(),
+                        k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
+                    )));
+                }
+            }
         }
         Ok(MockNode {
             digest: fnv1a_hex(text.as_bytes()),
@@ -482,6 +503,23 @@ fn fnv1a_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (fuzz target node_config): a mock node with a 66-byte UUID parsed,
+    /// and every slice it published was refused by the API server (string attributes
+    /// are at most 64 bytes). Such a field is refused when parsing, naming it.
+    #[test]
+    fn fields_longer_than_an_attribute_are_refused() {
+        let long_uuid = DEFAULT_NODE_YAML.replace(
+            "GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10",
+            "GPU-4f8d0c1e-6aaaaaaaaaaaaaaaaaaaaaaaaaaa2b-4c59-9e31-0a7b5d2c9f10",
+        );
+        let err = MockNode::parse(&long_uuid, "m").unwrap_err().to_string();
+        assert!(err.contains("gpus[0].uuid: 66 bytes"), "{err}");
+        let long_name = DEFAULT_NODE_YAML.replace("Tesla T4", &"T".repeat(65));
+        let err = MockNode::parse(&long_name, "m").unwrap_err().to_string();
+        assert!(err.contains("gpus[2].productName"), "{err}");
+        assert!(MockNode::parse(DEFAULT_NODE_YAML, "m").is_ok());
+    }
 
     /// The embedded default node is the one the contract describes.
     #[test]

@@ -48,9 +48,16 @@ impl DeviceState {
         let present = self.library().is_some_and(|v| {
             use crate::prepare::library as lib;
             let dir = self.cfg.run_dir.join(lib::LIB_DIR).join(v);
-            [lib::LIB_FILE, lib::FRONT_FILE, lib::PRELOAD_FILE]
-                .iter()
-                .all(|f| dir.join(f).is_file())
+            [
+                lib::LIB_FILE,
+                lib::FRONT_FILE,
+                lib::SHIM_CUDA_FILE,
+                lib::SHIM_NVML_FILE,
+                lib::HOOK_FILE,
+                lib::PRELOAD_FILE,
+            ]
+            .iter()
+            .all(|f| dir.join(f).is_file())
         });
         if !present {
             self.install_library()?;

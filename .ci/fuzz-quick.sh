@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs every fuzz target of fuzz/ (cargo-afl, AFL++) for a short while from its
+# committed seed corpus, and fails if any target finds a crash or a hang.
+#
+# Installs cargo-afl (pinned, built from crates.io source) and builds AFL++ from the
+# source cargo-afl bundles (`cargo afl config --build`: the system cc and make), then
+# builds the targets (`cargo afl build --release --features afl`, in target/afl so the
+# instrumented build never replaces the normal one) and runs each target for
+# TESSERA_FUZZ_SECONDS (default 60) seconds. Prints per target: executions, exec/s,
+# edges covered, corpus size, crashes and hangs; then the times.
+#
+# Works as root on a fresh Debian machine with a stable Rust toolchain: no nightly, no
+# LLVM plugins. AFL's machine checks are relaxed for CI: AFL_SKIP_CPUFREQ (no CPU
+# governor to set), AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES (a core_pattern piped to a
+# handler), AFL_NO_UI (plain status lines), AFL_NO_AFFINITY (no CPU pinning).
+#
+# Usage: .ci/fuzz-quick.sh [target...]   (default: every target)
+#   TESSERA_FUZZ_SECONDS=N   run time per target (default 60)
+#   TESSERA_FUZZ_OUT=DIR     AFL output directory (default target/fuzz-out; replaced)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+CARGO_AFL_VERSION=0.18.2
+SECONDS_PER_TARGET=${TESSERA_FUZZ_SECONDS:-60}
+OUT=${TESSERA_FUZZ_OUT:-target/fuzz-out}
+TARGETS=(claim_plan node_prepare node_config plan abi_files cdi_spec quantity_semver)
+[ $# -gt 0 ] && TARGETS=("$@")
+
+# Every target in fuzz/Cargo.toml is listed here (and the other way round).
+known=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^tessera-fuzz$' | sort)
+listed=$(printf '%s\n' claim_plan node_prepare node_config plan abi_files cdi_spec quantity_semver | sort)
+if [ "$known" != "$listed" ]; then
+  echo "fuzz/Cargo.toml's targets and $0's list differ:" >&2
+  diff <(echo "$known") <(echo "$listed") >&2 || true
+  exit 1
+fi
+
+t0=$(date +%s)
+export PATH="$HOME/.cargo/bin:$PATH"
+command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || {
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev make
+}
+if ! cargo afl --version 2>/dev/null | grep -q "^cargo-afl ${CARGO_AFL_VERSION}\$"; then
+  cargo install -q --locked cargo-afl --version "$CARGO_AFL_VERSION"
+fi
+# Builds AFL++ and its runtime for this rustc once; "already built" is success.
+if ! config_out=$(cargo afl config --build 2>&1); then
+  if ! grep -q "already built" <<<"$config_out"; then
+    echo "$config_out" >&2
+    exit 1
+  fi
+fi
+install_time=$(( $(date +%s) - t0 ))
+
+t0=$(date +%s)
+# No `--cfg fuzzing`: the vendored h2 has a fuzzing-only module that fails its own
+# `missing_docs` lint, and the targets should run the code as shipped.
+AFL_NO_CFG_FUZZING=1 cargo afl build -q --release -p tessera-fuzz --features afl --bins --target-dir target/afl
+build_time=$(( $(date +%s) - t0 ))
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1
+results=()
+failed=()
+stat() { sed -n "s/^$1 *: *//p" "$2" | head -1; }
+for t in "${TARGETS[@]}"; do
+  echo "== fuzz $t (${SECONDS_PER_TARGET}s)"
+  t1=$(date +%s)
+  status=0
+  # -t: 5 s per input (the state targets fsync); -m none: Rust reserves address space.
+  cargo afl fuzz -V "$SECONDS_PER_TARGET" -t 5000 -m none -i "fuzz/corpus/$t" -o "$OUT/$t" \
+    "target/afl/release/$t" >"$OUT/$t.log" 2>&1 || status=$?
+  s="$OUT/$t/default/fuzzer_stats"
+  if [ ! -f "$s" ]; then
+    tail -30 "$OUT/$t.log" >&2
+    failed+=("$t (did not start, exit $status)")
+    results+=("$(printf '%-16s did not start' "$t")")
+    continue
+  fi
+  execs=$(stat execs_done "$s"); eps=$(stat execs_per_sec "$s")
+  edges=$(stat edges_found "$s"); total=$(stat total_edges "$s")
+  corpus=$(stat corpus_count "$s")
+  crashes=$(stat saved_crashes "$s"); hangs=$(stat saved_hangs "$s")
+  results+=("$(printf '%-16s %10s execs %8s/s  edges %6s/%-7s corpus %5s  crashes %s  hangs %s  (%ss)' \
+    "$t" "$execs" "$eps" "$edges" "$total" "$corpus" "$crashes" "$hangs" "$(( $(date +%s) - t1 ))")")
+  if [ "${crashes:-0}" != 0 ] || [ "${hangs:-0}" != 0 ]; then
+    failed+=("$t")
+    for f in "$OUT/$t/default/crashes"/id:* "$OUT/$t/default/hangs"/id:*; do
+      [ -f "$f" ] && echo "  finding: $f"
+    done
+  fi
+done
+echo "== fuzz results (${SECONDS_PER_TARGET}s per target)"
+printf '%s\n' "${results[@]}"
+echo "install ${install_time}s, build ${build_time}s; fuzz-quick finished in $(( $(date +%s) - start ))s"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "findings or failures: ${failed[*]} (inputs under $OUT; replay one with target/afl/release/<target> < file)" >&2
+  exit 1
+fi

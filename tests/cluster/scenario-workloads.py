@@ -1,0 +1,433 @@
+#!/usr/bin/env python3
+"""Scenario: every file of examples/workloads/ on the real cluster, and shared GPUs'
+budgets inside real pods.
+
+Usage (root): scenario-workloads.py DIR      (a cluster of up.sh with Tessera installed)
+
+Each example is applied with only its images replaced by localhost/tessera/cuda-client:1
+(built here: busybox, glibc, the project's CUDA client `cuda_client`). A container whose
+program that image cannot have (`python` with PyTorch) gets the image's own entrypoint
+instead, and the printed diff says so. Then, per example:
+  * every pod reaches Running (or Succeeded) on this node;
+  * each claim is allocated exactly the devices the example's `# expect:` line names;
+  * each container sees exactly the device nodes of its claims' CDI specs
+    (/dev/nvidia*, /dev/nvidia-caps/*), and the GPU nodes are those of the expected
+    devices (gpu-N and its MIG devices: /dev/nvidiaN);
+  * deleting the example unprepares every claim (CDI spec and checkpoint entry gone).
+On a shared GPU (06), inside each pod a CUDA client, through the interception library
+the CDI spec mounts and the fake driver of the node's driver root, sees the claim's
+memory (from its allocation's consumedCapacity) as the GPU's total and is refused above
+it; a third claim that does not fit stays Pending with the scheduler's reason, and runs
+once a pod holding a share is deleted; a claim shared by two pods has one budget.
+The plugin runs with the simulated node's own config meanwhile (the one the examples'
+`# expect:` lines are planned against: gpu-1 `shared`), then the installed one again.
+An example that needs devices this cluster's node does not publish (08: fallback slots,
+which a server with consumable capacity never needs) is reported as such, not run.
+"""
+
+import json
+import os
+import sys
+import time
+
+import yaml
+
+import scenario_lib as lib
+from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, client, expect, fail, k, kj, \
+    quantity, simulated_node_config, wait
+
+OUT = f"{DIR}/tessera/workloads"
+os.makedirs(OUT, exist_ok=True)
+
+
+# ---------- the examples ----------
+def pod_specs(doc):
+    """(pod spec, owner kind/name) of a Pod or a workload's template."""
+    if doc["kind"] == "Pod":
+        return doc["spec"]
+    if doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+        return doc["spec"]["template"]["spec"]
+    return None
+
+
+def rewrite(docs):
+    """Images replaced; a program the image cannot have replaced by its entrypoint."""
+    notes = []
+    for d in docs:
+        spec = pod_specs(d)
+        if spec is None:
+            continue
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            notes.append(f"{d['kind']} {d['metadata']['name']}/{c['name']}: image {c['image']} -> {IMAGE}")
+            c["image"] = IMAGE
+            c["imagePullPolicy"] = "Never"
+            cmd = c.get("command") or []
+            if cmd and cmd[0] not in ("nvidia-smi", "sleep", "sh"):
+                notes.append(f"  command {cmd} -> the image's entrypoint (no {cmd[0]} in the test image)")
+                del c["command"]
+    return notes
+
+
+def expectations(path):
+    exp = {}
+    for line in open(path):
+        if line.startswith("# expect:"):
+            name, devs = line[len("# expect:"):].split(":", 1)
+            exp[name.strip()] = sorted(x.strip() for x in devs.split(","))
+    return exp
+
+
+def published_devices():
+    """Name -> device, of this driver's stored slices."""
+    devices = {}
+    for s in kj("get", "resourceslices")["items"]:
+        if s["spec"]["driver"] == "gpu.tessera.dev":
+            devices.update((d["name"], d) for d in s["spec"].get("devices") or [])
+    return devices
+
+
+PUBLISHED = {}
+
+
+def pods_of(docs, ns):
+    """The pods the example makes: its Pods, and the pods of its workloads by label."""
+    pods = []
+    for d in docs:
+        if d["kind"] == "Pod":
+            pods.append(d["metadata"]["name"])
+        elif pod_specs(d) is not None:
+            sel = ",".join(f"{a}={b}" for a, b in d["spec"]["selector"]["matchLabels"].items())
+            items = wait(f"pods of {d['metadata']['name']}",
+                         lambda: kj("-n", ns, "get", "pods", "-l", sel)["items"], timeout=60)
+            pods.extend(p["metadata"]["name"] for p in items or [])
+    return pods
+
+
+def gpu_of(device):
+    """gpu-N, gpu-N-mig-..., gpu-N-slot-K -> N."""
+    return int(device.split("-")[1])
+
+
+def cdi_nodes(uid):
+    """The device nodes of claim uid's CDI spec(s)."""
+    nodes = set()
+    cdi = ENV["CDI_DIR"]
+    for f in os.listdir(cdi):
+        if uid in f and f.endswith(".json"):
+            spec = json.load(open(f"{cdi}/{f}"))
+            for d in spec.get("devices", []):
+                nodes.update(n["path"] for n in d.get("containerEdits", {}).get("deviceNodes", []))
+            nodes.update(n["path"] for n in spec.get("containerEdits", {}).get("deviceNodes", []))
+    return nodes
+
+
+
+
+def claim_budget(claim):
+    """The memory budget of a claim of shares (bytes), or None: what its allocation
+    consumed of a shared device (consumable capacity), or the sum of its slots' memory
+    capacity as published (fallback slots)."""
+    total, any_share = 0, False
+    for r in claim["status"]["allocation"]["devices"]["results"]:
+        mem = (r.get("consumedCapacity") or {}).get("memory")
+        dev = PUBLISHED.get(r["device"], {})
+        kind = (dev.get("attributes", {}).get("type") or {}).get("string")
+        if mem:
+            total, any_share = total + quantity(mem), True
+        elif kind == "gpu-slot":
+            total, any_share = total + quantity(dev["capacity"]["memory"]["value"]), True
+    return total if any_share else None
+
+
+
+
+def check_budget(ns, pod, container, budget, what):
+    """Inside the container: the total is the budget; above it refused, below it ok."""
+    over, under = budget + GIB, budget // 2
+    lines, r = client(ns, pod, container, "ctx", "0", "meminfo", "alloc", str(over), "alloc", str(under))
+    if len(lines) != 4:
+        return fail(f"{what}: cuda_client in {pod}/{container}: {lines} (stderr: {r.stderr.strip()[:300]})")
+    total = int(lines[1].split()[2]) if lines[1].startswith("ok ") else None
+    expect(lines[0] == "ok" and total == budget,
+           f"{what}: {pod}/{container} sees its budget as the GPU's total: {total} bytes ({budget / GIB:.1f} GiB)",
+           f"{lines}")
+    expect(lines[2] == "err 2", f"{what}: 1 GiB over the {budget / GIB:.1f} GiB budget refused (err 2)", f"{lines}")
+    expect(lines[3].startswith("ok "), f"{what}: half of it ({under / GIB:.1f} GiB) allocated", f"{lines}")
+
+
+def run_example(path, published, more_checks):
+    name = os.path.basename(path)
+    ns = "wl-" + name.split("-", 1)[0]
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    exp = expectations(path)
+    print(f"--- {name} (namespace {ns})", flush=True)
+    missing = sorted({d for devs in exp.values() for d in devs} - set(published))
+    if missing:
+        plan = [l.strip("# \n") for l in open(path) if l.startswith("# plan:")]
+        print(f"  not run here: this node publishes no {', '.join(missing)}: the example is for a "
+              f"server with other feature gates ({'; '.join(plan)}; this one: {open(DIR + '/feature-gates').read().strip() or 'the defaults'})",
+              flush=True)
+        return "not applicable"
+    notes = rewrite(docs)
+    for n in notes:
+        print(f"  rewrite: {n}", flush=True)
+    for d in docs:
+        d.setdefault("metadata", {})["namespace"] = ns
+    manifest = f"{OUT}/{name}"
+    with open(manifest, "w") as f:
+        yaml.safe_dump_all(docs, f, sort_keys=False)
+    k("create", "namespace", ns)
+    wait("default serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
+    t0 = time.monotonic()
+    k("apply", "-f", manifest)
+    pods = pods_of(docs, ns)
+    expect(pods, f"{name}: pods created: {', '.join(pods)}")
+    claims = {}  # claim name -> (claim json, pods, [(pod, container)])
+    for p in pods:
+        phase = wait(f"{p} Running", lambda: (kj("-n", ns, "get", "pod", p)["status"].get("phase")
+                                              in ("Running", "Succeeded")), timeout=90)
+        pod = kj("-n", ns, "get", "pod", p)
+        if not expect(phase, f"pod {p} {pod['status'].get('phase')} {time.monotonic() - t0:.1f}s after apply",
+                      f"phase {pod['status'].get('phase')}"):
+            for e in kj("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={p}")["items"]:
+                print(f"    event: {e['reason']}: {e['message']}", file=sys.stderr)
+            continue
+        expect(pod["spec"].get("nodeName") == ENV["NODE_NAME"], f"pod {p} on {ENV['NODE_NAME']}")
+        statuses = {s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses", [])}
+        for rc in pod["spec"].get("resourceClaims", []):
+            cname = rc.get("resourceClaimName") or statuses.get(rc["name"])
+            key = rc.get("resourceClaimTemplateName") or rc.get("resourceClaimName")
+            claim = kj("-n", ns, "get", "resourceclaim", cname)
+            entry = claims.setdefault(cname, {"claim": claim, "key": key, "containers": []})
+            for c in pod["spec"]["containers"]:
+                if any(x["name"] == rc["name"] for x in c.get("resources", {}).get("claims", [])):
+                    entry["containers"].append((p, c["name"]))
+    for cname, e in sorted(claims.items()):
+        claim = e["claim"]
+        devs = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        if e["key"] in exp:
+            expect(devs == exp[e["key"]], f"claim {cname}: allocated {', '.join(devs)} (# expect: {e['key']})",
+                   f"want {exp[e['key']]}")
+        else:
+            fail(f"claim {cname}: no '# expect: {e['key']}:' line in {name}")
+        uid = claim["metadata"]["uid"]
+        nodes = cdi_nodes(uid)
+        want_gpus = {f"/dev/nvidia{gpu_of(d)}" for d in devs}
+        gpus_in_spec = {n for n in nodes if n[len("/dev/nvidia"):].isdigit()}
+        expect(gpus_in_spec == want_gpus, f"claim {cname}: CDI spec's GPU nodes {sorted(gpus_in_spec)}",
+               f"want {sorted(want_gpus)}")
+        e["nodes"] = nodes
+    # Each container: exactly the device nodes of its claims' specs.
+    by_container = {}
+    for e in claims.values():
+        for pc in e["containers"]:
+            by_container.setdefault(pc, set()).update(e.get("nodes", set()))
+    for (p, c), want in sorted(by_container.items()):
+        r = lib.run_kubectl(["-n", ns, "exec", p, "-c", c, "--", "find", "/dev", "-name", "nvidia*", "-type", "c"])
+        seen = set(r.stdout.split())
+        expect(seen == want, f"{p}/{c}: sees exactly its claims' {len(want)} device nodes",
+               f"extra {sorted(seen - want)}, missing {sorted(want - seen)} {r.stderr.strip()[:200]}")
+    shared = {cn: e for cn, e in claims.items() if claim_budget(e["claim"]) is not None}
+    for cn, e in sorted(shared.items()):
+        for p, c in e["containers"]:
+            check_budget(ns, p, c, claim_budget(e["claim"]), f"claim {cn}")
+    if more_checks:
+        more_checks(ns, docs, claims)
+    # Delete: every claim unprepared.
+    uids = [e["claim"]["metadata"]["uid"] for e in claims.values()]
+    k("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+    wait("unprepared", lambda: not any(prepared(u) for u in uids), timeout=60)
+    left = [u for u in uids if prepared(u)]
+    expect(not left, f"{name}: every claim unprepared after the namespace's deletion (CDI spec, checkpoint)",
+           f"still prepared: {left}")
+    return "run"
+
+
+def prepared(uid):
+    cdi = ENV["CDI_DIR"]
+    if any(uid in f for f in os.listdir(cdi)):
+        return True
+    ck = f"{DIR}/tessera-node/state/checkpoint.json"
+    return os.path.exists(ck) and uid in open(ck).read()
+
+
+def shared_gpu_checks(ns, docs, claims):
+    """06's pods run: a third claim that does not fit waits, then takes a freed share;
+    a claim shared by two pods has one budget."""
+    used = sum(claim_budget(e["claim"]) for e in claims.values())
+    gpu = {r["device"] for e in claims.values() for r in e["claim"]["status"]["allocation"]["devices"]["results"]}
+    mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
+    total = {f"gpu-{g['minor']}": g["memoryBytes"] for g in mock["gpus"]}[sorted(gpu)[0]]
+    big = (total - used) // GIB + 1  # GiB: more than is left
+    print(f"  {sorted(gpu)}: {used // GIB} GiB of {total / GIB:.1f} GiB taken; a third claim asks {big} GiB", flush=True)
+    third = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "third", "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "shared.tessera.dev",
+            "capacity": {"requests": {"memory": f"{big}Gi", "compute": "10"}}}}]}},
+    }
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "third", "namespace": ns},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "third"}],
+                 "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]},
+    }
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([third, pod]))
+
+    def unschedulable():
+        for c in kj("-n", ns, "get", "pod", "third")["status"].get("conditions", []):
+            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                return c.get("message") or "?"
+        return None
+    msg = wait("third Unschedulable", unschedulable, timeout=60)
+    expect(msg, f"a third claim of {big} GiB that does not fit: pod Pending, Unschedulable: {msg}")
+    time.sleep(3)
+    expect(kj("-n", ns, "get", "pod", "third")["status"].get("phase") == "Pending"
+           and not kj("-n", ns, "get", "resourceclaim", "third")["status"].get("allocation"),
+           "  and still Pending, its claim unallocated, 3 s later")
+    # Free a share: delete the workload holding the most.
+    owner = max(((e["claim"], e["containers"]) for e in claims.values()), key=lambda x: claim_budget(x[0]))
+    freed = claim_budget(owner[0])
+    for d in docs:
+        if d["kind"] == "Deployment" and any(p.startswith(d["metadata"]["name"] + "-") for p, _ in owner[1]):
+            k("-n", ns, "delete", "deployment", d["metadata"]["name"], "--wait=true")
+    running = wait("third Running", lambda: kj("-n", ns, "get", "pod", "third")["status"].get("phase") == "Running",
+                   timeout=90)
+    expect(running, f"  after deleting the pod holding {freed // GIB} GiB: the third pod Running")
+    if running:
+        check_budget(ns, "third", "main", big * GIB, "claim third")
+
+    # One claim, two pods: one budget.
+    budget = 8 * GIB
+    one = dict(third, metadata={"name": "two-pods", "namespace": ns})
+    one["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "shared.tessera.dev", "capacity": {"requests": {"memory": "8Gi", "compute": "5"}}}}]}}
+    pods = []
+    for n in ("user-a", "user-b"):
+        pods.append(dict(pod, metadata={"name": n, "namespace": ns},
+                         spec=dict(pod["spec"], resourceClaims=[{"name": "gpu", "resourceClaimName": "two-pods"}])))
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([one] + pods))
+    both = wait("user-a and user-b Running", lambda: all(
+        kj("-n", ns, "get", "pod", n)["status"].get("phase") == "Running" for n in ("user-a", "user-b")), timeout=90)
+    if not expect(both, "a claim shared by two pods: both Running"):
+        return
+    reserved = sorted(r["name"] for r in kj("-n", ns, "get", "resourceclaim", "two-pods")["status"]["reservedFor"])
+    expect(reserved == ["user-a", "user-b"], f"  reserved for {reserved}")
+    # user-a holds 5 GiB in a process that stays; user-b sees it gone from the budget and
+    # may take what is left (its free memory), not more. (A context is charged too: the
+    # library counts each process's context as a real one takes, so "left" is less than
+    # 3 GiB.)
+    lib.run_kubectl(["-n", ns, "exec", "user-a", "--", "sh", "-c",
+                     f"{CLIENT} gpa ctx 0 alloc {5 * GIB} hold >/tmp/held 2>&1 </dev/null &"])
+    held = wait("user-a holding", lambda: "holding" in k("-n", ns, "exec", "user-a", "--", "cat", "/tmp/held",
+                                                         check=False), timeout=30)
+    expect(held, "  user-a holds 5 GiB of the 8 GiB budget")
+    lines, _ = client(ns, "user-b", "main", "ctx", "0", "meminfo")
+    free = int(lines[1].split()[1]) if len(lines) == 2 and lines[1].startswith("ok ") else None
+    if not expect(free is not None and free <= budget - 5 * GIB,
+                  f"  user-b: {free / GIB if free else 0:.2f} GiB free of 8 (user-a's 5 GiB counted)", f"{lines}"):
+        return
+    margin = 64 << 20
+    lines, _ = client(ns, "user-b", "main", "ctx", "0", "alloc", str(free + margin), "alloc", str(free - margin))
+    expect(lines[1:2] == ["err 2"], f"  user-b: its free memory + 64 MiB refused: {lines[1:2]}")
+    expect(len(lines) > 2 and lines[2].startswith("ok "), f"  user-b: its free memory - 64 MiB allocated: {lines[2:3]}")
+
+
+
+
+def metric(name):
+    """A counter of the plugin's /metrics (the sum of its series)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith(name) and (l[len(name)] in " {" or l[len(name):].startswith("_total")))
+
+
+def mig_checks(ns, docs, claims):
+    """05's pod runs: the MIG device was created (recorded first) at the placement the
+    scheduler chose, the container's capability nodes are that instance's, a whole-GPU
+    claim for the parent GPU waits; deleting the pod destroys the device and the whole
+    GPU is then allocated."""
+    mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
+    for cname, e in claims.items():
+        uid = e["claim"]["metadata"]["uid"]
+        dev = e["claim"]["status"]["allocation"]["devices"]["results"][0]["device"]
+        gpu, profile, start = gpu_of(dev), int(dev.split("-")[-2]), int(dev.split("-")[-1])
+        ck = json.load(open(f"{DIR}/tessera-node/state/checkpoint.json"))
+        rec = next((d for c, r in ck.get("claims", {}).items() if c == uid for d in r.get("devices", [])), None)
+        mig = (rec or {}).get("mig") or {}
+        expect(mig.get("created") and mig.get("gpuMinor") == gpu and mig.get("profileId") == profile
+               and mig.get("start") == start and str(mig.get("uuid", "")).startswith("MIG-"),
+               f"MIG device of {dev} created at the scheduler's placement (GPU {gpu}, profile {profile}, start {start}): "
+               f"checkpoint gi {mig.get('giId')} ci {mig.get('ciId')} {mig.get('uuid')}", json.dumps(mig))
+        if mig.get("giId") is not None and mig.get("ciId") is not None:
+            gi_cap = 3 + 135 * gpu + 9 * mig["giId"]  # mock-node-root.sh, mig/geometry.rs
+            want = {f"/dev/nvidia-caps/nvidia-cap{gi_cap}", f"/dev/nvidia-caps/nvidia-cap{gi_cap + 1 + mig['ciId']}"}
+            caps = {n for n in e.get("nodes", set()) if "nvidia-caps" in n}
+            expect(caps == want, f"  the container's capability nodes are that instance's: {sorted(caps)}",
+                   f"want {sorted(want)}")
+        created, destroyed = metric("tessera_mig_devices_created"), metric("tessera_mig_devices_destroyed")
+        uuid = next(g["uuid"] for g in mock["gpus"] if g["minor"] == gpu)
+        whole = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "whole-parent", "namespace": ns},
+                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                     "deviceClassName": "gpu.tessera.dev",
+                     "selectors": [{"cel": {"expression": f'device.attributes["gpu.tessera.dev"].uuid == "{uuid}"'}}]}}]}}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whole-parent", "namespace": ns},
+               "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "whole-parent"}],
+                        "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+        k("apply", "-f", "-", stdin=yaml.safe_dump_all([whole, pod]))
+
+        def unschedulable():
+            for c in kj("-n", ns, "get", "pod", "whole-parent")["status"].get("conditions", []):
+                if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
+                    return c.get("message") or "?"
+        msg = wait("whole-parent Unschedulable", unschedulable, timeout=60)
+        expect(msg, f"  a whole-GPU claim for gpu-{gpu} waits while the MIG device exists: {msg}")
+        for p, _ in e["containers"]:
+            k("-n", ns, "delete", "pod", p, "--wait=true")
+        wait("unprepared", lambda: not prepared(uid), timeout=60)
+        expect(wait("destroyed", lambda: metric("tessera_mig_devices_destroyed") >= destroyed + 1, timeout=30),
+               f"  deleting the pod destroyed the MIG device (tessera_mig_devices_destroyed {destroyed:g} -> "
+               f"{metric('tessera_mig_devices_destroyed'):g}; created {created:g})")
+        running = wait("whole-parent Running",
+                       lambda: kj("-n", ns, "get", "pod", "whole-parent")["status"].get("phase") == "Running", timeout=90)
+        got = [r["device"] for r in (kj("-n", ns, "get", "resourceclaim", "whole-parent")["status"].get("allocation") or
+                                     {"devices": {"results": []}})["devices"]["results"]]
+        expect(running and got == [f"gpu-{gpu}"], f"  then the whole GPU is allocated and its pod Running: {got}")
+
+
+def main():
+    build_image()
+    # The examples' `# expect:` lines are planned against the simulated node's own
+    # config (gpu-1 `shared`); the installed one (both H100s in `mig` mode) is put back.
+    with simulated_node_config(OUT):
+        run_all()
+
+
+def run_all():
+    published = published_devices()
+    PUBLISHED.update(published)
+    t0 = time.monotonic()
+    results = {}
+    for f in sorted(os.listdir(f"{REPO}/examples/workloads")):
+        if f.endswith(".yaml"):
+            try:
+                more = {"05": mig_checks, "06": shared_gpu_checks}.get(f.split("-", 1)[0])
+                results[f] = run_example(f"{REPO}/examples/workloads/{f}", published, more)
+            except Exception as e:  # one example's error must not hide the others
+                fail(f"{f}: {e}")
+                results[f] = "error"
+                k("delete", "namespace", "wl-" + f.split("-", 1)[0], "--ignore-not-found", "--wait=false", check=False)
+    run = sum(1 for v in results.values() if v == "run")
+    na = [f for f, v in results.items() if v == "not applicable"]
+    summary = f"{run} of {len(results)} examples run" + (f", not applicable here: {', '.join(na)}" if na else "")
+    if lib.errors:
+        print(f"scenario workloads ({ENV['K8S_VERSION']}): {lib.errors} check(s) FAILED; {summary}", file=sys.stderr)
+        sys.exit(1)
+    print(f"scenario workloads ({ENV['K8S_VERSION']}): passed; {summary} ({time.monotonic() - t0:.0f}s)")
+
+
+main()

@@ -1,0 +1,183 @@
+"""Shared by the Python scripts of tests/cluster (scenario-workloads.py, bench-startup.py,
+scenario-rules.py): the cluster's environment (DIR/env, DIR/tessera/env; DIR is the
+script's first argument), kubectl, printed checks, polling, the CUDA client image and
+the plugin's node config.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+GIB = 1 << 30
+IMAGE = "localhost/tessera/cuda-client:1"
+CLIENT = "/usr/local/bin/cuda_client"
+
+
+def read_env(path):
+    env = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                k, v = line.split("=", 1)
+                env[k] = v
+    return env
+
+
+if len(sys.argv) != 2:
+    sys.exit(f"usage: {os.path.basename(sys.argv[0])} DIR")
+DIR = os.path.abspath(sys.argv[1])
+ENV = read_env(f"{DIR}/env")
+ENV.update(read_env(f"{DIR}/tessera/env"))
+KUBECTL = [f"{ENV['K8S_BIN']}/kubectl", "--kubeconfig", ENV["KUBECONFIG"]]
+# The number of failed checks so far (read it as scenario_lib.errors).
+errors = 0
+
+
+def run_kubectl(args, stdin=None):
+    """kubectl ARGS; an exec that runc could not start ("OCI runtime exec failed", a
+    transient of runc under load) is tried again, at most 3 times, saying so."""
+    for attempt in range(1, 4):
+        r = subprocess.run(KUBECTL + list(args), input=stdin, capture_output=True, text=True)
+        if r.returncode == 0 or "OCI runtime exec failed" not in r.stderr or attempt == 3:
+            return r
+        print(f"  (runc could not start the exec, attempt {attempt}: {r.stderr.strip().splitlines()[-1]}; again)",
+              file=sys.stderr, flush=True)
+        time.sleep(1)
+
+
+def k(*args, check=True, stdin=None):
+    r = run_kubectl(args, stdin)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def kj(*args):
+    return json.loads(k(*args, "-o", "json"))
+
+
+def ok(what):
+    print(f"  ok   {what}", flush=True)
+
+
+def fail(what):
+    global errors
+    errors += 1
+    print(f"  FAIL {what}", file=sys.stderr, flush=True)
+
+
+def expect(cond, what, detail=""):
+    if cond:
+        ok(what)
+    else:
+        fail(f"{what}{': ' + detail if detail else ''}")
+    return cond
+
+
+def wait(what, fn, timeout=90, step=0.2):
+    """Polls fn until it returns a true value; returns it (or None after timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(step)
+
+
+def reload_env():
+    """DIR/tessera/env again (node-config.sh replaces the plugin pod and renames it)."""
+    ENV.update(read_env(f"{DIR}/tessera/env"))
+
+
+def node_config(*args):
+    """node-config.sh DIR ARGS...: save, mock-node or use a node config."""
+    subprocess.run([f"{HERE}/node-config.sh", DIR] + list(args), check=True)
+    reload_env()
+
+
+@contextlib.contextmanager
+def simulated_node_config(out):
+    """Runs the body with the plugin on the simulated node's own node config (gpu-1
+    `shared`: the one the examples' `# expect:` lines are planned against), and puts the
+    installed one back afterwards, also when the body fails. Both are kept in OUT."""
+    installed, mock = f"{out}/node-config.installed.yaml", f"{out}/node-config.mock-node.yaml"
+    node_config("save", installed)
+    node_config("mock-node", mock)
+    node_config("use", mock)
+    try:
+        yield
+    finally:
+        print("--- restoring the installed node config", flush=True)
+        node_config("use", installed)
+
+
+def client(ns, pod, container, *cmds):
+    """cuda_client's result lines in the container (and the completed process)."""
+    r = run_kubectl(["-n", ns, "exec", pod, "-c", container, "--", CLIENT, "gpa"] + list(cmds))
+    return [l for l in r.stdout.splitlines() if l.startswith(("ok", "err", "holding"))], r
+
+
+def quantity(q):
+    """A Kubernetes quantity as a number (the suffixes the API server writes here)."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+    for u, m in units.items():
+        if q.endswith(u):
+            return int(q[: -len(u)]) * m
+    return int(q)
+
+
+# ---------- the client image ----------
+def build_image():
+    """localhost/tessera/cuda-client:1 in the cluster's containerd: busybox, the host's
+    glibc, cuda_client, entrypoint `hold` (stays up, ignores its arguments), and the
+    fake driver's environment: the mock node's GPUs in minor order, shown only where the
+    container has their device node (FAKE_CUDA_DEVICE_NODES=1, as the real driver)."""
+    mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
+    gpus = sorted(mock["gpus"], key=lambda g: g["minor"])
+    assert [g["minor"] for g in gpus] == list(range(len(gpus))), "minors 0..n-1 (FAKE_CUDA_DEVICE_NODES)"
+    devices = ",".join(f"{g['uuid']}:{g['memoryBytes']}" for g in gpus)
+    root = f"{DIR}/images/cuda-client-rootfs"
+    shutil.rmtree(root, ignore_errors=True)
+    for d in ["bin", "etc", "dev", "proc", "sys", "tmp", "lib64", "lib/x86_64-linux-gnu", "usr/local/bin"]:
+        os.makedirs(f"{root}/{d}", exist_ok=True)
+    os.chmod(f"{root}/tmp", 0o1777)
+    shutil.copy2(f"{ENV['TESSERA_CLUSTER_ROOT']}/bin/busybox", f"{root}/bin/busybox")
+    applets = subprocess.run([f"{root}/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout
+    for a in applets.split():
+        if a != "busybox":
+            os.symlink("busybox", f"{root}/bin/{a}")
+    for lib in ["libc.so.6", "ld-linux-x86-64.so.2"]:
+        shutil.copy2(f"/lib/x86_64-linux-gnu/{lib}", f"{root}/lib/x86_64-linux-gnu/{lib}")
+    os.symlink("../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", f"{root}/lib64/ld-linux-x86-64.so.2")
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-o", f"{root}/usr/local/bin/cuda_client",
+                    f"{REPO}/cuda/tests/fakes/cuda_client.c", "-ldl"], check=True)
+    # The entrypoint: takes whatever arguments the example gives its program, stays up
+    # until SIGTERM (the test looks into the running container).
+    with open(f"{root}/usr/local/bin/hold", "w") as f:
+        f.write("#!/bin/sh\n# tests/cluster: the cuda-client image's entrypoint; ignores its arguments.\n"
+                "trap 'exit 0' TERM INT\nsleep 2147483647 &\nwait\n")
+    os.chmod(f"{root}/usr/local/bin/hold", 0o755)
+    with open(f"{root}/etc/passwd", "w") as f:
+        f.write("root:x:0:0:root:/root:/bin/sh\n")
+    tar = f"{DIR}/images/cuda-client.tar"
+    env_items = f'"FAKE_CUDA_DEVICES={devices}","FAKE_CUDA_DEVICE_NODES=1"'
+    subprocess.run(["bash", "-c", f'. "{HERE}/lib.sh"; mkimage "$1" "$2" "$3" "$4" "$5" "$6"', "-",
+                    root, IMAGE, tar, "null", '["/usr/local/bin/hold"]', env_items], check=True)
+    with open(f"{DIR}/pids/containerd") as f:
+        pid = f.read().strip()
+    subprocess.run(["nsenter", "--mount", "--target", pid, "ctr", "--address", ENV["CONTAINERD_SOCKET"],
+                    "--namespace", "k8s.io", "images", "import", tar], check=True, capture_output=True)
+    print(f"image {IMAGE}: busybox, glibc, cuda_client; FAKE_CUDA_DEVICES={devices}", flush=True)
+
+
