@@ -97,6 +97,8 @@ pub enum PluginError {
     Serve(#[from] tonic::transport::Error),
     #[error("start-up task failed: {0}")]
     Join(String),
+    #[error("the node config does not fit this API server: {0}")]
+    Config(String),
 }
 
 /// `dra.sock`, or `dra-<podUID>.sock` with rolling updates.
@@ -227,6 +229,9 @@ pub async fn run(
         None => None,
     };
     let mut publisher = Publisher::new(client.clone(), &opts.driver_name, &opts.node_name).await?;
+    if let Some(problem) = model.config.slice_layout.problem_for(publisher.version()) {
+        return Err(PluginError::Config(problem));
+    }
     publisher.report_to(health.clone());
     let features = publisher.probe_features().await?;
     let uuids: Vec<String> = model.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();

@@ -174,6 +174,11 @@ pub fn node_config(data: &[u8]) {
         return;
     };
     for version in versions() {
+        if config.slice_layout.problem_for(version).is_some() {
+            // A layout this release cannot take: the plugin refuses to start with it
+            // (plugin::run), and `tessera inventory` too.
+            continue;
+        }
         let gates = FeatureGates::defaults(version);
         let params = PoolParams {
             driver: DRIVER,

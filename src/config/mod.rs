@@ -12,7 +12,7 @@
 //!   mode: exclusive
 //! exclude:              # GPUs Tessera never publishes
 //! - uuid: GPU-6c1f0d52-93a4-4e0b-8a27-51de3b9c7e44
-//! sliceLayout: auto     # auto | split | combined
+//! sliceLayout: auto     # auto | split (1.35 and later) | combined (1.34)
 //! sharedSlots: 4        # fallback slots per shared GPU; must divide 100
 //! defaultMode: shared   # mode of unmatched GPUs (default: mig if MIG-capable, else exclusive)
 //! health:               # optional: what device health events do (see `device_health::policy`)
@@ -72,6 +72,24 @@ pub enum SliceLayout {
     Split,
     /// Counter sets in the same slice as the devices that consume them (1.34).
     Combined,
+}
+
+impl SliceLayout {
+    /// Why a server of `version` cannot take this layout, if it cannot: 1.34 looks for
+    /// a device's counter set in the device's own slice, and ≥1.35 refuses a slice
+    /// holding both (KEP-4815). The plugin refuses to start with such a layout rather
+    /// than publish a pool the server refuses or the scheduler cannot allocate from.
+    pub fn problem_for(self, version: k8s_model::release::KubeVersion) -> Option<String> {
+        match (self, version.counters_in_own_slices()) {
+            (SliceLayout::Combined, true) => Some(format!(
+                "sliceLayout: combined: Kubernetes {version} refuses a ResourceSlice holding both counter sets and devices (since 1.35); use auto or split"
+            )),
+            (SliceLayout::Split, false) => Some(format!(
+                "sliceLayout: split: Kubernetes {version} looks for a device's counter set in the device's own ResourceSlice (until 1.35); use auto or combined"
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// Selects GPUs. Exactly one field must be set.
@@ -308,6 +326,19 @@ impl NodeConfig {
                     Some(m) => m,
                 },
             };
+            let least = min_shared_memory(self.shared_slots);
+            if mode == GpuMode::Shared && gpu.memory_bytes < least {
+                return Err(ConfigError {
+                    source_name: source_name.into(),
+                    field: rule.map_or("defaultMode".into(), |(i, _)| format!("gpus[{i}].mode")),
+                    message: format!(
+                        "gpu-{} has {} bytes of memory, too little to share: a shared GPU needs at least {} MiB (one 1 MiB step above the 1 MiB minimum, and 1 MiB per fallback slot)",
+                        gpu.minor,
+                        gpu.memory_bytes,
+                        least / crate::inventory::sizing::MIB
+                    ),
+                });
+            }
             out.push(ManagedGpu {
                 gpu: gpu.clone(),
                 mode,
@@ -317,12 +348,64 @@ impl NodeConfig {
     }
 }
 
+/// The least memory a `shared` GPU can be published with: its `memory` capacity's
+/// request policy (minimum 1 MiB, step 1 MiB) needs one step above the minimum, and each
+/// fallback slot at least 1 MiB (the API server refuses the pool otherwise).
+fn min_shared_memory(slots: u32) -> u64 {
+    u64::from(slots.max(2)) * crate::inventory::sizing::MIB
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inventory::mock::MockNode;
 
+    /// Regression (fuzz target node_config): a shared GPU reporting 1000 bytes of memory
+    /// published a `memory` capacity of 0 with a 1 MiB minimum, and the API server
+    /// refused the whole pool. It is refused by the config, naming the GPU.
+    #[test]
+    fn a_gpu_too_small_to_share_is_refused() {
+        let node = MockNode::embedded_default().unwrap();
+        let mut inv = node.inventory();
+        inv.gpus[1].memory_bytes = 1000;
+        let cfg = NodeConfig::from_yaml(&format!("{HEAD}defaultMode: shared\n"), "t").unwrap();
+        let e = cfg.resolve(&inv, "t").unwrap_err();
+        assert_eq!(e.field, "defaultMode");
+        assert!(
+            e.message
+                .starts_with("gpu-1 has 1000 bytes of memory, too little to share"),
+            "{}",
+            e.message
+        );
+        // With 4 slots, 4 MiB is enough; 4 MiB - 1 is not.
+        inv.gpus[1].memory_bytes = 4 << 20;
+        assert!(cfg.resolve(&inv, "t").is_ok());
+        inv.gpus[1].memory_bytes = (4 << 20) - 1;
+        assert!(cfg.resolve(&inv, "t").is_err());
+    }
+
     const HEAD: &str = "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\n";
+
+    /// Regression (fuzz target node_config): `sliceLayout: combined` published slices
+    /// that a 1.36 server refuses. Each explicit layout fits one side of the 1.35 shape
+    /// change; `auto` fits every release.
+    #[test]
+    fn a_slice_layout_is_refused_for_releases_that_cannot_take_it() {
+        use k8s_model::release::KubeVersion;
+        let v = |m| KubeVersion::new(m).unwrap();
+        for m in 34..=37 {
+            assert_eq!(SliceLayout::Auto.problem_for(v(m)), None);
+        }
+        assert_eq!(SliceLayout::Combined.problem_for(v(34)), None);
+        let p = SliceLayout::Combined.problem_for(v(36)).unwrap();
+        assert!(
+            p.starts_with("sliceLayout: combined: Kubernetes 1.36 refuses"),
+            "{p}"
+        );
+        assert_eq!(SliceLayout::Split.problem_for(v(35)), None);
+        let p = SliceLayout::Split.problem_for(v(34)).unwrap();
+        assert!(p.starts_with("sliceLayout: split: Kubernetes 1.34"), "{p}");
+    }
 
     /// Each malformed config is refused with an error naming its field.
     #[test]
