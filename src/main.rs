@@ -44,6 +44,45 @@ enum Command {
     /// (RUST_LOG=debug); a document of a kind that is read but does not decode is an
     /// error.
     Plan(PlanArgs),
+    /// Inject a health event into the mock node's state (mock backend only): try what an
+    /// XID or a lost GPU does to the published devices without a GPU. The plugin running
+    /// on the mock node picks the event up as NVML's event stream would deliver it.
+    Mock(MockArgs),
+}
+
+#[derive(Args)]
+struct MockArgs {
+    /// The plugin's --state-dir (holding mock-node.state).
+    #[arg(long, default_value = "/var/lib/tessera")]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    event: MockEvent,
+}
+
+#[derive(Subcommand)]
+enum MockEvent {
+    /// An XID error on GPU MINOR, or on its MIG GPU instance --gi.
+    Xid {
+        /// The GPU's minor number (/dev/nvidia<MINOR>).
+        #[arg(long)]
+        gpu: u32,
+        /// The XID (79: fallen off the bus, 48: double-bit ECC, 13: an application fault).
+        #[arg(long)]
+        xid: u64,
+        /// The MIG GPU instance ID the event names.
+        #[arg(long)]
+        gi: Option<u32>,
+    },
+    /// GPU MINOR falls off the bus (NVML answers GPU_IS_LOST).
+    Lost {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// A lost GPU MINOR answers again (a reset brought it back).
+    Recover {
+        #[arg(long)]
+        gpu: u32,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -242,6 +281,7 @@ fn main() -> Result<std::process::ExitCode> {
     match cli.command {
         Command::Inventory(a) => inventory(a).map(|()| ok),
         Command::Plan(a) => plan(a).map(|()| ok),
+        Command::Mock(a) => mock(a).map(|()| ok),
         Command::Plugin(a) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let result = rt.block_on(plugin(*a));
@@ -257,6 +297,48 @@ fn main() -> Result<std::process::ExitCode> {
             result
         }
     }
+}
+
+/// `tessera mock`: appends a health event to the mock node's state, under its lock.
+fn mock(a: MockArgs) -> Result<()> {
+    use tessera::inventory::mock;
+    let dir = &a.state_dir;
+    // Checked first so that a wrong directory gets nothing written into it (not even the
+    // writers' lock file).
+    let state = dir.join(mock::state::STATE_FILE);
+    if !state.is_file() {
+        anyhow::bail!(
+            "no mock node state at {} (is the plugin running with --backend mock and this --state-dir?)",
+            state.display()
+        );
+    }
+    let (seq, what) = match a.event {
+        MockEvent::Xid { gpu, xid, gi: None } => (
+            mock::inject_xid(dir, gpu, xid),
+            format!("XID {xid} on GPU {gpu}"),
+        ),
+        MockEvent::Xid {
+            gpu,
+            xid,
+            gi: Some(gi),
+        } => (
+            mock::inject_mig_xid(dir, gpu, gi, xid),
+            format!("XID {xid} on GPU {gpu}, GPU instance {gi}"),
+        ),
+        MockEvent::Lost { gpu } => (mock::inject_lost(dir, gpu), format!("GPU {gpu} lost")),
+        MockEvent::Recover { gpu } => (
+            mock::inject_clear(dir, gpu),
+            format!("GPU {gpu} answering again"),
+        ),
+    };
+    let seq = seq.with_context(|| {
+        format!(
+            "injecting {what} into the mock node state in {}",
+            dir.display()
+        )
+    })?;
+    println!("injected event {seq}: {what}");
+    Ok(())
 }
 
 fn hostname() -> String {
@@ -280,6 +362,9 @@ fn inventory(a: InventoryArgs) -> Result<()> {
         &paths,
         StateAccess::ReadOnly,
     )?;
+    if let Some(problem) = model.config.slice_layout.problem_for(gates.version()) {
+        anyhow::bail!("the node config does not fit --k8s-version: {problem}");
+    }
     let slices = model.pool(
         &a.driver_name,
         &node_name,

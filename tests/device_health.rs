@@ -582,3 +582,85 @@ async fn an_xid_on_a_mig_instance_destroyed_before_the_poll_taints_only_its_over
         "most partitions are beside it: {unhealthy:?}"
     );
 }
+
+/// `tessera mock` (what the real-cluster scenario runs in the plugin's pod) appends
+/// exactly the event it names to the node state the running plugin polls; a GPU the
+/// node does not have, or a state directory with no mock node, is a clear error that
+/// writes nothing.
+#[test]
+fn tessera_mock_injects_the_event_it_names_and_nothing_on_error() {
+    use tessera::inventory::GpuBackend;
+    use tessera::inventory::mock::{MockBackend, StateAccess};
+    let tessera = env!("CARGO_BIN_EXE_tessera");
+    let run = |dir: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(tessera)
+            .arg("mock")
+            .arg("--state-dir")
+            .arg(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MockBackend::new(
+        MockNode::embedded_default().unwrap(),
+        dir.path().into(),
+        StateAccess::ReadWrite,
+    );
+    backend.discover().unwrap();
+    // Registers for events, as the plugin does at start.
+    assert!(backend.health_events(0).unwrap().is_empty());
+
+    let (ok, out, err) = run(dir.path(), &["xid", "--gpu", "2", "--xid", "79"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "injected event 1: XID 79 on GPU 2");
+    let (ok, _, err) = run(
+        dir.path(),
+        &["xid", "--gpu", "0", "--xid", "48", "--gi", "3"],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(dir.path(), &["lost", "--gpu", "3"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(dir.path(), &["recover", "--gpu", "3"]);
+    assert!(ok, "{err}");
+    let seen = |b: &MockBackend| -> Vec<_> {
+        b.health_events(0)
+            .unwrap()
+            .iter()
+            .map(|e| (e.seq, e.minor, e.gi_id, e.kind))
+            .collect()
+    };
+    let expected = vec![
+        (1, 2, None, HealthEventKind::Xid(79)),
+        (2, 0, Some(3), HealthEventKind::Xid(48)),
+        (3, 3, None, HealthEventKind::Lost),
+        (4, 3, None, HealthEventKind::Recovered),
+    ];
+    assert_eq!(seen(&backend), expected);
+
+    let (ok, _, err) = run(dir.path(), &["xid", "--gpu", "9", "--xid", "79"]);
+    assert!(!ok);
+    assert!(
+        err.contains("XID 79 on GPU 9") && err.contains("9"),
+        "{err}"
+    );
+    assert_eq!(seen(&backend), expected, "a refused event writes nothing");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(empty.path(), &["lost", "--gpu", "0"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no mock node state at") && err.contains("--backend mock"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(empty.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}

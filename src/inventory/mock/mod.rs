@@ -228,6 +228,11 @@ pub struct MockBackend {
     node: MockNode,
     state_dir: PathBuf,
     access: StateAccess,
+    /// The last event in the state when health events were first asked for: NVML
+    /// delivers XIDs only to an event set registered before them, so a restarted plugin
+    /// must not see the XIDs of its previous life again (a lost GPU stays lost: that is
+    /// the GPU's state, not an event).
+    registered: std::sync::OnceLock<u64>,
 }
 
 impl MockBackend {
@@ -236,6 +241,7 @@ impl MockBackend {
             node,
             state_dir,
             access,
+            registered: std::sync::OnceLock::new(),
         }
     }
 
@@ -414,22 +420,31 @@ impl GpuBackend for MockBackend {
     /// The injected events after `since`, as NVML would report them: a `clear` is a
     /// recovery only for a GPU that was lost (NVML sees a GPU answer again, nothing
     /// else), so it is dropped for any other GPU.
+    ///
+    /// Events from before the first call (the plugin's registration) are not reported,
+    /// except the loss of a GPU still lost then.
     fn health_events(&self, since: u64) -> Result<Vec<HealthEvent>, BackendError> {
-        let mut lost = std::collections::BTreeSet::new();
+        let events = self.state()?.health;
+        let start = *self
+            .registered
+            .get_or_init(|| events.last().map_or(0, |e| e.seq));
+        // minor -> its loss, for every GPU lost at `start` and after.
+        let mut lost = std::collections::BTreeMap::new();
         let mut out = Vec::new();
-        for e in self.state()?.health {
+        for e in events {
             let seen = match e.kind {
-                HealthEventKind::Lost => {
-                    lost.insert(e.minor);
-                    true
-                }
-                HealthEventKind::Recovered => lost.remove(&e.minor),
+                HealthEventKind::Lost => lost.insert(e.minor, e).is_none(),
+                HealthEventKind::Recovered => lost.remove(&e.minor).is_some(),
                 HealthEventKind::Xid(_) => true,
             };
-            if seen && e.seq > since {
+            if e.seq == start {
+                // Registration: what is still lost is reported, once, in minor order.
+                out.extend(lost.values().copied());
+            } else if seen && e.seq > start {
                 out.push(e);
             }
         }
+        out.retain(|e| e.seq > since);
         Ok(out)
     }
 }
@@ -623,6 +638,48 @@ mod tests {
         // MIG operations keep the events (one state file).
         b.set_mig_mode(0, true).unwrap();
         assert_eq!(b.health_events(0).unwrap().len(), 4);
+    }
+
+    /// NVML reports an XID only to an event set registered before it: a backend (a
+    /// restarted plugin) sees none of the XIDs of the state's history, only a GPU still
+    /// lost, and everything after its first poll.
+    #[test]
+    fn a_new_backend_sees_no_old_xid_only_a_gpu_still_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = MockBackend::new(
+            MockNode::embedded_default().unwrap(),
+            dir.path().into(),
+            StateAccess::ReadWrite,
+        );
+        assert!(first.health_events(0).unwrap().is_empty());
+        inject_xid(dir.path(), 2, 79).unwrap();
+        inject_lost(dir.path(), 3).unwrap();
+        inject_lost(dir.path(), 1).unwrap();
+        inject_clear(dir.path(), 1).unwrap();
+        assert_eq!(first.health_events(0).unwrap().len(), 4);
+
+        let restarted = MockBackend::new(
+            MockNode::embedded_default().unwrap(),
+            dir.path().into(),
+            StateAccess::ReadWrite,
+        );
+        let seen = |b: &MockBackend, since| -> Vec<_> {
+            b.health_events(since)
+                .unwrap()
+                .iter()
+                .map(|e| (e.seq, e.minor, e.kind))
+                .collect()
+        };
+        assert_eq!(seen(&restarted, 0), [(2, 3, HealthEventKind::Lost)]);
+        inject_xid(dir.path(), 0, 48).unwrap();
+        inject_clear(dir.path(), 3).unwrap();
+        assert_eq!(
+            seen(&restarted, 2),
+            [
+                (5, 0, HealthEventKind::Xid(48)),
+                (6, 3, HealthEventKind::Recovered)
+            ]
+        );
     }
 
     /// The state file is created once and read back; a read-only backend never writes.
