@@ -278,6 +278,8 @@ churn a & churn_a=$!
 churn b & churn_b=$!
 for i in $(seq 300); do [ -s "$OUT/churn-a.log" ] && [ -s "$OUT/churn-b.log" ] && break; sleep 0.2; done
 old_uid=$(k -n "$NS" get pod "$pod" -o jsonpath='{.metadata.uid}')
+# The old pod's log to its end (the kubelet deletes it with the pod): its prepares count.
+k -n "$NS" logs -f "$pod" >"$OUT/old-plugin.log" 2>&1 & oldlog=$!
 t_up=$(now)
 upgrade_ok=1
 if [ "$UPGRADE" = surge ]; then
@@ -303,6 +305,12 @@ new_pod=$(awk '{print $1}' <<<"$pods")
 [ "$(awk '{print $2}' <<<"$pods")" != "$old_uid" ] && pass "the plugin pod was replaced ($pod -> $new_pod)" || bad "the plugin pod was not replaced"
 for i in $(seq 150); do grep -q "registered with the kubelet" <<<"$(plog "$new_pod")" && break; sleep 0.2; done
 grep -q "registered with the kubelet" <<<"$(plog "$new_pod")" && pass "the new plugin pod registered with the kubelet" || bad "the new plugin pod did not register"
+# The old pod's sockets are gone: one registration socket (the new pod's) and one DRA
+# socket, the new pod's (dra-<pod UID>.sock).
+new_uid=$(awk '{print $2}' <<<"$pods")
+for i in $(seq 150); do [ "$(ls "$KUBELET_ROOT_DIR/plugins_registry/" | wc -l)" = 1 ] && break; sleep 0.2; done
+eq "registration sockets after the upgrade" "$(ls "$KUBELET_ROOT_DIR/plugins_registry/" | wc -l)" 1
+eq "DRA sockets after the upgrade (the new pod's)" "$(ls "$KUBELET_ROOT_DIR/plugins/gpu.tessera.dev/" | grep '\.sock$' | tr '\n' ' ')" "dra-$new_uid.sock "
 # The surge: the new pod was Ready before the old one went away.
 new_ready=$(k -n "$NS" get pod "$new_pod" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')
 echo "  new pod Ready at $new_ready; DaemonSet events:"
@@ -314,6 +322,12 @@ notrun=$(awk '$4 != "Running"' "$OUT/churn.log")
 slowest=$(awk '{print $3}' "$OUT/churn.log" | sort -n | tail -1)
 [ "$during" -ge 2 ] && pass "$during of $total churn pods created while helm upgrade ran (${total} in all)" || bad "only $during churn pods were created during the upgrade (want >= 2)"
 [ -z "$notrun" ] && pass "every churn pod started (slowest: ${slowest}s to Running)" || bad "churn pods that did not start: $notrun"
+# No claim prepared twice across the old and the new plugin.
+{ sleep 30; kill "$oldlog" 2>/dev/null; } & wait "$oldlog" 2>/dev/null || true
+prepared=$(cat "$OUT/old-plugin.log" <(plog "$new_pod") | sed 's/\x1b\[[0-9;]*m//g' | grep 'prepared devices=' | grep -o 'prepare{claim=[^ }]*' | sort)
+twice=$(uniq -d <<<"$prepared")
+[ -n "$prepared" ] && [ -z "$twice" ] && pass "each claim prepared once across the old and the new plugin ($(uniq <<<"$prepared" | grep -c .) claims; old pod $(grep -c 'prepared devices=' "$OUT/old-plugin.log") prepares)" \
+  || bad "claims prepared twice across the upgrade: ${twice:-(no prepare logged at all)}"
 failed_prep=$(k get events -A --field-selector reason=FailedPrepareDynamicResources -o custom-columns=OBJ:.involvedObject.name,MSG:.message --no-headers 2>/dev/null || true)
 [ -z "$failed_prep" ] && pass "no FailedPrepareDynamicResources event" || bad "failed prepares: $failed_prep"
 # The kubelet's own account (its log is the cluster's whole life: steps 2 and 3).

@@ -21,8 +21,24 @@ whole-GPU pod and a shared-GPU pod run, the latter with a process holding 5 GiB 
 8 GiB budget: the kubelet restarts the container, which registers again; the running
 pods keep running, untouched (same container), and the budget still counts the held
 memory; a new pod with a claim is prepared; no claim is prepared twice (the plugin's
-"prepared" lines of both containers' logs). The shared GPU needs the simulated node's own
-node config (gpu-1 `shared`): switched with node-config.sh, the installed one put back.
+"prepared" lines of both containers' logs).
+Device health (`tessera mock` injects events into the simulated node from the plugin's
+pod): XID 94 on gpu-2 taints it NoSchedule in its slice; a pod whose claim selects gpu-2
+stays Pending while a pod wanting any whole GPU runs elsewhere; the taint clears after
+the configured quiet period (health.xidClearAfter: 20s) and the waiting pod is then
+scheduled onto gpu-2. XID 79 taints it NoExecute and the device-taint eviction
+controller deletes that pod, the other runs on; a loss followed by a recovery clears it.
+Where the server drops taints (DRADeviceTaints off), the unhealthy gpu-2 leaves the slice
+instead, and nothing is evicted.
+kubelet restart (SIGTERM, then the same command line again) while two pods with
+whole-GPU claims run: the node is Ready again, the pods keep their containers, the claims
+stay prepared and are not prepared again, a new pod is prepared, and deleting the pods
+unprepares every claim (CDI spec, checkpoint entry, claim directory).
+Races: twelve pods with MIG or whole-GPU claims, each deleted (or its claim, then it)
+0 to 1.5 s after creation, while its prepare may be in flight: nothing is left on the
+node (CDI specs, checkpoint entries, claim directories, MIG instances).
+These need the simulated node's own node config (gpu-0 `mig`, gpu-1 `shared`) with
+`health:` added: switched with node-config.sh, the installed one put back.
 """
 
 import json
@@ -35,7 +51,7 @@ import yaml
 
 import scenario_lib as lib
 from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, KUBECTL, build_image, client, expect, fail, k, kj, \
-    simulated_node_config, wait
+    metric, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/rules"
 os.makedirs(OUT, exist_ok=True)
@@ -260,13 +276,284 @@ def kill_plugin(shared):
     k("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
+TAINT_KEY = "gpu.tessera.dev/unhealthy"
+# The quiet period after which a NoSchedule XID taint clears (node config `health:`).
+XID_CLEAR_AFTER = 20
+
+
+def taints(device):
+    """The taints (key, value, effect) of DEVICE in this node's stored slices; None when
+    no slice publishes it."""
+    for s in kj("get", "resourceslices")["items"]:
+        if s["spec"]["driver"] != "gpu.tessera.dev" or s["spec"].get("nodeName") != ENV["NODE_NAME"]:
+            continue
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == device:
+                return [(t["key"], t.get("value"), t["effect"]) for t in d.get("taints") or []]
+    return None
+
+
+def mock_event(*args):
+    """`tessera mock ARGS` in the plugin's container: an event on the simulated node."""
+    pod = plugin_pod()["metadata"]["name"]
+    r = lib.run_kubectl(["-n", "tessera-system", "exec", pod, "-c", "plugin", "--", "tessera", "mock"] + list(args))
+    return expect(r.returncode == 0, f"tessera mock {' '.join(args)}: {(r.stdout + r.stderr).strip()}")
+
+
+def device_health():
+    """gpu-2 and gpu-3 are whole GPUs; health.xidClearAfter is XID_CLEAR_AFTER. Where the
+    API server drops taints (DRADeviceTaints off: 1.34's default gates) the plugin leaves
+    an unhealthy device out of its slice instead, and nothing evicts."""
+    kept = "DRADeviceTaints=true" in open(f"{DIR}/feature-gates").read()
+    print("--- device health: XIDs taint devices in the slice; the scheduler and the eviction controller obey"
+          if kept else "--- device health (DRADeviceTaints off): an unhealthy device leaves the slice", flush=True)
+    ns = "rules-health"
+    k("create", "namespace", ns)
+    wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
+
+    def pod(name):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+                "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                         "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                         "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+    def claim(name, cel=None):
+        exactly = {"deviceClassName": "gpu.tessera.dev"}
+        if cel:
+            exactly["selectors"] = [{"cel": {"expression": cel}}]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+    def phase(name):
+        """The pod's phase; None when it is gone."""
+        out = k("-n", ns, "get", "pod", name, "-o", "json", "--ignore-not-found")
+        return json.loads(out)["status"].get("phase") if out.strip() else None
+
+    def device_of(name):
+        st = kj("-n", ns, "get", "resourceclaim", name).get("status") or {}
+        res = (st.get("allocation") or {}).get("devices", {}).get("results") or []
+        return [r["device"] for r in res]
+
+    def unhealthy(effect, value):
+        """gpu-2 as an unhealthy device is published here: tainted, or left out."""
+        if kept:
+            return lambda: taints("gpu-2") == [(TAINT_KEY, value, effect)]
+        return lambda: taints("gpu-2") is None
+
+    if not expect(taints("gpu-2") == [] and taints("gpu-3") == [], "gpu-2 and gpu-3 published, untainted",
+                  f"{taints('gpu-2')} {taints('gpu-3')}"):
+        return
+    # XID 94 (contained ECC error): neither an application XID nor a fatal one, so NoSchedule.
+    if not mock_event("xid", "--gpu", "2", "--xid", "94"):
+        return
+    t_xid = time.monotonic()
+    got = wait("gpu-2 unhealthy", unhealthy("NoSchedule", "xid-94"), timeout=30)
+    expect(got, f"  gpu-2 {'tainted NoSchedule in its slice' if kept else 'left out of the slice'} "
+                f"{time.monotonic() - t_xid:.1f}s after the XID: {taints('gpu-2')}")
+    expect(taints("gpu-3") == [], "  gpu-3 published, untainted", f"{taints('gpu-3')}")
+
+    done, err = apply([claim("pinned", 'device.attributes["gpu.tessera.dev"].minor == 2'), pod("pinned"),
+                       claim("other"), pod("other")])
+    if not expect(done, "a pod whose claim selects gpu-2 (minor == 2), and a pod with any whole GPU", err):
+        return
+    running = wait("other Running", lambda: phase("other") == "Running", timeout=90)
+    expect(running and device_of("other") != ["gpu-2"], f"  the other pod is Running on {device_of('other')}, not gpu-2")
+    p = kj("-n", ns, "get", "pod", "pinned")
+    cond = [c for c in p["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
+    msg = cond[0].get("message", "") if cond else ""
+    expect(p["status"].get("phase") == "Pending" and cond and cond[0]["status"] == "False" and not device_of("pinned"),
+           f"  the pod needing gpu-2 stays Pending, unallocated: {msg}")
+
+    cleared = wait("gpu-2 healthy", lambda: taints("gpu-2") == [], timeout=XID_CLEAR_AFTER + 60)
+    quiet = time.monotonic() - t_xid
+    expect(cleared and quiet >= XID_CLEAR_AFTER - 2,
+           f"  gpu-2 healthy again {quiet:.1f}s after the XID (xidClearAfter {XID_CLEAR_AFTER}s)")
+    expect(wait("pinned Running", lambda: phase("pinned") == "Running", timeout=120) and device_of("pinned") == ["gpu-2"],
+           f"  then the pod needing gpu-2 is scheduled and Running on {device_of('pinned')}")
+
+    # XID 79 (fallen off the bus): fatal, NoExecute; only a recovery after a loss clears it.
+    if not mock_event("xid", "--gpu", "2", "--xid", "79"):
+        return
+    t_xid = time.monotonic()
+    got = wait("gpu-2 NoExecute", unhealthy("NoExecute", "xid-79"), timeout=30)
+    expect(got, f"  XID 79: gpu-2 {'tainted NoExecute' if kept else 'left out of the slice'}: {taints('gpu-2')}")
+    if kept:
+        gone = wait("pinned evicted", lambda: phase("pinned") is None, timeout=120)
+        expect(gone, f"  the eviction controller deleted the pod using gpu-2 ({time.monotonic() - t_xid:.1f}s after the XID)")
+    else:
+        time.sleep(5)
+        expect(phase("pinned") == "Running", "  with no taint nothing evicts: the pod using gpu-2 runs on")
+    expect(phase("other") == "Running", "  the pod on another GPU runs on")
+    mock_event("lost", "--gpu", "2")
+    mock_event("recover", "--gpu", "2")
+    expect(wait("gpu-2 healthy", lambda: taints("gpu-2") == [], timeout=30),
+           f"  a recovery (the GPU lost, then answering again) makes gpu-2 healthy: {taints('gpu-2')}")
+    k("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+NODE_ROOT = f"{DIR}/tessera-node"
+
+
+def leftovers(uids):
+    """What the node still holds for any of the claims UIDS: CDI specs, checkpoint
+    entries, claim directories; and every MIG instance of the simulated node."""
+    left = []
+    for f in os.listdir(ENV["CDI_DIR"]):
+        left += [f"CDI spec {f}" for u in uids if u in f]
+    ck = f"{NODE_ROOT}/state/checkpoint.json"
+    text = open(ck).read() if os.path.exists(ck) else ""
+    left += [f"checkpoint entry {u}" for u in uids if u in text]
+    claims = f"{NODE_ROOT}/run/claims"
+    for f in os.listdir(claims) if os.path.isdir(claims) else []:
+        left += [f"claim directory {f}" for u in uids if u in f]
+    with open(f"{NODE_ROOT}/state/mock-node.state") as f:
+        left += [f"MIG instance '{l.strip()}'" for l in f if l.startswith("mig-gi ")]
+    return left
+
+
+def races():
+    """Pods deleted while their prepare may be in flight, claims deleted while their pod
+    starts: whatever the timing, nothing is left on the node. Needs gpu-0 in `mig` mode."""
+    print("--- races: pods and claims deleted while pods start", flush=True)
+    ns = "rules-races"
+    k("create", "namespace", ns)
+    wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
+    created0 = metric("tessera_mig_devices_created")
+    uids = []
+    # (name, class, what is deleted, delay in s before the deletion)
+    cases = [(f"r{i}", "mig.tessera.dev" if i % 2 else "gpu.tessera.dev", "claim" if i % 3 == 2 else "pod",
+              [0, 0.1, 0.3, 0.6, 1.0, 1.5][i % 6]) for i in range(12)]
+    for name, cls, victim, delay in cases:
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": name, "namespace": ns},
+                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+               "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+        uids.append(json.loads(k("create", "-o", "json", "-f", "-", stdin=json.dumps(claim)))["metadata"]["uid"])
+        k("create", "-f", "-", stdin=json.dumps(pod))
+        time.sleep(delay)
+        k("-n", ns, "delete", "resourceclaim" if victim == "claim" else "pod", name, "--wait=false")
+        if victim == "claim":
+            # The claim stays (reserved) until its pod goes: delete the pod too, later.
+            time.sleep(0.5)
+            k("-n", ns, "delete", "pod", name, "--wait=false")
+    print(f"  {len(cases)} pods with claims (MIG and whole GPUs), deleted 0 to 1.5 s after creation "
+          f"(the pod, or its claim then the pod)", flush=True)
+    k("delete", "namespace", ns, "--wait=true", "--timeout=180s")
+    left = wait("nothing left", lambda: not leftovers(uids), timeout=60)
+    expect(left, "nothing left on the node: no CDI spec, checkpoint entry, claim directory or MIG instance",
+           "; ".join(leftovers(uids)[:6]))
+    print(f"  MIG devices created meanwhile: {metric('tessera_mig_devices_created') - created0:g}", flush=True)
+
+
+def restart_kubelet():
+    """Stops the kubelet (SIGTERM) and starts it again with the same command line,
+    environment and working directory, its log appended; returns seconds to healthz."""
+    import signal
+    import urllib.request
+    pidf = f"{DIR}/pids/kubelet"
+    pid = int(open(pidf).read().strip())
+    argv = [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]]
+    env = dict(e.decode().split("=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    # up.sh runs the cluster in a mount namespace of its own: the new kubelet must be
+    # there too (its volume mounts are where containerd looks), so it is started through
+    # nsenter into another component's namespace, the same as the kubelet's.
+    ns = os.readlink(f"/proc/{pid}/ns/mnt")
+    peers = [int(open(f"{DIR}/pids/{c}").read().strip()) for c in ["kube-apiserver", "etcd", "kube-scheduler"]]
+    peer = next((p for p in peers if os.path.exists(f"/proc/{p}") and os.readlink(f"/proc/{p}/ns/mnt") == ns), None)
+    if peer is None:
+        raise RuntimeError(f"no cluster component shares the kubelet's mount namespace {ns}")
+    argv = ["nsenter", "--mount", "--target", str(peer), "--"] + argv
+    os.kill(pid, signal.SIGTERM)
+    if not wait("kubelet stopped", lambda: not os.path.exists(f"/proc/{pid}") or
+                open(f"/proc/{pid}/stat").read().split()[2] == "Z", timeout=60):
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with open(f"{DIR}/logs/kubelet.log", "ab") as log:
+        p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    with open(pidf, "w") as f:
+        f.write(f"{p.pid}\n")
+
+    def healthy():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{ENV['KUBELET_HEALTHZ_PORT']}/healthz", timeout=2).status == 200
+        except Exception:
+            return False
+    wait("kubelet healthz", healthy, timeout=60)
+    return time.monotonic() - t0
+
+
+def kubelet_restart():
+    """Prepared claims survive a kubelet restart: pods keep running, nothing is prepared
+    again, and deleting the pods afterwards unprepares their claims."""
+    print("--- kubelet restart with prepared claims", flush=True)
+    ns = "rules-kubelet"
+    k("create", "namespace", ns)
+    wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
+    docs = []
+    for name in ["k1", "k2"]:
+        docs += [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+                  "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}},
+                 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+                  "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                           "terminationGracePeriodSeconds": 1,
+                           "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                           "resources": {"claims": [{"name": "gpu"}]}}]}}]
+    done, err = apply(docs)
+    if not expect(done and wait("Running", lambda: all(kj("-n", ns, "get", "pod", n)["status"].get("phase") == "Running"
+                                                       for n in ["k1", "k2"])), "two pods with whole-GPU claims Running", err):
+        return
+    uids = [kj("-n", ns, "get", "resourceclaim", n)["metadata"]["uid"] for n in ["k1", "k2"]]
+    before = {n: kj("-n", ns, "get", "pod", n)["status"]["containerStatuses"][0]["containerID"] for n in ["k1", "k2"]}
+    plugin = plugin_pod()["metadata"]["name"]
+    prepared_before = prepared_lines(k("-n", "tessera-system", "logs", plugin, "-c", "plugin"))
+    secs = restart_kubelet()
+    expect(secs < 60, f"  the kubelet restarted (healthz after {secs:.1f}s)")
+    ready = wait("node Ready", lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                                           for c in kj("get", "node", ENV["NODE_NAME"])["status"]["conditions"]), timeout=60)
+    expect(ready, "  the node is Ready again")
+    # The kubelet found the plugin's registration socket again.
+    time.sleep(5)
+    after = {n: kj("-n", ns, "get", "pod", n)["status"]["containerStatuses"][0]["containerID"] for n in ["k1", "k2"]}
+    expect(after == before and all(kj("-n", ns, "get", "pod", n)["status"]["phase"] == "Running" for n in after),
+           "  the pods kept running, their containers untouched")
+    expect(all(any(u in f for f in os.listdir(ENV["CDI_DIR"])) for u in uids), "  their claims are still prepared (CDI specs)")
+    prepared_after = prepared_lines(k("-n", "tessera-system", "logs", plugin, "-c", "plugin"))
+    expect(all(prepared_after.get(u) == prepared_before.get(u) == 1 for u in uids),
+           f"  nothing prepared again: {[prepared_after.get(u, 0) for u in uids]} prepare(s) per claim")
+    done, err = apply([{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "k3", "namespace": ns},
+                        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}},
+                       dict(docs[1], metadata={"name": "k3", "namespace": ns},
+                            spec=dict(docs[1]["spec"], resourceClaims=[{"name": "gpu", "resourceClaimName": "k3"}]))])
+    expect(done and wait("k3 Running", lambda: kj("-n", ns, "get", "pod", "k3")["status"].get("phase") == "Running", timeout=90),
+           "  a new pod with a claim is prepared through the restarted kubelet and Running", err)
+    token_ns = k("-n", ns, "exec", "k3", "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/namespace", check=False)
+    expect(token_ns == ns, f"  and has its volumes (the projected ServiceAccount namespace file reads {token_ns!r})")
+    uids.append(kj("-n", ns, "get", "resourceclaim", "k3")["metadata"]["uid"])
+    k("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+    expect(wait("unprepared", lambda: not leftovers(uids), timeout=60),
+           "  deleting the pods unprepared every claim (CDI specs, checkpoint, claim directories)",
+           "; ".join(leftovers(uids)[:4]))
+
+
 def main():
     t0 = time.monotonic()
     build_image()
     admission_gpuconfig()
     admission_slices()
     extended_resource()
-    with simulated_node_config(OUT):
+    with simulated_node_config(OUT, health={"xidClearAfter": f"{XID_CLEAR_AFTER}s"}):
+        for what, fn in [("device health", device_health), ("kubelet restart", kubelet_restart), ("races", races)]:
+            try:
+                fn()
+            except Exception as e:  # the other scenarios still run
+                fail(f"{what}: {e}")
         try:
             shared = any(d["attributes"].get("type", {}).get("string") == "gpu-shared"
                          for s in kj("get", "resourceslices")["items"] for d in s["spec"].get("devices") or [])

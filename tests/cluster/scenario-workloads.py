@@ -34,7 +34,7 @@ import yaml
 
 import scenario_lib as lib
 from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, client, expect, fail, k, kj, \
-    quantity, simulated_node_config, wait
+    metric, quantity, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/workloads"
 os.makedirs(OUT, exist_ok=True)
@@ -334,14 +334,6 @@ def shared_gpu_checks(ns, docs, claims):
     expect(len(lines) > 2 and lines[2].startswith("ok "), f"  user-b: its free memory - 64 MiB allocated: {lines[2:3]}")
 
 
-
-
-def metric(name):
-    """A counter of the plugin's /metrics (the sum of its series)."""
-    import urllib.request
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
-    return sum(float(l.split()[-1]) for l in text.splitlines()
-               if l.startswith(name) and (l[len(name)] in " {" or l[len(name):].startswith("_total")))
 
 
 def mig_checks(ns, docs, claims):

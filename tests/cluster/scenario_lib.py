@@ -107,13 +107,20 @@ def node_config(*args):
 
 
 @contextlib.contextmanager
-def simulated_node_config(out):
+def simulated_node_config(out, **extra):
     """Runs the body with the plugin on the simulated node's own node config (gpu-1
-    `shared`: the one the examples' `# expect:` lines are planned against), and puts the
-    installed one back afterwards, also when the body fails. Both are kept in OUT."""
+    `shared`: the one the examples' `# expect:` lines are planned against), with the
+    top-level fields EXTRA added (health=...), and puts the installed one back
+    afterwards, also when the body fails. Both are kept in OUT."""
     installed, mock = f"{out}/node-config.installed.yaml", f"{out}/node-config.mock-node.yaml"
     node_config("save", installed)
     node_config("mock-node", mock)
+    if extra:
+        with open(mock) as f:
+            doc = yaml.safe_load(f)
+        doc.update(extra)
+        with open(mock, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
     node_config("use", mock)
     try:
         yield
@@ -126,6 +133,14 @@ def client(ns, pod, container, *cmds):
     """cuda_client's result lines in the container (and the completed process)."""
     r = run_kubectl(["-n", ns, "exec", pod, "-c", container, "--", CLIENT, "gpa"] + list(cmds))
     return [l for l in r.stdout.splitlines() if l.startswith(("ok", "err", "holding"))], r
+
+
+def metric(name):
+    """A counter of the plugin's /metrics (the sum of its series)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith(name) and (l[len(name)] in " {" or l[len(name):].startswith("_total")))
 
 
 def quantity(q):
