@@ -267,13 +267,19 @@ pub async fn run(
         .map_err(|e| PluginError::Join(e.to_string()))??,
     );
     let driver = Driver::new(state.clone(), client.clone());
-    let health_watcher = crate::device_health::watcher::HealthWatcher::new(
+    let mut health_watcher = crate::device_health::watcher::HealthWatcher::new(
         model.clone(),
         &opts.driver_name,
         &opts.node_name,
         publisher.version(),
         features,
     );
+    // The first poll registers for health events (NVML's event set, the mock's starting
+    // point) before anything is served or published: no event after start-up is missed,
+    // and a GPU lost at start is unhealthy in the first pool.
+    if let Err(e) = health_watcher.poll().await {
+        warn!(error = %e, "cannot read GPU health events");
+    }
     let (devices_tx, devices_rx) =
         watch::channel(health_watcher.device_list(crate::clock::unix_secs() as i64));
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
@@ -338,12 +344,7 @@ pub async fn run(
     health.set_serving(true);
 
     let (bg_stop_tx, bg_stop_rx) = watch::channel(false);
-    let slices = model.pool(
-        &opts.driver_name,
-        &opts.node_name,
-        publisher.version(),
-        features,
-    );
+    let slices = health_watcher.pool();
     publisher.prevalidate(&slices)?;
     let (slices_tx, slices_rx) = watch::channel(slices);
     let devhealth_task = tokio::spawn(health_watcher.run(

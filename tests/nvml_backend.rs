@@ -852,6 +852,9 @@ fn nvml_reports_injected_xids_loss_and_recovery() {
                 kinds(&events)
             };
             assert!(poll(&mut health).is_empty(), "first poll");
+            // The mock backend registers for events at its first poll too (as an NVML
+            // event set does): both see what happens from here on.
+            assert!(mock.health_events(0).expect("mock").is_empty());
             let state_dir = host.state_dir();
             inject_xid(&state_dir, 2, 79).unwrap();
             inject_xid(&state_dir, 3, 13).unwrap();
