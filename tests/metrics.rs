@@ -30,6 +30,8 @@ use tessera::inventory::{
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
+    // A server that hangs is a failure, not a test that never ends.
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -114,8 +116,17 @@ fn promtool(text: &str) {
 /// figures (the NVML path of these queries runs over the fake `libnvidia-ml` in
 /// `tests/watchdog.rs` and the compute benchmark): gpu-1 has 5 GiB in use and is 87 %
 /// busy, and this test process, which maps the shared claim's region as a process of
-/// the claim does, runs 60 % of it.
-struct Usage(std::sync::Arc<dyn GpuBackend>);
+/// the claim does, runs `sm` % of it (60 unless a test changes it).
+struct Usage(
+    std::sync::Arc<dyn GpuBackend>,
+    std::sync::Arc<std::sync::atomic::AtomicU32>,
+);
+
+impl Usage {
+    fn new(inner: std::sync::Arc<dyn GpuBackend>) -> Self {
+        Usage(inner, std::sync::Arc::new(60.into()))
+    }
+}
 
 impl GpuBackend for Usage {
     fn kind(&self) -> &'static str {
@@ -146,7 +157,7 @@ impl GpuBackend for Usage {
             vec![ProcessSample {
                 pid: std::process::id(),
                 timestamp_us: ts,
-                sm_percent: 60,
+                sm_percent: self.1.load(std::sync::atomic::Ordering::Relaxed),
             }]
         } else {
             Vec::new()
@@ -189,7 +200,7 @@ async fn metrics_show_budgets_usage_and_allocation() {
         return;
     }
     let mut h = Harness::new().await;
-    h.model.backend = std::sync::Arc::new(Usage(h.model.backend.clone()));
+    h.model.backend = std::sync::Arc::new(Usage::new(h.model.backend.clone()));
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -389,6 +400,311 @@ async fn metrics_show_budgets_usage_and_allocation() {
     );
     assert_eq!(value(&text, "tessera_gpu_claims", &gpu1), Some(0.0));
     promtool(&text);
+    p.stop().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// Seconds the scribble test writes garbage into a region.
+const SCRIBBLE_SECS: u64 = 30;
+
+/// Peak resident memory of this process (the plugin runs in it), in bytes.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// What a writer does to the hostile claim's region in one round.
+#[derive(Debug, Clone, Copy)]
+enum Scribble {
+    /// A few random bytes at a random offset (a tenant: the region is mapped read-write).
+    Poke,
+    /// The whole file rewritten with random bytes of a random length (a tenant).
+    Rewrite,
+    /// Truncated to nothing (a tenant: `ftruncate` on its descriptor).
+    Truncate,
+    /// Grown to a sparse terabyte (a tenant).
+    Sparse,
+    /// A valid region whose counters are random (a tenant rewriting fields).
+    WildCounters,
+    /// Replaced by a FIFO (not a tenant's doing, as the file is a mount point in the
+    /// container, but the plugin must not hang on it).
+    Fifo,
+    /// Replaced by a symlink to `/dev/zero` (likewise).
+    DevZero,
+}
+
+const SCRIBBLES: [Scribble; 7] = [
+    Scribble::Poke,
+    Scribble::Rewrite,
+    Scribble::Truncate,
+    Scribble::Sparse,
+    Scribble::WildCounters,
+    Scribble::Fifo,
+    Scribble::DevZero,
+];
+
+/// xorshift64: enough randomness for garbage, and a seed to print.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn scribble(path: &std::path::Path, what: Scribble, rng: &mut Rng, gpu_uuid: &str) {
+    use std::os::unix::fs::FileExt;
+    // A FIFO or symlink left by an earlier round gives way to a regular file.
+    let regular = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
+    if !regular {
+        let _ = std::fs::remove_file(path);
+    }
+    let open = || {
+        std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap()
+    };
+    match what {
+        Scribble::Poke => {
+            let n = 1 + rng.below(64) as usize;
+            open()
+                .write_all_at(&rng.bytes(n), rng.below(200 << 10))
+                .unwrap();
+        }
+        Scribble::Rewrite => {
+            let n = rng.below(200 << 10) as usize;
+            std::fs::write(path, rng.bytes(n)).unwrap();
+        }
+        Scribble::Truncate => open().set_len(0).unwrap(),
+        Scribble::Sparse => open().set_len(1 << 40).unwrap(),
+        Scribble::WildCounters => {
+            let mut b = tessera_abi::region::initial_bytes(&[gpu_uuid], 4).unwrap();
+            let l = tessera_abi::region::Layout::parse(&b).unwrap();
+            for off in (l.gpu_table + 64..l.gpu_table + 128).step_by(8) {
+                b[off..off + 8].copy_from_slice(&rng.next().to_le_bytes());
+            }
+            std::fs::write(path, b).unwrap();
+        }
+        Scribble::Fifo => {
+            let _ = std::fs::remove_file(path);
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo with a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        }
+        Scribble::DevZero => {
+            let _ = std::fs::remove_file(path);
+            std::os::unix::fs::symlink("/dev/zero", path).unwrap();
+        }
+    }
+}
+
+/// The neighbour's figures in the scribble test, exact in every scrape.
+fn expect_neighbour(text: &str, uid: &str) {
+    let v = |name: &str| value(text, name, &[("uid", uid)]);
+    assert_eq!(
+        v("tessera_claim_memory_used_bytes"),
+        Some((3u64 << 30) as f64)
+    );
+    assert_eq!(
+        v("tessera_claim_memory_budget_bytes"),
+        Some((20u64 << 30) as f64)
+    );
+    assert_eq!(v("tessera_claim_processes"), Some(1.0));
+    assert_eq!(v("tessera_claim_compute_reserved_ratio"), Some(0.25));
+}
+
+/// Scrapes until the neighbour's achieved share is `sm` / 87 (the stub GPU's busy
+/// percentage), checking its figures in each scrape.
+async fn wait_for_share(addr: SocketAddr, uid: &str, sm: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = scrape(addr).await;
+        expect_neighbour(&text, uid);
+        let achieved = value(
+            &text,
+            "tessera_claim_compute_achieved_ratio",
+            &[("uid", uid)],
+        );
+        if achieved.is_some_and(|a| (a - sm / 87.0).abs() < 1e-9) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the neighbour's achieved share is not {sm}/87 after 60 s:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A tenant scribbles its claim's region for [`SCRIBBLE_SECS`] (random bytes, random
+/// rewrites, truncation, a sparse terabyte, random counters in a valid layout; and, as
+/// only the host could, a FIFO and a symlink to `/dev/zero` in its place) while the
+/// plugin serves metrics and controls the neighbouring claim on the same GPU. Every
+/// scrape is fresh (a hung read would make it stale), the neighbour's figures stay
+/// exact, its compute figures follow a change in its utilization (the controller kept
+/// running), the plugin's peak memory grows by less than 64 MiB, and both claims
+/// unprepare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (the compute controller writes the claims' 0444 control files)"]
+async fn a_scribbled_region_costs_only_its_own_claim_its_figures() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            !e2e::in_ci(),
+            "the scribble test needs root under CI (the claims' control files are 0444)"
+        );
+        eprintln!("SKIPPED: a_scribbled_region_costs_only_its_own_claim_its_figures needs root");
+        return;
+    }
+    let mut h = Harness::new().await;
+    let usage = Usage::new(h.model.backend.clone());
+    let sm = usage.1.clone();
+    h.model.backend = std::sync::Arc::new(usage);
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    h.opts.metrics_addr = Some(addr);
+    let p = h.start_plugin().await;
+    let k = h.kubelet().await;
+    let limit = serde_json::json!({
+        "apiVersion": "resource.tessera.dev/v1alpha1",
+        "kind": "GpuConfig",
+        "computeLimit": 50
+    });
+    let neighbour = h
+        .allocated_claim_with(
+            "neighbour",
+            vec![harness::shared_result(
+                "gpu",
+                "gpu-1",
+                "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+                "20Gi",
+                "25",
+            )],
+            &[("FromClaim", &[], limit)],
+        )
+        .await;
+    let hostile = h
+        .allocated_claim_with(
+            "hostile",
+            vec![harness::shared_result(
+                "gpu",
+                "gpu-1",
+                "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e",
+                "10Gi",
+                "25",
+            )],
+            &[],
+        )
+        .await;
+    let r = k
+        .prepare_v1(&[neighbour.clone(), hostile.clone()])
+        .await
+        .unwrap();
+    assert!(r.claims.values().all(|c| c.error.is_empty()), "{r:?}");
+    let region = |uid: &str| h.opts.paths.run_dir.join("claims").join(uid).join("region");
+    // The neighbour's process: a slot (its OFD lock) and 3 GiB charged.
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(region(&neighbour.uid))
+        .unwrap();
+    let reg = tessera_abi::region::Region::map(&f, true).unwrap();
+    let (start, len) = reg.layout().slot_lock_range(3);
+    assert!(tessera_abi::map::try_lock_range(&f, start, len).unwrap());
+    reg.occupy_slot(3, 42, 0, 1);
+    reg.reserve(3, 0, 3 << 30, 20 << 30).unwrap();
+
+    wait_for_share(addr, &neighbour.uid, 60.0).await;
+    let rss_before = peak_rss();
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("scribble seed {seed:#x}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, path) = (stop.clone(), region(&hostile.uid));
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed);
+            let mut rounds = [0u64; SCRIBBLES.len()];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = rng.below(SCRIBBLES.len() as u64) as usize;
+                scribble(
+                    &path,
+                    SCRIBBLES[i],
+                    &mut rng,
+                    "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73",
+                );
+                rounds[i] += 1;
+                if rng.below(4) == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            rounds
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut scrapes = 0u32;
+    while started.elapsed() < Duration::from_secs(SCRIBBLE_SECS / 2) {
+        expect_neighbour(&scrape(addr).await, &neighbour.uid);
+        scrapes += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The controller still runs: the neighbour's utilization halves, and so does the
+    // share it reports.
+    sm.store(30, std::sync::atomic::Ordering::Relaxed);
+    wait_for_share(addr, &neighbour.uid, 30.0).await;
+    while started.elapsed() < Duration::from_secs(SCRIBBLE_SECS) {
+        expect_neighbour(&scrape(addr).await, &neighbour.uid);
+        scrapes += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = writer.join().unwrap();
+    let grown = peak_rss().saturating_sub(rss_before);
+    println!(
+        "scribbled for {:?}: rounds {:?}; {scrapes} fresh scrapes; peak memory grew {} KiB",
+        started.elapsed(),
+        SCRIBBLES.iter().zip(rounds).collect::<Vec<_>>(),
+        grown >> 10
+    );
+    assert!(
+        rounds.iter().all(|&n| n > 0),
+        "every kind of scribble ran: {rounds:?}"
+    );
+    assert!(grown < 64 << 20, "peak memory grew {grown} bytes");
+
+    drop(reg);
+    drop(f);
+    let r = k
+        .unprepare_v1(&[neighbour.clone(), hostile.clone()])
+        .await
+        .unwrap();
+    assert!(r.claims.values().all(|c| c.error.is_empty()), "{r:?}");
+    assert!(!region(&hostile.uid).parent().unwrap().exists());
+    assert!(!region(&neighbour.uid).parent().unwrap().exists());
     p.stop().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
 }

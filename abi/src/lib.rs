@@ -21,6 +21,7 @@ pub mod control;
 pub mod limits;
 pub mod map;
 pub mod region;
+pub mod untrusted;
 
 /// Longest GPU UUID the fixed-size tables hold (NVML's are 40 ASCII characters).
 pub const UUID_FIELD: usize = 64;
@@ -53,6 +54,9 @@ pub enum AbiError {
     BadLine { line: usize, reason: String },
     /// A value out of range when writing.
     Invalid(String),
+    /// A file that cannot be read as the plugin reads tenant-writable files: missing,
+    /// not a regular file, or larger than the bound ([`untrusted::read_bounded`]).
+    Unreadable(String),
 }
 
 impl std::fmt::Display for AbiError {
@@ -62,6 +66,7 @@ impl std::fmt::Display for AbiError {
             AbiError::BadLayout(s) => write!(f, "bad layout: {s}"),
             AbiError::BadLine { line, reason } => write!(f, "line {line}: {reason}"),
             AbiError::Invalid(s) => write!(f, "invalid: {s}"),
+            AbiError::Unreadable(s) => write!(f, "{s}"),
         }
     }
 }

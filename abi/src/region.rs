@@ -363,19 +363,19 @@ impl GpuUsage {
     }
 }
 
-/// Largest region file [`read_gpu_stats`] reads (a tenant can grow its region).
-pub const MAX_READ: u64 = 64 << 20;
+/// Largest region file the plugin reads (a tenant can grow its region, sparse, to
+/// any size): 1 MiB, six times the largest region it creates ([`MAX_GPUS`] GPUs,
+/// [`DEFAULT_SLOTS`] slots), so that later versions may append fields.
+pub const MAX_READ: u64 = 1 << 20;
 
-/// Every GPU's counters from a region file read with `read(2)` into a buffer: never
-/// through a mapping, which a tenant could shrink under the reader (SIGBUS). The
-/// plugin's safe way to read a region it does not trust (see ARCHITECTURE.md's threat
-/// model); [`Region::gpu_stats`] is the in-place reader for mappings.
+/// Every GPU's counters from a region file, read as hostile input
+/// ([`crate::untrusted::read_bounded`]: no FIFO, no symlink, at most [`MAX_READ`]
+/// bytes, with `read(2)` and never through a mapping a tenant could shrink under the
+/// reader). The plugin's safe way to read a region it does not trust (see
+/// ARCHITECTURE.md's threat model); [`Region::gpu_stats`] is the in-place reader for
+/// mappings.
 pub fn read_gpu_stats(path: &std::path::Path) -> Result<Vec<GpuStats>, AbiError> {
-    use std::io::Read;
-    let mut b = Vec::new();
-    File::open(path)
-        .and_then(|f| f.take(MAX_READ).read_to_end(&mut b))
-        .map_err(|e| AbiError::BadLayout(format!("cannot read {}: {e}", path.display())))?;
+    let (_, b) = crate::untrusted::read_bounded(path, MAX_READ)?;
     Ok(Snapshot::parse(&b)?
         .gpus
         .iter()

@@ -565,22 +565,23 @@ pub fn render(snap: &NodeSnapshot) -> String {
     out
 }
 
-/// Reads a shared claim's region: usage per GPU UUID. `None` if unreadable.
+/// Reads a shared claim's region: usage per GPU UUID. `None` if unreadable. The region
+/// is tenant-writable, so it is read as hostile input (bounded, never a FIFO,
+/// [`tessera_abi::untrusted::read_bounded`]): a scribbled region costs its own claim
+/// its figures, and nothing else.
 pub fn region_usage(path: &std::path::Path) -> Option<Vec<(String, ClaimUsage)>> {
-    let bytes = std::fs::read(path).ok()?;
+    let (f, bytes) =
+        tessera_abi::untrusted::read_bounded(path, tessera_abi::region::MAX_READ).ok()?;
     let snap = tessera_abi::region::Snapshot::parse(&bytes).ok()?;
-    // A slot whose lock is held belongs to a live process.
-    let live = std::fs::File::open(path)
-        .map(|f| {
-            snap.slots
-                .iter()
-                .filter(|s| {
-                    let (start, len) = snap.layout.slot_lock_range(s.index);
-                    tessera_abi::map::range_locked(&f, start, len).unwrap_or(false)
-                })
-                .count() as u64
+    // A slot whose lock is held belongs to a live process (asked of the file read).
+    let live = snap
+        .slots
+        .iter()
+        .filter(|s| {
+            let (start, len) = snap.layout.slot_lock_range(s.index);
+            tessera_abi::map::range_locked(&f, start, len).unwrap_or(false)
         })
-        .unwrap_or(0);
+        .count() as u64;
     Some(
         snap.gpus
             .iter()
