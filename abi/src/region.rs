@@ -997,7 +997,8 @@ pub fn cost_ns(blocks: u64, rate: u64) -> u64 {
 /// Low bits of the TAT word that carry the rate code (see [`Bucket`]); the time is kept
 /// to this many bits' quantum (256 ns).
 pub const RATE_CODE_BITS: u32 = 8;
-const CODE_MASK: u64 = (1 << RATE_CODE_BITS) - 1;
+/// The bits of a TAT word that carry its rate code.
+pub const CODE_MASK: u64 = (1 << RATE_CODE_BITS) - 1;
 
 /// The rate code stored beside a TAT: eight steps per octave, `8·⌊log₂ r⌋ + the next
 /// three bits of r`, so codes are monotonic in the rate (0 for rate 1, 255 from about
@@ -1122,6 +1123,23 @@ impl Bucket<'_> {
     /// The theoretical arrival time now stored (ns, to the quantum; without the code).
     pub fn tat(&self) -> u64 {
         self.tat.load(Ordering::Relaxed) & !CODE_MASK
+    }
+
+    /// The whole TAT word: time and rate code.
+    pub fn word(&self) -> u64 {
+        self.tat.load(Ordering::Relaxed)
+    }
+
+    /// Puts back a TAT word a process saw after its own admission, unless the stored
+    /// time is already as late: for honest writers the time only grows at one rate
+    /// code, so a lower one means the tenant rewound its bucket (the region is
+    /// writable), and each process's own memory of it keeps pacing that process.
+    pub fn restore(&self, word: u64) {
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                ((old & !CODE_MASK) < (word & !CODE_MASK)).then_some(word)
+            });
     }
 
     /// Adds to the launch counters.

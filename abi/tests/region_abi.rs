@@ -801,3 +801,35 @@ fn rate_codes_are_monotonic_and_their_ceilings_bound_them() {
         (0, 8, 160)
     );
 }
+
+/// A tenant zeroing its bucket's TAT word would refill the bucket; a process that puts
+/// back the word it last saw (`restore`) is paced as before, and `restore` never moves
+/// a later word back.
+#[test]
+fn a_restored_word_undoes_a_rewind_and_nothing_else() {
+    use region::Admit;
+    let dir = tempfile::tempdir().unwrap();
+    let p = region_file(&dir, &["GPU-a"], 4);
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let r = Region::map(&f, true).unwrap();
+    let b = r.bucket(0).unwrap();
+    let ms = 1_000_000u64;
+    let now = 1_000_000 * ms;
+    while b.try_admit(now, 1, 1000, 10 * ms) == Admit::Now {}
+    let seen = b.word();
+    // The tenant rewinds: the bucket would admit a new burst at once.
+    let raw_tat = (r.layout().gpu_offset(0) + region::gpu::TAT) as u64;
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0; 8], raw_tat).unwrap();
+    assert_eq!(b.word(), 0);
+    b.restore(seen);
+    assert_eq!(b.word(), seen);
+    assert!(matches!(
+        b.try_admit(now, 1, 1000, 10 * ms),
+        Admit::Until(_)
+    ));
+    // A later word (other processes' launches) stays.
+    assert_eq!(b.try_admit(now + 5 * ms, 1, 1000, 10 * ms), Admit::Now);
+    let later = b.word();
+    b.restore(seen);
+    assert_eq!(b.word(), later);
+}

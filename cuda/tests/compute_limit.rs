@@ -7,7 +7,10 @@
 //! * a claim alone (its neighbour idle) may use the whole GPU, and the split returns
 //!   when the neighbour does;
 //! * a claim whose thread blocks cost more GPU time than its neighbour's does not get
-//!   more than its share of time (the controller paces each claim by its own cost).
+//!   more than its share of time (the controller paces each claim by its own cost);
+//! * nor does a tenant that writes its region to get more: forged launch counters, or
+//!   a token bucket rewound every millisecond; its neighbour keeps its share (NVML's
+//!   per-process view, which no tenant writes, overrules the counters).
 //!
 //! The accuracy of the split under contention is the `compute_shares` benchmark's:
 //! these tests print their figures and bound them at 10 points, far outside the noise
@@ -131,5 +134,88 @@ fn dearer_blocks_do_not_buy_more_time() {
     assert!(
         (share - 42.5).abs() <= 10.0,
         "the 25 claim with dearer blocks had {share:.1} % of GPU time (target 42.5)"
+    );
+}
+
+/// 25/40 where the 25 claim runs 3 processes and forges its launch counter: 4 extra
+/// blocks in its region for each one launched (its measured cost per block looks 5x
+/// cheaper, so the rate it is allowed 5x higher). NVML's per-process utilization, which
+/// no tenant can write, pulls it back to its target, 42.5 %: judged over the last 8
+/// windows, after the controller has had 12 s. Believing the forged counters gives it
+/// about 70 % (its 3 processes of 4 in the GPU's round-robin, barely throttled).
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn forged_launch_counters_do_not_buy_more_time() {
+    if !support::require("forged_launch_counters_do_not_buy_more_time") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let nvml = fake_nvml(dir.path());
+    let mut sc = Scenario::row(&[25, 40]);
+    sc.name = "forged-counters".into();
+    sc.procs = vec![3, 1];
+    sc.inflate = vec![4, 0];
+    sc.secs = 21.0;
+    let o = run(dir.path(), &nvml, &sc, 7, true);
+    let w: Vec<String> = o.windows[0].iter().map(|x| format!("{x:.1}")).collect();
+    println!(
+        "25 claim (forged counters) share per window: [{}]",
+        w.join(" ")
+    );
+    let share = mean(&o.windows[0][12..20]);
+    let neighbour = mean(&o.windows[1][12..20]);
+    println!(
+        "25 claim (forged counters): {share:.1} % of GPU time (target 42.5); its neighbour \
+         {neighbour:.1} % (target 57.5)"
+    );
+    assert!(
+        neighbour >= 57.5 - 10.0,
+        "the neighbour of a claim with forged counters had {neighbour:.1} % (target 57.5)"
+    );
+    assert!(
+        (share - 42.5).abs() <= 10.0,
+        "the 25 claim forging its counters had {share:.1} % of GPU time (target 42.5)"
+    );
+}
+
+/// The 25 claim of 3 processes rewinds its token bucket every millisecond (zeroing the
+/// arrival time in its region, which would refill the bucket: about 20x its rate).
+/// Each process keeps its own memory of the bucket and puts it back, so each is still
+/// paced at the claim's rate, and NVML's view cuts that rate until the claim is at its
+/// target, 42.5 %. Without either it has its 3 processes' 75 % of the round-robin.
+#[test]
+#[ignore = "needs root (unshare -m)"]
+fn a_rewound_bucket_does_not_buy_more_time() {
+    if !support::require("a_rewound_bucket_does_not_buy_more_time") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let nvml = fake_nvml(dir.path());
+    let mut sc = Scenario::row(&[25, 40]);
+    sc.name = "rewound-bucket".into();
+    sc.procs = vec![3, 1];
+    sc.rewind = vec![true, false];
+    sc.secs = 21.0;
+    let o = run(dir.path(), &nvml, &sc, 9, true);
+    let w: Vec<String> = o.windows[0].iter().map(|x| format!("{x:.1}")).collect();
+    println!(
+        "25 claim (rewound bucket) share per window: [{}]",
+        w.join(" ")
+    );
+    let share = mean(&o.windows[0][12..20]);
+    let neighbour = mean(&o.windows[1][12..20]);
+    println!(
+        "25 claim (rewound bucket): {share:.1} % of GPU time (target 42.5); its neighbour \
+         {neighbour:.1} % (target 57.5)"
+    );
+    assert!(
+        neighbour >= 57.5 - 10.0,
+        "the neighbour of a claim with rewound bucket had {neighbour:.1} % (target 57.5)"
+    );
+    assert!(
+        (share - 42.5).abs() <= 10.0,
+        "the 25 claim rewinding its bucket had {share:.1} % of GPU time (target 42.5)"
     );
 }

@@ -30,6 +30,16 @@
 //! is slow on purpose (NVML's 1 s samples of a GPU running long kernels swing by tens of
 //! points): it trims residual bias over tens of seconds, moving each rate by at most
 //! [`MAX_STEP`] per tick.
+//!
+//! **The tenant writes the counters.** Launch counters live in the claim's region, which
+//! its processes map read-write, so a tenant can forge them: more blocks make its blocks
+//! look cheap and its rate high. NVML's per-process utilization is the one figure no
+//! tenant writes, so it has the last word: a claim whose measured share, averaged over
+//! [`EXCESS_TICKS`] ticks, stays more than [`EXCESS_POINTS`] above its target has its
+//! rate cut by a guard factor (down to [`GUARD_MIN`], by `target ÷ measured` a
+//! second), which relaxes back toward 1 by [`GUARD_RELAX`] per tick once the
+//! claim is at or below its target. An honest claim, paced by its true cost, sits at
+//! its target and its guard stays at 1.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -74,6 +84,31 @@ pub const ACTIVE_UTIL: f64 = 2.0;
 /// would keep a claim that went idle "active" (and its neighbours throttled) for a
 /// second more.
 pub const ACTIVE_SECS: f64 = 0.5;
+/// Points above its target from which a claim's measured share (NVML, averaged over
+/// [`EXCESS_TICKS`]) overrides what its counters say.
+pub const EXCESS_POINTS: f64 = 2.0;
+/// Ticks of NVML figures the excess check averages (2 s at the service's 250 ms): NVML
+/// samples of one window swing by a few points, a 2 s mean much less.
+pub const EXCESS_TICKS: usize = 8;
+/// Exponent of a tick's cut, `(target ÷ measured)^GUARD_CUT`: the whole ratio in
+/// a second of ticks at the service's 250 ms. Faster would overshoot more (NVML's
+/// figures trail the rate by its 1 s window), slower would leave a forger above its
+/// target for longer than 10 s.
+pub const GUARD_CUT: f64 = 0.25;
+/// Lowest guard factor: a tenant forging its counters 100-fold is still held.
+pub const GUARD_MIN: f64 = 0.01;
+/// Per-tick relaxation of the guard toward 1 while the claim is at or below its
+/// target (about 4 % a second): slow, so that a tenant who stops forging for a while
+/// and starts again finds its rate still held.
+pub const GUARD_RELAX: f64 = 1.01;
+/// A claim whose counters say it has work pending while NVML shows it below this
+/// utilization (percent), or not at all, for [`QUIET_SECS`] is idle: a tenant forging
+/// launches or waits must not hold its neighbours to their targets on a GPU it leaves
+/// idle.
+pub const QUIET_UTIL: f64 = 0.5;
+/// How long NVML must show a claim quiet before it overrules its counters: NVML's 1 s
+/// window, and a second for a claim just starting.
+pub const QUIET_SECS: f64 = 2.0;
 /// Device busy percentage from which the GPU counts as contended (and, with
 /// hysteresis, stops counting as contended below [`RELEASE_BUSY`]).
 pub const CONTENDED_BUSY: f64 = 90.0;
@@ -183,10 +218,72 @@ pub struct GpuController {
     claim_cap_log: BTreeMap<String, VecDeque<(f64, f64, f64)>>,
     /// Last rate and the target it was set for, per claim.
     rates: BTreeMap<String, (f64, f64)>,
+    /// Per claim: the guard against forged counters, from NVML's figures.
+    guards: BTreeMap<String, Guard>,
+    /// Per claim: since when NVML has shown it quiet ([`QUIET_UTIL`]).
+    quiet_since: BTreeMap<String, f64>,
     contended: bool,
     /// When contention began: NVML's samples lag a window, so the integral term waits
     /// one window after the rates were first set.
     contended_since: Option<f64>,
+}
+
+/// What NVML says of one claim against its target: the last [`EXCESS_TICKS`] measured
+/// shares, and the factor its rate is held by (1 = its counters are believed).
+#[derive(Debug, Clone)]
+struct Guard {
+    factor: f64,
+    target: f64,
+    /// NVML's figures count from this time on: one window after the target was set, so
+    /// that the time before the rate was in force (a claim unthrottled until the
+    /// capacity was known) is not taken for an excess.
+    armed_at: f64,
+    measured: VecDeque<f64>,
+}
+
+impl Default for Guard {
+    fn default() -> Self {
+        Guard {
+            factor: 1.0,
+            target: f64::NAN,
+            armed_at: 0.0,
+            measured: VecDeque::new(),
+        }
+    }
+}
+
+impl Guard {
+    /// Records the measured share at `now` against `target` (both percent) and updates
+    /// the factor. A new target starts a new average (the factor stays: a forger's
+    /// counters do not become honest when a neighbour leaves). A mean beyond
+    /// `target + EXCESS_POINTS` cuts the factor by `target ÷ mean` a second,
+    /// a mean at or below the target relaxes it, and in between nothing moves: NVML's
+    /// noise alone seldom crosses the line, and then by little (a cut of about 1.2 %
+    /// a tick just above it), so an honest claim keeps its rate.
+    fn observe(&mut self, now: f64, target: f64, measured: f64) -> f64 {
+        if (self.target - target).abs() >= 0.5 || self.target.is_nan() {
+            self.target = target;
+            self.armed_at = now + WINDOW_SECS;
+            self.measured.clear();
+        }
+        if now < self.armed_at {
+            return self.factor;
+        }
+        self.measured.push_back(measured);
+        while self.measured.len() > EXCESS_TICKS {
+            self.measured.pop_front();
+        }
+        if self.measured.len() == EXCESS_TICKS {
+            let mean = self.measured.iter().sum::<f64>() / EXCESS_TICKS as f64;
+            if mean > target + EXCESS_POINTS {
+                let cut = (target.max(1.0) / mean).powf(GUARD_CUT);
+                self.factor = (self.factor * cut).max(GUARD_MIN);
+            } else if mean <= target {
+                self.factor = (self.factor * GUARD_RELAX).min(1.0);
+            }
+        }
+        self.factor
+    }
 }
 
 impl GpuController {
@@ -210,6 +307,11 @@ impl GpuController {
             .iter()
             .fold((0.0, 0.0), |(b, u), (_, db, du)| (b + db, u + du));
         (b > 0.0 && u > 0.0).then(|| b / u)
+    }
+
+    /// The factor NVML's figures hold a claim's rate by (1 = its counters believed).
+    pub fn guard(&self, key: &str) -> f64 {
+        self.guards.get(key).map_or(1.0, |g| g.factor)
     }
 
     /// Whether the last tick found the GPU contended.
@@ -268,12 +370,20 @@ impl GpuController {
         let mut launched = 0.0;
         let mut waiting = false;
         let mut claim_launched = Vec::with_capacity(obs.claims.len());
+        // NVML overrules counters only when it reports per-process samples at all.
+        let nvml_sees = obs.claims.iter().any(|c| c.util.is_some());
         for c in &obs.claims {
             let (short_rate, short_wait) = delta(&recent, &c.key).unwrap_or((0.0, 0.0));
-            let a = short_rate > 0.0
-                || short_wait > 0.0
-                || (c.blocks == 0 && c.util.is_some_and(|u| u >= ACTIVE_UTIL));
-            waiting |= short_wait > 0.0;
+            let quiet = nvml_sees && c.util.is_none_or(|u| u < QUIET_UTIL);
+            let silenced = if quiet {
+                now - *self.quiet_since.entry(c.key.clone()).or_insert(now) >= QUIET_SECS
+            } else {
+                self.quiet_since.remove(&c.key);
+                false
+            };
+            let counted = (short_rate > 0.0 || short_wait > 0.0) && !silenced;
+            let a = counted || (c.blocks == 0 && c.util.is_some_and(|u| u >= ACTIVE_UTIL));
+            waiting |= short_wait > 0.0 && !silenced;
             active.push(a);
             let l = delta(&window_start, &c.key).map_or(0.0, |d| d.0);
             claim_launched.push(l);
@@ -378,7 +488,20 @@ impl GpuController {
                     } else {
                         (1.0, 1.0)
                     };
-                    let want = target / 100.0 * cap * headroom * corr;
+                    // NVML's word against the counters: under contention the claim's
+                    // share of the busy time (from one window after it began), on an
+                    // idle GPU its utilization against its cap.
+                    let measured = if self.contended {
+                        achieved.filter(|_| settled)
+                    } else {
+                        c.util
+                    };
+                    let guard = self.guards.entry(c.key.clone()).or_default();
+                    let guard = match measured {
+                        Some(m) => guard.observe(now, target, m),
+                        None => guard.factor,
+                    };
+                    let want = target / 100.0 * cap * headroom * corr * guard;
                     // Bounded steps for the same target (the integral term, capacity
                     // drift); a new target (claims came or went) is set at once.
                     let r = match self.rates.get(&c.key) {
@@ -409,6 +532,10 @@ impl GpuController {
         self.correction
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.rates
+            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
+        self.guards
+            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
+        self.quiet_since
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.claim_cap_log
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
@@ -620,5 +747,144 @@ mod tests {
             }
             prev = r;
         }
+    }
+
+    /// A closed loop on a model GPU (no noise): two claims whose blocks each cost
+    /// 100 µs (10 000 blocks/s fill the GPU), launching as fast as their rates allow, in
+    /// `procs` processes each (the GPU's round-robin splits what the rates leave by
+    /// process); claim a writes `forge` extra blocks into its counter per block it
+    /// launched. NVML reports each claim's utilization over the last second. Returns
+    /// claim a's share of the busy time per tick, and the controller.
+    fn closed_loop(forge: f64, procs: [f64; 2], secs: f64) -> (Vec<f64>, GpuController) {
+        const C: f64 = 10_000.0;
+        const DT: f64 = 0.25;
+        let mut c = GpuController::new();
+        let (mut rates, mut blocks, mut waited) = ([0u64; 2], [0.0f64; 2], [0u64; 2]);
+        let mut util_log: VecDeque<[f64; 2]> = VecDeque::new();
+        let mut shares = Vec::new();
+        for k in 0..(secs / DT) as usize {
+            // Throttled claims run at their rate; unthrottled ones split the rest.
+            let mut u = [0.0; 2];
+            for i in 0..2 {
+                if rates[i] > 0 {
+                    u[i] = rates[i] as f64 / C;
+                }
+            }
+            let throttled: f64 = u.iter().sum();
+            if throttled > 1.0 {
+                u = [u[0] / throttled, u[1] / throttled];
+            }
+            let free: f64 = (0..2).filter(|&i| rates[i] == 0).map(|i| procs[i]).sum();
+            for i in 0..2 {
+                if rates[i] == 0 {
+                    u[i] = (1.0 - throttled).max(0.0) * procs[i] / free;
+                }
+                let launched = u[i] * C * DT;
+                blocks[i] += launched * if i == 0 { 1.0 + forge } else { 1.0 };
+                if rates[i] > 0 {
+                    waited[i] += 1_000_000;
+                }
+            }
+            util_log.push_back(u);
+            if util_log.len() > 4 {
+                util_log.pop_front();
+            }
+            let util = |i: usize| 100.0 * util_log.iter().map(|u| u[i]).sum::<f64>() / 4.0;
+            let busy = util(0) + util(1);
+            shares.push(100.0 * util(0) / busy);
+            let d = c.step(&GpuObservation {
+                now: k as f64 * DT,
+                busy: Some(busy),
+                claims: ["a", "b"]
+                    .iter()
+                    .zip([25.0, 40.0])
+                    .enumerate()
+                    .map(|(i, (key, share))| ClaimObservation {
+                        key: (*key).into(),
+                        share,
+                        limit: 100.0,
+                        util: Some(util(i)),
+                        blocks: blocks[i] as u64,
+                        waited_ns: waited[i],
+                    })
+                    .collect(),
+            });
+            rates = [d[0].block_rate, d[1].block_rate];
+        }
+        (shares, c)
+    }
+
+    /// A claim forging 4 extra blocks per block launched (its rate, from its counters,
+    /// would be 5x too high) is held to its target (42.5) by NVML's figures within 10 s:
+    /// from then on no 2 s mean of its share is more than EXCESS_POINTS above it.
+    /// Believed, its counters would give it its 3 processes' 75 % of the round-robin.
+    #[test]
+    fn forged_counters_are_overruled_by_nvml_within_ten_seconds() {
+        let (shares, c) = closed_loop(4.0, [3.0, 1.0], 40.0);
+        println!("claim a share per tick: {shares:.1?}");
+        let tail = &shares[40..];
+        for (k, w) in tail.windows(8).enumerate() {
+            let m = w.iter().sum::<f64>() / 8.0;
+            assert!(
+                m <= 42.5 + EXCESS_POINTS,
+                "2 s mean {m:.2} from {:.2} s: {shares:.1?}",
+                10.0 + k as f64 * 0.25
+            );
+        }
+        let last = tail.iter().sum::<f64>() / tail.len() as f64;
+        assert!(last > 42.5 - 5.0, "held, not starved: {last:.2}");
+        assert!(c.guard("a") < 0.5, "guard {}", c.guard("a"));
+        assert_eq!(c.guard("b"), 1.0);
+    }
+
+    /// Honest claims never trip the guard: their counters pace them at their targets.
+    #[test]
+    fn honest_claims_keep_their_counters_believed() {
+        let (shares, c) = closed_loop(0.0, [3.0, 1.0], 40.0);
+        let tail = &shares[20..];
+        let m = tail.iter().sum::<f64>() / tail.len() as f64;
+        assert!((m - 42.5).abs() < 1.0, "{m:.2}: {shares:.1?}");
+        assert_eq!((c.guard("a"), c.guard("b")), (1.0, 1.0));
+    }
+
+    /// A claim that forges waits (and a trickle of launches) while NVML shows it idle
+    /// stops counting as active after QUIET_SECS: its busy neighbour, alone in fact, is
+    /// released instead of being held to its target on a GPU half idle.
+    #[test]
+    fn forged_waits_do_not_hold_a_neighbour_back() {
+        let mut c = GpuController::new();
+        let mut d = Vec::new();
+        let (mut a, mut b, mut bw) = (0u64, 0u64, 0u64);
+        // Both really busy: contended.
+        for k in 0..=8u64 {
+            a += 1250;
+            b += 1250;
+            d = c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 50.0, a, 1), ("b", 40.0, 50.0, b, 1)],
+            ));
+        }
+        assert!(c.contended());
+        // b stops running but keeps writing waits and one block a tick into its region;
+        // NVML shows b at 0 and a, throttled to its target, at 42.5 % of the GPU.
+        let mut released_at = None;
+        for k in 9..=40u64 {
+            a += 1000;
+            b += 1;
+            bw += 1_000_000;
+            let t = k as f64 * 0.25;
+            d = c.step(&obs(
+                t,
+                if released_at.is_some() { 100.0 } else { 42.5 },
+                &[("a", 25.0, 42.5, a, 1), ("b", 40.0, 0.0, b, bw)],
+            ));
+            if released_at.is_none() && d[0].block_rate == 0 {
+                released_at = Some(t);
+            }
+        }
+        let t = released_at.expect("a is released");
+        assert!(t <= 2.25 + QUIET_SECS + 0.5, "released at {t} s");
+        assert!(!d[1].active && !c.contended(), "{d:?}");
     }
 }

@@ -602,6 +602,11 @@ pub struct LaunchPart {
     pub rate: Option<RateCells<'static>>,
     /// Index among all parts of the process (per-thread counters are indexed by it).
     pub index: usize,
+    /// The bucket's TAT word as this process last left it: a tenant who rewinds the
+    /// shared word (the region is writable) does not rewind this process's memory of
+    /// it, so every process stays paced at the claim's rate at least, and the
+    /// controller (NVML's view) holds the claim to its share.
+    pub seen: std::sync::atomic::AtomicU64,
 }
 
 /// The launch buckets of each merged GPU (same order as `gpus`): the claims' regions
@@ -621,6 +626,7 @@ fn launch_parts(claims: &[Claim], gpus: &[MergedGpu]) -> Vec<Vec<LaunchPart>> {
                     let part = LaunchPart {
                         bucket,
                         rate,
+                        seen: std::sync::atomic::AtomicU64::new(0),
                         index,
                     };
                     index += 1;

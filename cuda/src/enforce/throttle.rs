@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use tessera_abi::region::Admit;
+use tessera_abi::region::{Admit, CODE_MASK, rate_code};
 
 use super::accounting::{self, LaunchPart, State};
 use super::forklock::ForkLock;
@@ -168,8 +168,22 @@ fn charge(parts: &[LaunchPart], blocks: u64, kernels: u64) {
                 count(p, blocks, kernels);
                 return;
             }
+            // A word this process left at this rate, later than the stored one: the
+            // bucket was rewound under it; put it back before asking.
+            let code = u64::from(rate_code(rate));
+            let seen = p.seen.load(Ordering::Relaxed);
+            let same_rate = seen & CODE_MASK == code;
+            if seen != 0 && same_rate {
+                p.bucket.restore(seen);
+            }
             match p.bucket.try_admit(now, blocks, rate, burst) {
                 Admit::Now => {
+                    // Remember the later of the word now stored and the one kept (a
+                    // rewind between the admission and this read loses nothing).
+                    let word = p.bucket.word();
+                    if !same_rate || word & !CODE_MASK >= seen & !CODE_MASK {
+                        p.seen.store(word, Ordering::Relaxed);
+                    }
                     count(p, blocks, kernels);
                     return;
                 }

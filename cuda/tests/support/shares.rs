@@ -40,6 +40,13 @@ pub struct Scenario {
     /// client sizes grids with the same figure, so kernel durations stay the same and
     /// a claim with dearer blocks launches fewer of them.
     pub block_ns: Vec<u64>,
+    /// Per claim: a tenant's forgery, as extra thread blocks written into its region's
+    /// launch counter per block really launched (0 = an honest claim). A thread of the
+    /// runner, mapping the region as the claim's processes do, adds them every 5 ms.
+    pub inflate: Vec<u64>,
+    /// Per claim: a tenant rewinding its token bucket (zeroing the TAT word in its
+    /// region, which would refill the bucket) every millisecond.
+    pub rewind: Vec<bool>,
     pub secs: f64,
 }
 
@@ -56,6 +63,8 @@ impl Scenario {
             procs: vec![1; shares.len()],
             workloads: vec!["loop".into(); shares.len()],
             block_ns: vec![BLOCK_NS; shares.len()],
+            inflate: vec![0; shares.len()],
+            rewind: vec![false; shares.len()],
             secs: WARMUP_S + WINDOWS as f64,
         }
     }
@@ -179,6 +188,13 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
             children.push(child);
         }
     }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let forgers: Vec<_> = claims
+        .iter()
+        .zip(sc.inflate.iter().zip(&sc.rewind))
+        .filter(|(_, (k, r))| **k > 0 || **r)
+        .map(|(c, (&k, &r))| forge(c.dir.join("region"), k, r, stop.clone()))
+        .collect();
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < sc.secs {
         if throttle {
@@ -204,6 +220,10 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
             }
         }
         std::thread::sleep(tessera::compute::service::INTERVAL);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in forgers {
+        f.join().expect("counter forger");
     }
     for c in &mut children {
         let _ = c.kill();
@@ -243,6 +263,40 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
         }
     }
     Outcome { windows, busy }
+}
+
+/// A tenant forging its region: every millisecond, `factor` forged blocks in its launch
+/// counter for each block its processes really launched since (the counter's growth
+/// less the forgeries), and with `rewind` its bucket's TAT word zeroed.
+fn forge(
+    region: PathBuf,
+    factor: u64,
+    rewind: bool,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&region)
+            .expect("the claim's region");
+        let reg = tessera_abi::region::Region::map(&f, true).expect("map the region");
+        let tat = (reg.layout().gpu_offset(0) + tessera_abi::region::gpu::TAT) as u64;
+        let (mut forged, mut real_seen) = (0u64, 0u64);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let blocks = reg.gpu_stats(0).expect("GPU 0").blocks;
+            let real = blocks.saturating_sub(forged);
+            let extra = real.saturating_sub(real_seen) * factor;
+            real_seen = real;
+            reg.bucket(0).expect("GPU 0").count(extra, 0);
+            forged += extra;
+            if rewind {
+                f.write_all_at(&[0; 8], tat).expect("rewind the bucket");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    })
 }
 
 /// `sim_client <workload> <seed> <seconds> 0 [key=value...]`; a scenario's workload
