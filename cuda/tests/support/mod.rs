@@ -157,9 +157,11 @@ fn cc(args: &[&str]) {
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
+        // In the target directory, not /tmp: a static is never dropped, so this
+        // directory outlives the test binary, and `cargo clean` is what removes it.
         let tmp = tempfile::Builder::new()
             .prefix("tessera-cuda-fixtures")
-            .tempdir()
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .expect("temp dir");
         let root = tmp.path();
         let (lib_dir, fake_dir, other) = (root.join("lib"), root.join("fake"), root.join("other"));

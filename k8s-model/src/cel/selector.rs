@@ -141,9 +141,12 @@ mod tests {
     }
 
     /// Selectors that would run for hours or allocate without bound stop at the cost
-    /// limit with cel-go's message, quickly: nested comprehensions, doubling strings and
-    /// lists, a huge `lists.range`, a growing `replace`; an `||` or `all()` that
-    /// absorbs the error does not hide it.
+    /// limit with cel-go's message, within seconds: nested comprehensions, doubling
+    /// strings and lists, a huge `lists.range`, a growing `replace`; an `||` or `all()`
+    /// that absorbs the error does not hide it. Each evaluation's time is printed; the
+    /// bound, 120 s, is far from both sides: the slowest case (the nested `map`) took
+    /// 6 s in a debug build beside a benchmark and 12 s with both cores busy elsewhere,
+    /// and a selector the limit missed would run for hours.
     #[test]
     fn runaway_selectors_stop_at_the_cost_limit() {
         let doubling = |seed: &str| {
@@ -173,11 +176,9 @@ mod tests {
             for expression in cases {
                 let t = std::time::Instant::now();
                 assert_eq!(eval(&expression), Err(CelError::CostLimit), "{expression}");
-                assert!(
-                    t.elapsed().as_secs() < 10,
-                    "{expression}: {:?}",
-                    t.elapsed()
-                );
+                let took = t.elapsed();
+                println!("{took:>12.3?}  {expression}");
+                assert!(took.as_secs() < 120, "{expression}: {took:?}");
             }
         };
         std::thread::Builder::new()
