@@ -35,7 +35,8 @@
 //! its processes map read-write, so a tenant can forge them: more blocks make its blocks
 //! look cheap and its rate high. NVML's per-process utilization is the one figure no
 //! tenant writes, so it has the last word: a claim whose measured share, averaged over
-//! [`EXCESS_TICKS`] ticks, stays more than [`EXCESS_POINTS`] above its target has its
+//! [`EXCESS_TICKS`] ticks, stays more than [`EXCESS_POINTS`] above its target (under
+//! contention: once the integral term is at its floor, so noise never trips it) has its
 //! rate cut by a guard factor (down to [`GUARD_MIN`], by `target ÷ measured` a
 //! second), which relaxes back toward 1 by [`GUARD_RELAX`] per tick once the
 //! claim is at or below its target. An honest claim, paced by its true cost, sits at
@@ -260,7 +261,7 @@ impl Guard {
     /// a mean at or below the target relaxes it, and in between nothing moves: NVML's
     /// noise alone seldom crosses the line, and then by little (a cut of about 1.2 %
     /// a tick just above it), so an honest claim keeps its rate.
-    fn observe(&mut self, now: f64, target: f64, measured: f64) -> f64 {
+    fn observe(&mut self, now: f64, target: f64, measured: f64, may_cut: bool) -> f64 {
         if (self.target - target).abs() >= 0.5 || self.target.is_nan() {
             self.target = target;
             self.armed_at = now + WINDOW_SECS;
@@ -275,7 +276,7 @@ impl Guard {
         }
         if self.measured.len() == EXCESS_TICKS {
             let mean = self.measured.iter().sum::<f64>() / EXCESS_TICKS as f64;
-            if mean > target + EXCESS_POINTS {
+            if mean > target + EXCESS_POINTS && may_cut {
                 let cut = (target.max(1.0) / mean).powf(GUARD_CUT);
                 self.factor = (self.factor * cut).max(GUARD_MIN);
             } else if mean <= target {
@@ -496,9 +497,14 @@ impl GpuController {
                     } else {
                         c.util
                     };
+                    // Under contention the integral term answers a bias first, both
+                    // ways; the guard cuts only once that term is at its floor (an
+                    // excess it cannot trim is no noise), so that NVML's noise never
+                    // costs an honest claim its share.
+                    let may_cut = !self.contended || corr <= CORRECTION_RANGE.0 + 1e-9;
                     let guard = self.guards.entry(c.key.clone()).or_default();
                     let guard = match measured {
-                        Some(m) => guard.observe(now, target, m),
+                        Some(m) => guard.observe(now, target, m, may_cut),
                         None => guard.factor,
                     };
                     let want = target / 100.0 * cap * headroom * corr * guard;
