@@ -658,9 +658,8 @@ async fn a_scribbled_region_costs_only_its_own_claim_its_figures() {
                     "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73",
                 );
                 rounds[i] += 1;
-                if rng.below(4) == 0 {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                // Leaves the plugin a core on a 2-core machine.
+                std::thread::sleep(Duration::from_millis(1));
             }
             rounds
         })

@@ -1076,6 +1076,25 @@ impl Bucket<'_> {
     /// rescaled to `rate`. One compare-and-swap when admitted; no system call.
     #[inline]
     pub fn try_admit(&self, now: u64, blocks: u64, rate: u64, burst_ns: u64) -> Admit {
+        self.try_admit_after(now, blocks, rate, burst_ns, 0)
+    }
+
+    /// [`Bucket::try_admit`] for a process that remembers `seen`, the TAT word it last
+    /// left in this bucket (0 = none): at the same rate code, the stored time counts as
+    /// at least `seen`'s, whatever the word now holds. For honest writers the time only
+    /// grows at one rate code, so this changes nothing; a tenant who rewrites the word
+    /// (zero, a time beyond [`MAX_DEBT_NS`] that reads as corrupt, a low rate code
+    /// whose debt rescales to nothing) then buys each process no more than the claim's
+    /// rate, and the stored word is repaired.
+    #[inline]
+    pub fn try_admit_after(
+        &self,
+        now: u64,
+        blocks: u64,
+        rate: u64,
+        burst_ns: u64,
+        seen: u64,
+    ) -> Admit {
         let burst = if burst_ns == 0 {
             DEFAULT_BURST_NS
         } else {
@@ -1099,6 +1118,9 @@ impl Bucket<'_> {
                 let scaled = u128::from(t - now) * u128::from(rate_code_ceiling(booked).min(rate))
                     / u128::from(rate);
                 t = now + scaled as u64;
+            }
+            if seen & CODE_MASK == u64::from(code) {
+                t = t.max(seen & !CODE_MASK);
             }
             let base = t.max(floor);
             let (new, verdict) = if base > now {
@@ -1128,18 +1150,6 @@ impl Bucket<'_> {
     /// The whole TAT word: time and rate code.
     pub fn word(&self) -> u64 {
         self.tat.load(Ordering::Relaxed)
-    }
-
-    /// Puts back a TAT word a process saw after its own admission, unless the stored
-    /// time is already as late: for honest writers the time only grows at one rate
-    /// code, so a lower one means the tenant rewound its bucket (the region is
-    /// writable), and each process's own memory of it keeps pacing that process.
-    pub fn restore(&self, word: u64) {
-        let _ = self
-            .tat
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                ((old & !CODE_MASK) < (word & !CODE_MASK)).then_some(word)
-            });
     }
 
     /// Adds to the launch counters.

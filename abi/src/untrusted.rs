@@ -41,7 +41,7 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<(File, Vec<u8>), AbiError> 
         )));
     }
     let mut b = Vec::with_capacity(md.len() as usize);
-    (&f).take(max + 1)
+    (&f).take(max.saturating_add(1))
         .read_to_end(&mut b)
         .map_err(|e| fail(format!("cannot read: {e}")))?;
     if b.len() as u64 > max {

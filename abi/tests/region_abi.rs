@@ -802,11 +802,14 @@ fn rate_codes_are_monotonic_and_their_ceilings_bound_them() {
     );
 }
 
-/// A tenant zeroing its bucket's TAT word would refill the bucket; a process that puts
-/// back the word it last saw (`restore`) is paced as before, and `restore` never moves
-/// a later word back.
+/// A tenant rewriting its bucket's TAT word would refill the bucket: zeroed, set
+/// beyond any debt (read as corrupt, so as now), or set a little later at rate code 0
+/// (a debt rescaled to nothing). A process that remembers the word it last left
+/// (`try_admit_after`) is paced as before in all three cases, and the word is repaired;
+/// a later word (other processes' launches) and a word of another rate code are not
+/// overridden.
 #[test]
-fn a_restored_word_undoes_a_rewind_and_nothing_else() {
+fn a_remembered_word_undoes_a_rewritten_bucket_and_nothing_else() {
     use region::Admit;
     let dir = tempfile::tempdir().unwrap();
     let p = region_file(&dir, &["GPU-a"], 4);
@@ -815,21 +818,45 @@ fn a_restored_word_undoes_a_rewind_and_nothing_else() {
     let b = r.bucket(0).unwrap();
     let ms = 1_000_000u64;
     let now = 1_000_000 * ms;
-    while b.try_admit(now, 1, 1000, 10 * ms) == Admit::Now {}
-    let seen = b.word();
-    // The tenant rewinds: the bucket would admit a new burst at once.
     let raw_tat = (r.layout().gpu_offset(0) + region::gpu::TAT) as u64;
-    std::os::unix::fs::FileExt::write_all_at(&f, &[0; 8], raw_tat).unwrap();
-    assert_eq!(b.word(), 0);
-    b.restore(seen);
-    assert_eq!(b.word(), seen);
-    assert!(matches!(
-        b.try_admit(now, 1, 1000, 10 * ms),
-        Admit::Until(_)
-    ));
-    // A later word (other processes' launches) stays.
-    assert_eq!(b.try_admit(now + 5 * ms, 1, 1000, 10 * ms), Admit::Now);
-    let later = b.word();
-    b.restore(seen);
-    assert_eq!(b.word(), later);
+    let write =
+        |w: u64| std::os::unix::fs::FileExt::write_all_at(&f, &w.to_le_bytes(), raw_tat).unwrap();
+    // A 500-block kernel at 1000 blocks/s: the bucket owes 490 ms (500 less the burst).
+    assert_eq!(b.try_admit(now, 500, 1000, 10 * ms), Admit::Now);
+    let seen = b.word();
+    let wait = |a: Admit| match a {
+        Admit::Now => 0,
+        Admit::Until(t) => t.saturating_sub(now),
+    };
+    assert!(wait(b.try_admit(now, 1, 1000, 10 * ms)) >= 480 * ms);
+    for forged in [
+        0,
+        now + region::MAX_DEBT_NS + 10 * ms,
+        (b.tat() + 256) & !0xff,
+    ] {
+        write(forged);
+        // Believed, the forged word admits a launch at once (or within nanoseconds)...
+        let believed = wait(b.try_admit(now, 1, 1000, 10 * ms));
+        assert!(believed < ms, "{forged}: {believed} ns");
+        write(forged);
+        // ...remembered, it owes what it did, and the word is put back.
+        let remembered = wait(b.try_admit_after(now, 1, 1000, 10 * ms, seen));
+        assert!(remembered >= 480 * ms, "{forged}: {remembered} ns");
+        assert!(
+            b.tat() >= seen & !0xff,
+            "{forged}: {} < {}",
+            b.tat(),
+            seen & !0xff
+        );
+        write(seen);
+    }
+    // A later word stays: the remembered one is only a floor.
+    assert_eq!(
+        b.try_admit_after(now + 495 * ms, 1, 1000, 10 * ms, seen),
+        Admit::Now
+    );
+    assert!(b.tat() > seen & !0xff);
+    // At another rate the remembered word says nothing.
+    write(0);
+    assert_eq!(b.try_admit_after(now, 1, 2000, 10 * ms, seen), Admit::Now);
 }

@@ -261,6 +261,12 @@ fn special(dir: &Path, nvml: &Nvml, seed: u64, misses: &mut Vec<String>) {
         println!("\n{} (seed {seed}): per 1 s window from 0 s", fc.name);
         println!("  25 claim share   {}", fmt(&o.windows[0]));
         let tail = &o.windows[0][10..];
+        assert!(
+            tail.len() >= 10,
+            "{}: {} windows from 10 s",
+            fc.name,
+            tail.len()
+        );
         let worst10 = tail.windows(10).map(mean).fold(f64::NEG_INFINITY, f64::max);
         let m = mean(tail);
         let free = free.map_or("not run".into(), |f| {

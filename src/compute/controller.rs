@@ -35,12 +35,15 @@
 //! its processes map read-write, so a tenant can forge them: more blocks make its blocks
 //! look cheap and its rate high. NVML's per-process utilization is the one figure no
 //! tenant writes, so it has the last word: a claim whose measured share, averaged over
-//! [`EXCESS_TICKS`] ticks, stays more than [`EXCESS_POINTS`] above its target (under
-//! contention: once the integral term is at its floor, so noise never trips it) has its
+//! [`EXCESS_TICKS`] ticks, stays more than [`EXCESS_POINTS`] above its target has its
 //! rate cut by a guard factor (down to [`GUARD_MIN`], by `target ÷ measured` a
 //! second), which relaxes back toward 1 by [`GUARD_RELAX`] per tick once the
-//! claim is at or below its target. An honest claim, paced by its true cost, sits at
-//! its target and its guard stays at 1.
+//! claim is at or below its target (or has none). An honest claim, paced by its true
+//! cost, sits at its target and its guard stays at 1; under contention the guard waits
+//! for the integral term to reach its floor and for a GPU at least [`RELEASE_BUSY`]
+//! busy, so neither NVML's noise nor a neighbour that leaves the GPU half idle trips
+//! it. Small targets are the exception: the 2 point band is absolute, so a claim
+//! capped at a few percent sees its noise cross it more often.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -102,10 +105,10 @@ pub const GUARD_MIN: f64 = 0.01;
 /// target (about 4 % a second): slow, so that a tenant who stops forging for a while
 /// and starts again finds its rate still held.
 pub const GUARD_RELAX: f64 = 1.01;
-/// A claim whose counters say it has work pending while NVML shows it below this
-/// utilization (percent), or not at all, for [`QUIET_SECS`] is idle: a tenant forging
-/// launches or waits must not hold its neighbours to their targets on a GPU it leaves
-/// idle.
+/// A claim whose counters have said for [`QUIET_SECS`] that it has work pending while
+/// NVML shows it below this utilization (percent), or not at all, for as long is idle:
+/// a tenant forging launches or waits must not hold its neighbours to their targets on
+/// a GPU it leaves idle.
 pub const QUIET_UTIL: f64 = 0.5;
 /// How long NVML must show a claim quiet before it overrules its counters: NVML's 1 s
 /// window, and a second for a claim just starting.
@@ -223,6 +226,9 @@ pub struct GpuController {
     guards: BTreeMap<String, Guard>,
     /// Per claim: since when NVML has shown it quiet ([`QUIET_UTIL`]).
     quiet_since: BTreeMap<String, f64>,
+    /// Per claim: since when its counters have shown work (gaps shorter than
+    /// [`QUIET_SECS`] do not end it), and when they last did.
+    counting: BTreeMap<String, (f64, f64)>,
     contended: bool,
     /// When contention began: NVML's samples lag a window, so the integral term waits
     /// one window after the rates were first set.
@@ -239,6 +245,7 @@ struct Guard {
     /// that the time before the rate was in force (a claim unthrottled until the
     /// capacity was known) is not taken for an excess.
     armed_at: f64,
+    /// The last [`EXCESS_TICKS`] measured shares less their ticks' targets.
     measured: VecDeque<f64>,
 }
 
@@ -255,8 +262,9 @@ impl Default for Guard {
 
 impl Guard {
     /// Records the measured share at `now` against `target` (both percent) and updates
-    /// the factor. A new target starts a new average (the factor stays: a forger's
-    /// counters do not become honest when a neighbour leaves). A mean beyond
+    /// the factor. A new target waits one window for NVML to catch up; the average and
+    /// the factor carry over (a forger's counters do not become honest when a
+    /// neighbour leaves). A mean beyond
     /// `target + EXCESS_POINTS` cuts the factor by `target ÷ mean` a second,
     /// a mean at or below the target relaxes it, and in between nothing moves: NVML's
     /// noise alone seldom crosses the line, and then by little (a cut of about 1.2 %
@@ -265,17 +273,19 @@ impl Guard {
         if (self.target - target).abs() >= 0.5 || self.target.is_nan() {
             self.target = target;
             self.armed_at = now + WINDOW_SECS;
-            self.measured.clear();
         }
         if now < self.armed_at {
             return self.factor;
         }
-        self.measured.push_back(measured);
+        // Kept as the excess over the tick's target, across target changes: a tenant
+        // who makes its targets move (another claim of its own going on and off) does
+        // not empty the average.
+        self.measured.push_back(measured - target);
         while self.measured.len() > EXCESS_TICKS {
             self.measured.pop_front();
         }
         if self.measured.len() == EXCESS_TICKS {
-            let mean = self.measured.iter().sum::<f64>() / EXCESS_TICKS as f64;
+            let mean = target + self.measured.iter().sum::<f64>() / EXCESS_TICKS as f64;
             if mean > target + EXCESS_POINTS && may_cut {
                 let cut = (target.max(1.0) / mean).powf(GUARD_CUT);
                 self.factor = (self.factor * cut).max(GUARD_MIN);
@@ -375,14 +385,29 @@ impl GpuController {
         let nvml_sees = obs.claims.iter().any(|c| c.util.is_some());
         for c in &obs.claims {
             let (short_rate, short_wait) = delta(&recent, &c.key).unwrap_or((0.0, 0.0));
+            let counts = short_rate > 0.0 || short_wait > 0.0;
+            // How long the counters have shown work: a claim starting (or back from a
+            // pause) gets QUIET_SECS before NVML's silence counts against it, while a
+            // forger pausing its fake waits for a tick gains nothing.
+            let counting_for = if counts {
+                let e = self.counting.entry(c.key.clone()).or_insert((now, now));
+                if now - e.1 > QUIET_SECS {
+                    e.0 = now;
+                }
+                e.1 = now;
+                now - e.0
+            } else {
+                0.0
+            };
             let quiet = nvml_sees && c.util.is_none_or(|u| u < QUIET_UTIL);
             let silenced = if quiet {
-                now - *self.quiet_since.entry(c.key.clone()).or_insert(now) >= QUIET_SECS
+                let since = *self.quiet_since.entry(c.key.clone()).or_insert(now);
+                now - since >= QUIET_SECS && counting_for >= QUIET_SECS
             } else {
                 self.quiet_since.remove(&c.key);
                 false
             };
-            let counted = (short_rate > 0.0 || short_wait > 0.0) && !silenced;
+            let counted = counts && !silenced;
             let a = counted || (c.blocks == 0 && c.util.is_some_and(|u| u >= ACTIVE_UTIL));
             waiting |= short_wait > 0.0 && !silenced;
             active.push(a);
@@ -500,8 +525,11 @@ impl GpuController {
                     // Under contention the integral term answers a bias first, both
                     // ways; the guard cuts only once that term is at its floor (an
                     // excess it cannot trim is no noise), so that NVML's noise never
-                    // costs an honest claim its share.
-                    let may_cut = !self.contended || corr <= CORRECTION_RANGE.0 + 1e-9;
+                    // costs an honest claim its share; and only on a busy GPU: a share
+                    // of the busy time above target on a GPU a neighbour leaves partly
+                    // idle takes nothing from anyone.
+                    let may_cut = !self.contended
+                        || (corr <= CORRECTION_RANGE.0 + 1e-9 && busy >= RELEASE_BUSY);
                     let guard = self.guards.entry(c.key.clone()).or_default();
                     let guard = match measured {
                         Some(m) => guard.observe(now, target, m, may_cut),
@@ -523,6 +551,11 @@ impl GpuController {
                 }
                 _ => {
                     self.rates.remove(&c.key);
+                    // Unchecked (no contention, no cap), the guard relaxes as it would
+                    // at its target: an honest claim once cut is not held for good.
+                    if let Some(g) = self.guards.get_mut(&c.key) {
+                        g.factor = (g.factor * GUARD_RELAX).min(1.0);
+                    }
                     0.0
                 }
             };
@@ -542,6 +575,8 @@ impl GpuController {
         self.guards
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.quiet_since
+            .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
+        self.counting
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
         self.claim_cap_log
             .retain(|k, _| obs.claims.iter().any(|c| &c.key == k));
@@ -892,5 +927,65 @@ mod tests {
         let t = released_at.expect("a is released");
         assert!(t <= 2.25 + QUIET_SECS + 0.5, "released at {t} s");
         assert!(!d[1].active && !c.contended(), "{d:?}");
+    }
+
+    /// A claim back from a long pause counts as active from its first launches,
+    /// although NVML, a window behind, still shows it idle: the quiet rule waits
+    /// QUIET_SECS of counted work before NVML's silence counts.
+    #[test]
+    fn a_claim_back_from_a_pause_is_active_before_nvml_sees_it() {
+        let mut c = GpuController::new();
+        let (mut a, mut b) = (0u64, 0u64);
+        // a alone for 5 s; b idle (NVML: 0).
+        for k in 0..20u64 {
+            a += 2500;
+            c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 100.0, a, 0), ("b", 40.0, 0.0, b, 0)],
+            ));
+        }
+        // b launches again; NVML shows it at 0 for its first 1.75 s.
+        for k in 20..27u64 {
+            a += 1250;
+            b += 1250;
+            let d = c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 100.0, a, 1), ("b", 40.0, 0.0, b, 1)],
+            ));
+            assert!(d[1].active, "tick {k}: {d:?}");
+        }
+    }
+
+    /// Contended 50/50, but the neighbour uses only 20 % of the GPU: the busy claim's
+    /// share of the busy time (46 of 66) is far above its target, yet it takes nothing
+    /// from anyone, so the guard leaves it alone (only a busy GPU's shares count).
+    #[test]
+    fn a_share_above_target_on_a_half_idle_gpu_is_not_cut() {
+        let mut c = GpuController::new();
+        let (mut a, mut b) = (0u64, 0u64);
+        // Both saturate first: contended, capacity known.
+        for k in 0..=8u64 {
+            a += 1250;
+            b += 1250;
+            c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 50.0, 50.0, a, 1), ("b", 50.0, 50.0, b, 1)],
+            ));
+        }
+        assert!(c.contended());
+        for k in 9..=60u64 {
+            a += 1150;
+            b += 500;
+            c.step(&obs(
+                k as f64 * 0.25,
+                66.0,
+                &[("a", 50.0, 46.0, a, 1_000_000 * k), ("b", 50.0, 20.0, b, 0)],
+            ));
+        }
+        assert!(c.contended(), "a still waits in its bucket");
+        assert_eq!(c.guard("a"), 1.0);
     }
 }

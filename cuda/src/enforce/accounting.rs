@@ -602,10 +602,11 @@ pub struct LaunchPart {
     pub rate: Option<RateCells<'static>>,
     /// Index among all parts of the process (per-thread counters are indexed by it).
     pub index: usize,
-    /// The bucket's TAT word as this process last left it: a tenant who rewinds the
-    /// shared word (the region is writable) does not rewind this process's memory of
-    /// it, so every process stays paced at the claim's rate at least, and the
-    /// controller (NVML's view) holds the claim to its share.
+    /// The bucket's TAT word as this process last left it, a floor under the shared
+    /// word (`Bucket::try_admit_after`): a tenant who rewrites the shared word (the
+    /// region is writable) does not rewrite this process's memory of it, so every
+    /// process stays paced at the claim's rate at least, and the controller (NVML's
+    /// view) holds the claim to its share.
     pub seen: std::sync::atomic::AtomicU64,
 }
 

@@ -168,15 +168,12 @@ fn charge(parts: &[LaunchPart], blocks: u64, kernels: u64) {
                 count(p, blocks, kernels);
                 return;
             }
-            // A word this process left at this rate, later than the stored one: the
-            // bucket was rewound under it; put it back before asking.
+            // The bucket as this process last left it bounds what a rewritten word
+            // can grant (the region is the tenant's to write).
             let code = u64::from(rate_code(rate));
             let seen = p.seen.load(Ordering::Relaxed);
             let same_rate = seen & CODE_MASK == code;
-            if seen != 0 && same_rate {
-                p.bucket.restore(seen);
-            }
-            match p.bucket.try_admit(now, blocks, rate, burst) {
+            match p.bucket.try_admit_after(now, blocks, rate, burst, seen) {
                 Admit::Now => {
                     // Remember the later of the word now stored and the one kept (a
                     // rewind between the admission and this read loses nothing).

@@ -44,8 +44,9 @@ pub struct Scenario {
     /// launch counter per block really launched (0 = an honest claim). A thread of the
     /// runner, mapping the region as the claim's processes do, adds them every 5 ms.
     pub inflate: Vec<u64>,
-    /// Per claim: a tenant rewinding its token bucket (zeroing the TAT word in its
-    /// region, which would refill the bucket) every millisecond.
+    /// Per claim: a tenant rewriting its token bucket's TAT word every millisecond
+    /// (zeroed, beyond any debt, or a little later at rate code 0: each would refill
+    /// the bucket).
     pub rewind: Vec<bool>,
     pub secs: f64,
 }
@@ -267,7 +268,7 @@ pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) ->
 
 /// A tenant forging its region: every millisecond, `factor` forged blocks in its launch
 /// counter for each block its processes really launched since (the counter's growth
-/// less the forgeries), and with `rewind` its bucket's TAT word zeroed.
+/// less the forgeries), and with `rewind` its bucket's TAT word rewritten.
 fn forge(
     region: PathBuf,
     factor: u64,
@@ -283,7 +284,7 @@ fn forge(
             .expect("the claim's region");
         let reg = tessera_abi::region::Region::map(&f, true).expect("map the region");
         let tat = (reg.layout().gpu_offset(0) + tessera_abi::region::gpu::TAT) as u64;
-        let (mut forged, mut real_seen) = (0u64, 0u64);
+        let (mut forged, mut real_seen, mut rewinds) = (0u64, 0u64, 0u64);
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let blocks = reg.gpu_stats(0).expect("GPU 0").blocks;
             let real = blocks.saturating_sub(forged);
@@ -292,7 +293,23 @@ fn forge(
             reg.bucket(0).expect("GPU 0").count(extra, 0);
             forged += extra;
             if rewind {
-                f.write_all_at(&[0; 8], tat).expect("rewind the bucket");
+                // In turn: zero (an empty bucket), beyond any debt (read as corrupt, so
+                // as now), a little later at rate code 0 (a debt rescaled to nothing).
+                rewinds += 1;
+                let word = match rewinds % 3 {
+                    0 => 0,
+                    1 => {
+                        support::timeline::now_ns()
+                            + tessera_abi::region::MAX_DEBT_NS
+                            + 1_000_000_000
+                    }
+                    _ => {
+                        (reg.bucket(0).expect("GPU 0").tat() + 256)
+                            & !tessera_abi::region::CODE_MASK
+                    }
+                };
+                f.write_all_at(&word.to_le_bytes(), tat)
+                    .expect("rewrite the bucket");
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
