@@ -1076,7 +1076,7 @@ impl Bucket<'_> {
     /// rescaled to `rate`. One compare-and-swap when admitted; no system call.
     #[inline]
     pub fn try_admit(&self, now: u64, blocks: u64, rate: u64, burst_ns: u64) -> Admit {
-        self.try_admit_after(now, blocks, rate, burst_ns, 0)
+        self.try_admit_after(now, blocks, rate, burst_ns, 0).0
     }
 
     /// [`Bucket::try_admit`] for a process that remembers `seen`, the TAT word it last
@@ -1085,7 +1085,10 @@ impl Bucket<'_> {
     /// grows at one rate code, so this changes nothing; a tenant who rewrites the word
     /// (zero, a time beyond [`MAX_DEBT_NS`] that reads as corrupt, a low rate code
     /// whose debt rescales to nothing) then buys each process no more than the claim's
-    /// rate, and the stored word is repaired.
+    /// rate, and a word that owes less than `seen` is repaired unless it was booked at a
+    /// higher rate code. A `seen` beyond any debt ([`MAX_DEBT_NS`]) is ignored. Returns
+    /// the verdict and, when admitted, the word this call stored (the one to remember:
+    /// a word read back later may already be the tenant's).
     #[inline]
     pub fn try_admit_after(
         &self,
@@ -1094,7 +1097,7 @@ impl Bucket<'_> {
         rate: u64,
         burst_ns: u64,
         seen: u64,
-    ) -> Admit {
+    ) -> (Admit, u64) {
         let burst = if burst_ns == 0 {
             DEFAULT_BURST_NS
         } else {
@@ -1119,13 +1122,14 @@ impl Bucket<'_> {
                     / u128::from(rate);
                 t = now + scaled as u64;
             }
-            if seen & CODE_MASK == u64::from(code) {
-                t = t.max(seen & !CODE_MASK);
+            let seen_t = seen & !CODE_MASK;
+            if seen & CODE_MASK == u64::from(code) && seen_t <= now.saturating_add(MAX_DEBT_NS) {
+                t = t.max(seen_t);
             }
             let base = t.max(floor);
             let (new, verdict) = if base > now {
                 if t == old & !CODE_MASK || booked >= code {
-                    return Admit::Until(base);
+                    return (Admit::Until(base), 0);
                 }
                 // Store the rescaled debt, so that every waiter sees it.
                 (pack(t, now, code), Admit::Until(base))
@@ -1136,7 +1140,7 @@ impl Bucket<'_> {
                 .tat
                 .compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => return verdict,
+                Ok(_) => return (verdict, if verdict == Admit::Now { new } else { 0 }),
                 Err(actual) => old = actual,
             }
         }

@@ -840,7 +840,7 @@ fn a_remembered_word_undoes_a_rewritten_bucket_and_nothing_else() {
         assert!(believed < ms, "{forged}: {believed} ns");
         write(forged);
         // ...remembered, it owes what it did, and the word is put back.
-        let remembered = wait(b.try_admit_after(now, 1, 1000, 10 * ms, seen));
+        let remembered = wait(b.try_admit_after(now, 1, 1000, 10 * ms, seen).0);
         assert!(remembered >= 480 * ms, "{forged}: {remembered} ns");
         assert!(
             b.tat() >= seen & !0xff,
@@ -850,13 +850,19 @@ fn a_remembered_word_undoes_a_rewritten_bucket_and_nothing_else() {
         );
         write(seen);
     }
-    // A later word stays: the remembered one is only a floor.
+    // A later word stays: the remembered one is only a floor. The word returned is the
+    // one this admission stored.
+    let (verdict, stored) = b.try_admit_after(now + 495 * ms, 1, 1000, 10 * ms, seen);
+    assert_eq!(verdict, Admit::Now);
+    assert_eq!(stored, b.word());
+    assert!(b.tat() > seen & !0xff);
+    // At another rate the remembered word says nothing, nor does one beyond any debt.
+    write(0);
+    assert_eq!(b.try_admit_after(now, 1, 2000, 10 * ms, seen).0, Admit::Now);
+    write(0);
+    let beyond = ((now + region::MAX_DEBT_NS + 10 * ms) & !0xff) | (seen & 0xff);
     assert_eq!(
-        b.try_admit_after(now + 495 * ms, 1, 1000, 10 * ms, seen),
+        b.try_admit_after(now, 1, 1000, 10 * ms, beyond).0,
         Admit::Now
     );
-    assert!(b.tat() > seen & !0xff);
-    // At another rate the remembered word says nothing.
-    write(0);
-    assert_eq!(b.try_admit_after(now, 1, 2000, 10 * ms, seen), Admit::Now);
 }

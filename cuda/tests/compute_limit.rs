@@ -179,11 +179,12 @@ fn forged_launch_counters_do_not_buy_more_time() {
     );
 }
 
-/// The 25 claim of 3 processes rewinds its token bucket every millisecond (zeroing the
-/// arrival time in its region, which would refill the bucket: about 20x its rate).
-/// Each process keeps its own memory of the bucket and puts it back, so each is still
-/// paced at the claim's rate, and NVML's view cuts that rate until the claim is at its
-/// target, 42.5 %. Without either it has its 3 processes' 75 % of the round-robin.
+/// The 25 claim of 3 processes rewrites its token bucket every millisecond (the arrival
+/// time in its region zeroed, set beyond any debt, or set at rate code 0, in turn:
+/// each would refill the bucket, about 20x its rate). Each process's own memory of the
+/// bucket is a floor under the shared word, so each is still paced at the claim's
+/// rate, and NVML's view cuts that rate until the claim is at its target, 42.5 %.
+/// Without either it has its 3 processes' 75 % of the round-robin.
 #[test]
 #[ignore = "needs root (unshare -m)"]
 fn a_rewound_bucket_does_not_buy_more_time() {

@@ -102,8 +102,9 @@ pub const GUARD_CUT: f64 = 0.25;
 /// Lowest guard factor: a tenant forging its counters 100-fold is still held.
 pub const GUARD_MIN: f64 = 0.01;
 /// Per-tick relaxation of the guard toward 1 while the claim is at or below its
-/// target (about 4 % a second): slow, so that a tenant who stops forging for a while
-/// and starts again finds its rate still held.
+/// target, or has no target (about 4 % a second): slow, so that a tenant who stops
+/// forging for a while and starts again finds its rate still held (from the floor,
+/// back to 1 takes about two minutes).
 pub const GUARD_RELAX: f64 = 1.01;
 /// A claim whose counters have said for [`QUIET_SECS`] that it has work pending while
 /// NVML shows it below this utilization (percent), or not at all, for as long is idle:
@@ -226,9 +227,10 @@ pub struct GpuController {
     guards: BTreeMap<String, Guard>,
     /// Per claim: since when NVML has shown it quiet ([`QUIET_UTIL`]).
     quiet_since: BTreeMap<String, f64>,
-    /// Per claim: since when its counters have shown work (gaps shorter than
-    /// [`QUIET_SECS`] do not end it), and when they last did.
-    counting: BTreeMap<String, (f64, f64)>,
+    /// Per claim: since when its counters have shown work, when they last did, and
+    /// whether NVML has seen it working since. A gap longer than [`QUIET_SECS`] starts a
+    /// new stretch only after NVML saw the last one work.
+    counting: BTreeMap<String, (f64, f64, bool)>,
     contended: bool,
     /// When contention began: NVML's samples lag a window, so the integral term waits
     /// one window after the rates were first set.
@@ -236,17 +238,18 @@ pub struct GpuController {
 }
 
 /// What NVML says of one claim against its target: the last [`EXCESS_TICKS`] measured
-/// shares, and the factor its rate is held by (1 = its counters are believed).
+/// shares less their ticks' targets, and the factor its rate is held by (1 = its
+/// counters are believed).
 #[derive(Debug, Clone)]
 struct Guard {
     factor: f64,
     target: f64,
-    /// NVML's figures count from this time on: one window after the target was set, so
-    /// that the time before the rate was in force (a claim unthrottled until the
-    /// capacity was known) is not taken for an excess.
-    armed_at: f64,
-    /// The last [`EXCESS_TICKS`] measured shares less their ticks' targets.
-    measured: VecDeque<f64>,
+    /// The target before the last change, and when it changed: for one window (NVML's
+    /// figures trail the rate by that much) an excess counts against the higher of the
+    /// two. Before the first target, 100: the claim ran unthrottled until then.
+    previous: f64,
+    changed_at: f64,
+    excess: VecDeque<f64>,
 }
 
 impl Default for Guard {
@@ -254,38 +257,42 @@ impl Default for Guard {
         Guard {
             factor: 1.0,
             target: f64::NAN,
-            armed_at: 0.0,
-            measured: VecDeque::new(),
+            previous: 100.0,
+            changed_at: f64::NEG_INFINITY,
+            excess: VecDeque::new(),
         }
     }
 }
 
 impl Guard {
     /// Records the measured share at `now` against `target` (both percent) and updates
-    /// the factor. A new target waits one window for NVML to catch up; the average and
-    /// the factor carry over (a forger's counters do not become honest when a
-    /// neighbour leaves). A mean beyond
-    /// `target + EXCESS_POINTS` cuts the factor by `target ÷ mean` a second,
-    /// a mean at or below the target relaxes it, and in between nothing moves: NVML's
-    /// noise alone seldom crosses the line, and then by little (a cut of about 1.2 %
-    /// a tick just above it), so an honest claim keeps its rate.
+    /// the factor. The average carries over a target change, and so does the factor (a
+    /// forger's counters do not become honest when a neighbour leaves, and a tenant
+    /// making its targets move, with another claim of its own going on and off, keeps
+    /// no average from filling). A mean beyond `target + EXCESS_POINTS` cuts the factor
+    /// by `target ÷ mean` a second, a mean at or below the target relaxes it, and in
+    /// between nothing moves: NVML's noise alone seldom crosses the line, and then by
+    /// little (a cut of about 1.2 % a tick just above it).
     fn observe(&mut self, now: f64, target: f64, measured: f64, may_cut: bool) -> f64 {
-        if (self.target - target).abs() >= 0.5 || self.target.is_nan() {
+        if self.target.is_nan() {
             self.target = target;
-            self.armed_at = now + WINDOW_SECS;
+            self.changed_at = now;
+        } else if (self.target - target).abs() >= 0.5 {
+            self.previous = self.target;
+            self.target = target;
+            self.changed_at = now;
         }
-        if now < self.armed_at {
-            return self.factor;
+        let reference = if now - self.changed_at < WINDOW_SECS {
+            target.max(self.previous)
+        } else {
+            target
+        };
+        self.excess.push_back(measured - reference);
+        while self.excess.len() > EXCESS_TICKS {
+            self.excess.pop_front();
         }
-        // Kept as the excess over the tick's target, across target changes: a tenant
-        // who makes its targets move (another claim of its own going on and off) does
-        // not empty the average.
-        self.measured.push_back(measured - target);
-        while self.measured.len() > EXCESS_TICKS {
-            self.measured.pop_front();
-        }
-        if self.measured.len() == EXCESS_TICKS {
-            let mean = target + self.measured.iter().sum::<f64>() / EXCESS_TICKS as f64;
+        if self.excess.len() == EXCESS_TICKS {
+            let mean = target + self.excess.iter().sum::<f64>() / EXCESS_TICKS as f64;
             if mean > target + EXCESS_POINTS && may_cut {
                 let cut = (target.max(1.0) / mean).powf(GUARD_CUT);
                 self.factor = (self.factor * cut).max(GUARD_MIN);
@@ -294,6 +301,12 @@ impl Guard {
             }
         }
         self.factor
+    }
+
+    /// No figure that counts this tick (a half-idle GPU under contention, or no target
+    /// at all): the average starts again, so that old figures never cut later.
+    fn forget(&mut self) {
+        self.excess.clear();
     }
 }
 
@@ -387,16 +400,25 @@ impl GpuController {
             let (short_rate, short_wait) = delta(&recent, &c.key).unwrap_or((0.0, 0.0));
             let counts = short_rate > 0.0 || short_wait > 0.0;
             // How long the counters have shown work: a claim starting (or back from a
-            // pause) gets QUIET_SECS before NVML's silence counts against it, while a
-            // forger pausing its fake waits for a tick gains nothing.
+            // pause after work NVML saw) gets QUIET_SECS before NVML's silence counts
+            // against it; a forger pausing its fake waits gains nothing, however long
+            // the pause, as NVML never saw its fakes work.
+            let working = c.util.is_some_and(|u| u >= QUIET_UTIL);
             let counting_for = if counts {
-                let e = self.counting.entry(c.key.clone()).or_insert((now, now));
-                if now - e.1 > QUIET_SECS {
-                    e.0 = now;
+                let e = self
+                    .counting
+                    .entry(c.key.clone())
+                    .or_insert((now, now, false));
+                if now - e.1 > QUIET_SECS && e.2 {
+                    *e = (now, now, false);
                 }
                 e.1 = now;
+                e.2 |= working;
                 now - e.0
             } else {
+                if let Some(e) = self.counting.get_mut(&c.key) {
+                    e.2 |= working;
+                }
                 0.0
             };
             let quiet = nvml_sees && c.util.is_none_or(|u| u < QUIET_UTIL);
@@ -528,11 +550,15 @@ impl GpuController {
                     // costs an honest claim its share; and only on a busy GPU: a share
                     // of the busy time above target on a GPU a neighbour leaves partly
                     // idle takes nothing from anyone.
-                    let may_cut = !self.contended
-                        || (corr <= CORRECTION_RANGE.0 + 1e-9 && busy >= RELEASE_BUSY);
+                    let saturated = !self.contended || busy >= RELEASE_BUSY;
+                    let may_cut = !self.contended || corr <= CORRECTION_RANGE.0 + 1e-9;
                     let guard = self.guards.entry(c.key.clone()).or_default();
                     let guard = match measured {
-                        Some(m) => guard.observe(now, target, m, may_cut),
+                        Some(m) if saturated => guard.observe(now, target, m, may_cut),
+                        Some(_) => {
+                            guard.forget();
+                            guard.factor
+                        }
                         None => guard.factor,
                     };
                     let want = target / 100.0 * cap * headroom * corr * guard;
@@ -555,6 +581,7 @@ impl GpuController {
                     // at its target: an honest claim once cut is not held for good.
                     if let Some(g) = self.guards.get_mut(&c.key) {
                         g.factor = (g.factor * GUARD_RELAX).min(1.0);
+                        g.forget();
                     }
                     0.0
                 }
@@ -987,5 +1014,45 @@ mod tests {
         }
         assert!(c.contended(), "a still waits in its bucket");
         assert_eq!(c.guard("a"), 1.0);
+    }
+
+    /// A claim that fakes waits in bursts (2 s on, 2.5 s off) while NVML shows it idle
+    /// gets no new grace at each burst: one burst after its real work may have one
+    /// (NVML saw that work), every later burst is idle at once, and its busy neighbour
+    /// runs unthrottled.
+    #[test]
+    fn bursts_of_forged_waits_get_no_new_grace() {
+        let mut c = GpuController::new();
+        let (mut a, mut b, mut bw) = (0u64, 0u64, 0u64);
+        for k in 0..=8u64 {
+            a += 1250;
+            b += 1250;
+            c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", 25.0, 50.0, a, 1), ("b", 40.0, 50.0, b, 1)],
+            ));
+        }
+        let mut k = 9u64;
+        for burst in 0..4 {
+            for tick in 0..18 {
+                a += 2500;
+                let on = tick < 8;
+                if on {
+                    b += 1;
+                    bw += 1_000_000;
+                }
+                let d = c.step(&obs(
+                    k as f64 * 0.25,
+                    100.0,
+                    &[("a", 25.0, 100.0, a, 1), ("b", 40.0, 0.0, b, bw)],
+                ));
+                if burst >= 2 {
+                    assert!(!d[1].active, "burst {burst}, tick {tick}: {d:?}");
+                    assert_eq!(d[0].block_rate, 0, "burst {burst}, tick {tick}: {d:?}");
+                }
+                k += 1;
+            }
+        }
     }
 }

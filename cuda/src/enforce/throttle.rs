@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use tessera_abi::region::{Admit, CODE_MASK, rate_code};
+use tessera_abi::region::Admit;
 
 use super::accounting::{self, LaunchPart, State};
 use super::forklock::ForkLock;
@@ -169,22 +169,16 @@ fn charge(parts: &[LaunchPart], blocks: u64, kernels: u64) {
                 return;
             }
             // The bucket as this process last left it bounds what a rewritten word
-            // can grant (the region is the tenant's to write).
-            let code = u64::from(rate_code(rate));
+            // can grant (the region is the tenant's to write); remember the word this
+            // admission stored, never one read back (it may be the tenant's by then).
             let seen = p.seen.load(Ordering::Relaxed);
-            let same_rate = seen & CODE_MASK == code;
             match p.bucket.try_admit_after(now, blocks, rate, burst, seen) {
-                Admit::Now => {
-                    // Remember the later of the word now stored and the one kept (a
-                    // rewind between the admission and this read loses nothing).
-                    let word = p.bucket.word();
-                    if !same_rate || word & !CODE_MASK >= seen & !CODE_MASK {
-                        p.seen.store(word, Ordering::Relaxed);
-                    }
+                (Admit::Now, word) => {
+                    p.seen.store(word, Ordering::Relaxed);
                     count(p, blocks, kernels);
                     return;
                 }
-                Admit::Until(t) => until = until.min(t),
+                (Admit::Until(t), _) => until = until.min(t),
             }
         }
         let nap = until.saturating_sub(now).clamp(1, WAIT_SLICE_NS);
