@@ -1055,4 +1055,18 @@ mod tests {
             }
         }
     }
+
+    /// A tenant that makes its target move every half second (another claim of its own
+    /// going on and off) does not keep the guard from judging: a claim at 75 % against
+    /// targets of 42.5 and 36.7 in turn is cut well below 1 within 10 s.
+    #[test]
+    fn moving_targets_do_not_blind_the_guard() {
+        let mut g = Guard::default();
+        let mut factor = 1.0;
+        for k in 0..40u64 {
+            let target = if (k / 2) % 2 == 0 { 42.5 } else { 36.7 };
+            factor = g.observe(k as f64 * 0.25, target, 75.0, true);
+        }
+        assert!(factor < 0.3, "factor {factor}");
+    }
 }
