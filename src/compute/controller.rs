@@ -915,6 +915,23 @@ mod tests {
         assert_eq!((c.guard("a"), c.guard("b")), (1.0, 1.0));
     }
 
+    /// Two claims "a" and "b" with these shares, both saturating the GPU and waiting
+    /// for 2 s (ticks 0..=8): contended, capacity known. Returns their block counters.
+    fn both_busy(c: &mut GpuController, shares: (f64, f64)) -> (u64, u64) {
+        let (mut a, mut b) = (0u64, 0u64);
+        for k in 0..=8u64 {
+            a += 1250;
+            b += 1250;
+            c.step(&obs(
+                k as f64 * 0.25,
+                100.0,
+                &[("a", shares.0, 50.0, a, 1), ("b", shares.1, 50.0, b, 1)],
+            ));
+        }
+        assert!(c.contended());
+        (a, b)
+    }
+
     /// A claim that forges waits (and a trickle of launches) while NVML shows it idle
     /// stops counting as active after QUIET_SECS: its busy neighbour, alone in fact, is
     /// released instead of being held to its target on a GPU half idle.
@@ -922,18 +939,8 @@ mod tests {
     fn forged_waits_do_not_hold_a_neighbour_back() {
         let mut c = GpuController::new();
         let mut d = Vec::new();
-        let (mut a, mut b, mut bw) = (0u64, 0u64, 0u64);
-        // Both really busy: contended.
-        for k in 0..=8u64 {
-            a += 1250;
-            b += 1250;
-            d = c.step(&obs(
-                k as f64 * 0.25,
-                100.0,
-                &[("a", 25.0, 50.0, a, 1), ("b", 40.0, 50.0, b, 1)],
-            ));
-        }
-        assert!(c.contended());
+        let (mut a, mut b) = both_busy(&mut c, (25.0, 40.0));
+        let mut bw = 0u64;
         // b stops running but keeps writing waits and one block a tick into its region;
         // NVML shows b at 0 and a, throttled to its target, at 42.5 % of the GPU.
         let mut released_at = None;
@@ -991,18 +998,7 @@ mod tests {
     #[test]
     fn a_share_above_target_on_a_half_idle_gpu_is_not_cut() {
         let mut c = GpuController::new();
-        let (mut a, mut b) = (0u64, 0u64);
-        // Both saturate first: contended, capacity known.
-        for k in 0..=8u64 {
-            a += 1250;
-            b += 1250;
-            c.step(&obs(
-                k as f64 * 0.25,
-                100.0,
-                &[("a", 50.0, 50.0, a, 1), ("b", 50.0, 50.0, b, 1)],
-            ));
-        }
-        assert!(c.contended());
+        let (mut a, mut b) = both_busy(&mut c, (50.0, 50.0));
         for k in 9..=60u64 {
             a += 1150;
             b += 500;
@@ -1023,16 +1019,8 @@ mod tests {
     #[test]
     fn bursts_of_forged_waits_get_no_new_grace() {
         let mut c = GpuController::new();
-        let (mut a, mut b, mut bw) = (0u64, 0u64, 0u64);
-        for k in 0..=8u64 {
-            a += 1250;
-            b += 1250;
-            c.step(&obs(
-                k as f64 * 0.25,
-                100.0,
-                &[("a", 25.0, 50.0, a, 1), ("b", 40.0, 50.0, b, 1)],
-            ));
-        }
+        let (mut a, mut b) = both_busy(&mut c, (25.0, 40.0));
+        let mut bw = 0u64;
         let mut k = 9u64;
         for burst in 0..4 {
             for tick in 0..18 {
