@@ -164,7 +164,10 @@ pub fn open_backend(
             };
             let embedded = NodeConfig::embedded_in(&node)?;
             Ok((
-                Box::new(MockBackend::new(node, paths.state_dir.clone(), access)),
+                Box::new(
+                    MockBackend::new(node, paths.state_dir.clone(), access)
+                        .with_proc_root(paths.proc_root.clone()),
+                ),
                 embedded,
             ))
         }

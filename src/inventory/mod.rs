@@ -104,6 +104,9 @@ pub enum BackendError {
     /// The mock node description is unreadable or invalid.
     #[error("mock node description {path}: {reason}")]
     MockDescription { path: String, reason: String },
+    /// The simulated driver's ledger (`driverLedger`) is unreadable.
+    #[error("simulated driver ledger {path}: {reason}")]
+    MockLedger { path: String, reason: String },
     /// The simulated node's state file is unreadable, malformed or cannot be written.
     #[error(transparent)]
     State(#[from] mock::state::StateError),
@@ -246,8 +249,8 @@ pub trait GpuBackend: Send + Sync {
     }
 
     /// Processes with a compute context on GPU `minor` (and its MIG devices). The
-    /// default is a node without CUDA processes: the mock backend simulates no
-    /// driver-side processes (the fake `libnvidia-ml` does, over the NVML backend).
+    /// default is a node without CUDA processes (the mock backend without a
+    /// `driverLedger`; the fake `libnvidia-ml` lists them over the NVML backend).
     fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
         let _ = minor;
         Ok(Vec::new())

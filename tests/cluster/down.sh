@@ -96,6 +96,13 @@ while read -r ctrl path; do
     [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
   done
 done <<<"$cgroups"
+# The kubelet's cgroup root of this cluster (up.sh), with the QoS and pod cgroups below it.
+if [ -s "$DIR/cgroup-root" ]; then
+  root=$(cat "$DIR/cgroup-root")
+  for h in /sys/fs/cgroup/*/; do
+    [ -d "$h${root#/}" ] && find "$h${root#/}" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+fi
 # containerd's /k8s.io parents that this cluster created, once empty.
 [ -f "$DIR/cgroup-parents" ] && while read -r d; do rmdir "$d" 2>/dev/null; done <"$DIR/cgroup-parents"
 if [ -f "$DIR/bridge" ] && ip link show "$(cat "$DIR/bridge")" >/dev/null 2>&1; then

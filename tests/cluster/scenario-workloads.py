@@ -27,6 +27,7 @@ which a server with consumable capacity never needs) is reported as such, not ru
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -336,6 +337,106 @@ def shared_gpu_checks(ns, docs, claims):
 
 
 
+# Where the pods of watchdog_checks find the simulated driver's ledger (the mock node's
+# driverLedger, under the plugin's state dir).
+LEDGER = f"{DIR}/tessera-node/state/driver-ledger"
+
+
+def watchdog_checks(published):
+    """The memory watchdog as the backstop for what needs tenant code: in a pod of a
+    shared claim (8 GiB of a shared GPU, or one fallback slot where the server has no
+    consumable capacity), a process that gets around the interception library
+    (bypass.c: linked statically with a driver of its own, as raw ioctls would) and
+    holds more than the claim's budget is killed within 2 s, with a GpuMemoryOverBudget
+    Event on its pod, while a process within budget in the same pod is left alone. The
+    pod mounts the simulated driver's ledger, so its fake driver records what each
+    process holds, and the plugin lists those processes as NVML does (host PIDs,
+    through the PID namespace)."""
+    ns, name = "wl-watchdog", "walled"
+    slots = any(d.get("attributes", {}).get("type", {}).get("string") == "gpu-slot" for d in published.values())
+    request = ({"deviceClassName": "slot.tessera.dev", "count": 1} if slots else
+               {"deviceClassName": "shared.tessera.dev",
+                "capacity": {"requests": {"memory": "8Gi", "compute": "10"}}})
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": ns},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                 "volumes": [{"name": "ledger", "hostPath": {"path": LEDGER, "type": "File"}}],
+                 "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                 # The fake driver's wiring: the ledger, and addresses
+                                 # without host pages (more than the machine's memory).
+                                 "env": [{"name": "FAKE_CUDA_LEDGER", "value": "/var/lib/fake-driver/ledger"},
+                                         {"name": "FAKE_CUDA_NO_BACKING", "value": "1"}],
+                                 "volumeMounts": [{"name": "ledger", "mountPath": "/var/lib/fake-driver/ledger"}],
+                                 "resources": {"claims": [{"name": "gpu"}]}}]},
+    }
+    print(f"--- watchdog (namespace {ns}): a claim of {'one slot' if slots else '8 GiB of a shared GPU'}",
+          flush=True)
+    k("create", "namespace", ns)
+    wait("default serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([claim, pod]))
+    try:
+        running = wait(f"{name} Running", lambda: kj("-n", ns, "get", "pod", name)["status"].get("phase") == "Running",
+                       timeout=90)
+        if not expect(running, f"watchdog: pod {name} Running"):
+            return
+        budget = claim_budget(kj("-n", ns, "get", "resourceclaim", name))
+        if not expect(budget, f"watchdog: claim {name} has a budget of {(budget or 0) / GIB:.1f} GiB"):
+            return
+        uid = kj("-n", ns, "get", "pod", name)["metadata"]["uid"]
+        # Within budget, through the library: a quarter of the budget, held.
+        lib.run_kubectl(["-n", ns, "exec", name, "--", "sh", "-c",
+                         f"{CLIENT} gpa ctx 0 alloc {budget // 4} hold >/tmp/held 2>&1 </dev/null &"])
+        held = wait("holder holding", lambda: "holding" in k("-n", ns, "exec", name, "--", "cat", "/tmp/held",
+                                                             check=False), timeout=30)
+        holder = k("-n", ns, "exec", name, "--", "pidof", "cuda_client", check=False).split()
+        if not expect(held and len(holder) == 1, f"watchdog: a process holding {budget // 4 / GIB:.1f} GiB "
+                      f"through the library (pid {holder} in the pod)"):
+            return
+        time.sleep(2)  # four watchdog ticks with the holder's memory in the ledger
+        expect(lib.run_kubectl(["-n", ns, "exec", name, "--", "kill", "-0", holder[0]]).returncode == 0,
+               "  within budget: still running 2 s later")
+        # Past the library: 1.5 budgets. kubectl exec ends when the process does.
+        over = budget * 3 // 2
+        p = subprocess.Popen(lib.KUBECTL + ["-n", ns, "exec", name, "--", "/usr/local/bin/bypass", str(over)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines, t_held = [], None
+        for line in p.stdout:
+            lines.append(line.strip())
+            if line.strip() == "holding":
+                t_held = time.monotonic()
+                break
+        if not expect(t_held is not None, f"watchdog: the bypass holds {over / GIB:.1f} GiB past the library",
+                      f"{lines} {p.stderr.read()[:300] if p.poll() is not None else ''}"):
+            p.kill()
+            return
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = None
+        took = time.monotonic() - t_held
+        # kubectl exec reports the process's status as 128 + signal.
+        expect(rc == 137, f"  killed (SIGKILL) {took:.2f} s after it held the memory", f"exit status {rc}")
+        expect(rc is None or took <= 2.0, f"  within 2 s: {took:.2f} s")
+        events = wait("GpuMemoryOverBudget", lambda: [
+            e for e in kj("-n", ns, "get", "events", "--field-selector",
+                          f"involvedObject.uid={uid},reason=GpuMemoryOverBudget")["items"]], timeout=15)
+        expect(events, "  a GpuMemoryOverBudget Event on the pod: "
+               + (events[0]["message"][:160] if events else "none"))
+        time.sleep(1.5)
+        alive = lib.run_kubectl(["-n", ns, "exec", name, "--", "kill", "-0", holder[0]]).returncode == 0
+        still = "holding" in k("-n", ns, "exec", name, "--", "cat", "/tmp/held", check=False)
+        expect(alive and still, "  the process within budget in the same pod left alone")
+    finally:
+        claim_uid = kj("-n", ns, "get", "resourceclaim", name)["metadata"]["uid"]
+        k("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        expect(wait("walled unprepared", lambda: not prepared(claim_uid), timeout=60),
+               "  namespace deleted: the claim unprepared")
+
+
 def mig_checks(ns, docs, claims):
     """05's pod runs: the MIG device was created (recorded first) at the placement the
     scheduler chose, the container's capability nodes are that instance's, a whole-GPU
@@ -413,6 +514,11 @@ def run_all():
                 fail(f"{f}: {e}")
                 results[f] = "error"
                 k("delete", "namespace", "wl-" + f.split("-", 1)[0], "--ignore-not-found", "--wait=false", check=False)
+    try:
+        watchdog_checks(published)
+    except Exception as e:
+        fail(f"watchdog: {e}")
+        k("delete", "namespace", "wl-watchdog", "--ignore-not-found", "--wait=false", check=False)
     run = sum(1 for v in results.values() if v == "run")
     na = [f for f, v in results.items() if v == "not applicable"]
     summary = f"{run} of {len(results)} examples run" + (f", not applicable here: {', '.join(na)}" if na else "")

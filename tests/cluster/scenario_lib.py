@@ -155,7 +155,8 @@ def quantity(q):
 # ---------- the client image ----------
 def build_image():
     """localhost/tessera/cuda-client:1 in the cluster's containerd: busybox, the host's
-    glibc, cuda_client, entrypoint `hold` (stays up, ignores its arguments), and the
+    glibc, cuda_client, bypass (bypass.c: linked statically with a driver of its own), entrypoint
+    `hold` (stays up, ignores its arguments), and the
     fake driver's environment: the mock node's GPUs in minor order, shown only where the
     container has their device node (FAKE_CUDA_DEVICE_NODES=1, as the real driver)."""
     mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
@@ -177,6 +178,9 @@ def build_image():
     os.symlink("../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", f"{root}/lib64/ld-linux-x86-64.so.2")
     subprocess.run(["cc", "-std=gnu11", "-O1", "-o", f"{root}/usr/local/bin/cuda_client",
                     f"{REPO}/cuda/tests/fakes/cuda_client.c", "-ldl"], check=True)
+    subprocess.run(["cc", "-static", "-std=gnu11", "-O1", "-Wall", "-Werror", "-pthread",
+                    f"-I{REPO}/cuda/tests/fakes", "-o", f"{root}/usr/local/bin/bypass", f"{HERE}/bypass.c",
+                    f"{REPO}/cuda/tests/fakes/fake_cuda.c"], check=True)
     # The entrypoint: takes whatever arguments the example gives its program, stays up
     # until SIGTERM (the test looks into the running container).
     with open(f"{root}/usr/local/bin/hold", "w") as f:
@@ -193,6 +197,6 @@ def build_image():
         pid = f.read().strip()
     subprocess.run(["nsenter", "--mount", "--target", pid, "ctr", "--address", ENV["CONTAINERD_SOCKET"],
                     "--namespace", "k8s.io", "images", "import", tar], check=True, capture_output=True)
-    print(f"image {IMAGE}: busybox, glibc, cuda_client; FAKE_CUDA_DEVICES={devices}", flush=True)
+    print(f"image {IMAGE}: busybox, glibc, cuda_client, bypass; FAKE_CUDA_DEVICES={devices}", flush=True)
 
 

@@ -59,6 +59,20 @@ readlink /proc/self/ns/mnt >"$DIR/mntns"
 # The cgroup hierarchies in which containerd's /k8s.io parent is new (runc creates it for
 # the first container; down.sh removes it again when empty).
 for h in /sys/fs/cgroup/*/; do [ -d "$h/k8s.io" ] || echo "${h}k8s.io"; done >"$DIR/cgroup-parents"
+# The kubelet's cgroup root, one per cluster: the pods' cgroups are
+# <root>/kubepods/<qos>/pod<uid>/<container> (cgroupsPerQOS, as on every production
+# node; the memory watchdog finds a process's pod from that path). A root of its own
+# keeps this kubelet's cleanup of "orphaned" pod cgroups away from another cluster's
+# pods, and down.sh removes it whole. In every v1 hierarchy, with the cpuset of its
+# parent (a new v1 cpuset cgroup starts empty).
+CGROUP_ROOT=/tessera-cluster-$(printf %s "$DIR" | sha256sum | cut -c1-12)
+echo "$CGROUP_ROOT" >"$DIR/cgroup-root"
+for h in /sys/fs/cgroup/*/; do
+  mkdir -p "$h${CGROUP_ROOT#/}"
+  for f in cpuset.cpus cpuset.mems; do
+    [ -f "$h$f" ] && cat "$h$f" >"$h${CGROUP_ROOT#/}/$f"
+  done
+done
 log() { echo "[$(since "$T0")s] $*"; }
 fail() {
   echo "up.sh: $*" >&2
@@ -372,7 +386,8 @@ authentication:
   x509: {clientCAFile: $P/ca.crt}
 authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
+cgroupsPerQOS: true
+cgroupRoot: $CGROUP_ROOT
 enforceNodeAllocatable: []
 failSwapOn: false
 # The machine's disk is shared with other work: the default hard thresholds

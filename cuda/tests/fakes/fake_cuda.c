@@ -70,7 +70,8 @@
  *   64 + 64*dev: used, peak, scrub_ok, scrub_dirty (u64), then at +32 the device's raw
  *     16-byte UUID and at +48 a u64 1 once the UUID is there (dev = position in
  *     FAKE_CUDA_DEVICES), so a reader can map UUIDs to ledger devices;
- *   4096 + 128*rec: u64 owner flag, u64 bytes[8] per device, u64 pid (getpid()) at +72;
+ *   4096 + 128*rec: u64 owner flag, u64 bytes[8] per device, u64 pid (getpid()) at +72,
+ *     u64 inode of the process's PID namespace at +80 (0 if /proc/self/ns/pid is unreadable);
  *   36864 + 64*rec: u64 blocks[8] per device: blocks this process launched (every
  *     launch entry point, graphs by their kernel nodes; counted with or without the
  *     simulator), the fake's own count to judge throttling by.
@@ -267,6 +268,11 @@ static void ledger_open(const struct dev *all, int nall) {
                 ledger_rec = r;
                 for (int i = 0; i < 1 + MAXDEV; i++) rec[i] = 0;
                 rec[9] = (u64)getpid();
+                /* The PID namespace the pid is in: a reader with another view of the
+                 * processes (the plugin, with the host's /proc) translates through it,
+                 * as NVML reports host PIDs for processes in containers. */
+                struct stat ns;
+                rec[10] = stat("/proc/self/ns/pid", &ns) == 0 ? (u64)ns.st_ino : 0;
                 volatile u64 *blk = &ledger[(LEDGER_BLOCKS0 + LEDGER_BLOCKSZ * r) / 8];
                 for (int i = 0; i < MAXDEV; i++) blk[i] = 0;
                 rec[0] = 1;

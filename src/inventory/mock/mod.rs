@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod ledger;
 pub mod state;
 
 use super::{
-    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, HealthEvent, HealthEventKind,
-    MigInstance, MigStatus, NodeInventory,
+    BackendError, CharMajors, ComputeInstance, GpuBackend, GpuInfo, GpuProcess, HealthEvent,
+    HealthEventKind, MigInstance, MigStatus, NodeInventory,
 };
 use crate::mig::geometry::{self, GpuInstance};
 use crate::mig::{GpuModel, MigError};
@@ -73,6 +74,11 @@ struct MockNodeDoc {
     gpus: Vec<MockGpu>,
     #[serde(default)]
     config: Option<serde_yaml_ng::Value>,
+    /// The simulated driver's memory ledger (see [`ledger`]), as the plugin sees it;
+    /// a relative path is under the state dir, beside the simulated node's state. With
+    /// it the node lists each GPU's processes; without it, none.
+    #[serde(default)]
+    driver_ledger: Option<PathBuf>,
 }
 
 /// A parsed, validated mock node description.
@@ -138,6 +144,15 @@ impl MockNode {
                     )));
                 }
             }
+        }
+        if let Some(p) = &doc.driver_ledger
+            && (p.as_os_str().is_empty()
+                || p.components().any(|c| c == std::path::Component::ParentDir))
+        {
+            return Err(bad(format!(
+                "driverLedger: {:?} must be a path without `..` (relative: under the state dir)",
+                p.display()
+            )));
         }
         Ok(MockNode {
             digest: fnv1a_hex(text.as_bytes()),
@@ -228,6 +243,9 @@ pub struct MockBackend {
     node: MockNode,
     state_dir: PathBuf,
     access: StateAccess,
+    /// The `/proc` whose PIDs the ledger's processes are reported in (the host's, as
+    /// NVML reports them).
+    proc_root: PathBuf,
     /// The last event in the state when health events were first asked for: NVML
     /// delivers XIDs only to an event set registered before them, so a restarted plugin
     /// must not see the XIDs of its previous life again (a lost GPU stays lost: that is
@@ -241,8 +259,15 @@ impl MockBackend {
             node,
             state_dir,
             access,
+            proc_root: PathBuf::from("/proc"),
             registered: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reports the ledger's processes with the PIDs of `proc_root` (`--proc-root`).
+    pub fn with_proc_root(mut self, proc_root: PathBuf) -> Self {
+        self.proc_root = proc_root;
+        self
     }
 
     pub fn node(&self) -> &MockNode {
@@ -446,6 +471,26 @@ impl GpuBackend for MockBackend {
         }
         out.retain(|e| e.seq > since);
         Ok(out)
+    }
+
+    /// From the simulated driver's ledger when the description names one: the live
+    /// processes holding memory on the GPU, as NVML lists them (host PIDs, whole GPU).
+    fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let Some(path) = &self.node.doc.driver_ledger else {
+            return Ok(Vec::new());
+        };
+        let path = self.state_dir.join(path);
+        if self.access == StateAccess::ReadWrite {
+            ledger::create_if_missing(&path)?;
+        }
+        let gpu = self
+            .node
+            .doc
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .ok_or(BackendError::NoSuchGpu(minor))?;
+        ledger::processes(&path, &gpu.uuid, &self.proc_root)
     }
 }
 
