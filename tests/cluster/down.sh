@@ -99,8 +99,10 @@ done <<<"$cgroups"
 # The kubelet's cgroup root of this cluster (up.sh), with the QoS and pod cgroups below it.
 if [ -s "$DIR/cgroup-root" ]; then
   root=$(cat "$DIR/cgroup-root")
-  for h in /sys/fs/cgroup/*/; do
-    [ -d "$h${root#/}" ] && find "$h${root#/}" -depth -type d -exec rmdir {} + 2>/dev/null
+  for h in $(cgroup_hierarchies); do
+    [ -d "$h${root#/}" ] || continue
+    find "$h${root#/}" -depth -type d -exec rmdir {} + 2>/dev/null
+    [ -d "$h${root#/}" ] && echo "down.sh: $h${root#/} still there (a process left in it?)" >&2
   done
 fi
 # containerd's /k8s.io parents that this cluster created, once empty.

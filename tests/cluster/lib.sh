@@ -129,3 +129,14 @@ e2e_step() {
   fi
   return 1
 }
+
+# The cgroup hierarchies to make (or remove) a cgroup in, one directory per line with a
+# trailing /: every mounted hierarchy under /sys/fs/cgroup on a v1 or hybrid host, or
+# /sys/fs/cgroup/ itself on a cgroup2-only host (where its subdirectories are cgroups).
+cgroup_hierarchies() {
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    echo /sys/fs/cgroup/
+  else
+    for h in /sys/fs/cgroup/*/; do echo "$h"; done
+  fi
+}

@@ -63,11 +63,12 @@ for h in /sys/fs/cgroup/*/; do [ -d "$h/k8s.io" ] || echo "${h}k8s.io"; done >"$
 # <root>/kubepods/<qos>/pod<uid>/<container> (cgroupsPerQOS, as on every production
 # node; the memory watchdog finds a process's pod from that path). A root of its own
 # keeps this kubelet's cleanup of "orphaned" pod cgroups away from another cluster's
-# pods, and down.sh removes it whole. In every v1 hierarchy, with the cpuset of its
-# parent (a new v1 cpuset cgroup starts empty).
+# pods, and down.sh removes it whole. In every mounted hierarchy (v1 controllers, the
+# named systemd one and cgroup2's "unified" on a hybrid host; the one tree of a
+# cgroup2-only host), with the cpuset of its parent (a new v1 cpuset cgroup starts empty).
 CGROUP_ROOT=/tessera-cluster-$(printf %s "$DIR" | sha256sum | cut -c1-12)
 echo "$CGROUP_ROOT" >"$DIR/cgroup-root"
-for h in /sys/fs/cgroup/*/; do
+for h in $(cgroup_hierarchies); do
   mkdir -p "$h${CGROUP_ROOT#/}"
   for f in cpuset.cpus cpuset.mems; do
     [ -f "$h$f" ] && cat "$h$f" >"$h${CGROUP_ROOT#/}/$f"

@@ -76,7 +76,8 @@
  *     launch entry point, graphs by their kernel nodes; counted with or without the
  *     simulator), the fake's own count to judge throttling by.
  * A new process takes a never-used record before one a dead process left, so that
- * memory a dead process left held stays attributed to its pid as long as possible.
+ * memory a dead process left held stays attributed to its pid as long as possible; taking
+ * a dead process's record frees that memory (subtracts it from the devices' used).
  *
  * Kernels (see fakesim.h for the model): cuModuleLoadData / cuModuleGetFunction hand
  * out handles that carry nothing; cuLaunchKernel, cuLaunchKernelEx (CUlaunchConfig),
@@ -266,6 +267,11 @@ static void ledger_open(const struct dev *all, int nall) {
                                .l_start = LEDGER_REC0 + LEDGER_RECSZ * r, .l_len = LEDGER_RECSZ};
             if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
                 ledger_rec = r;
+                /* A dead process's record: the memory it left held is freed now (the
+                 * device's used counter would otherwise only grow). */
+                for (int i = 0; i < MAXDEV; i++)
+                    if (rec[1 + i] != 0)
+                        __atomic_sub_fetch(&ledger[(64 + 64 * i) / 8], rec[1 + i], __ATOMIC_SEQ_CST);
                 for (int i = 0; i < 1 + MAXDEV; i++) rec[i] = 0;
                 rec[9] = (u64)getpid();
                 /* The PID namespace the pid is in: a reader with another view of the

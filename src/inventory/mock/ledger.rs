@@ -14,8 +14,14 @@
 //! the kernel drops when the process dies: a record without a lock is a dead process,
 //! whose memory the real driver would have freed.
 //!
-//! Every process of a claim's containers writes the ledger, so it is read as untrusted
-//! input: bounded, with `read(2)`, never mapped (`abi::untrusted`).
+//! The processes of every pod that mounts the ledger (only the real-cluster suite's
+//! test pods do; on a real node the ledger is the kernel driver's) write it, so it is
+//! read as untrusted input: opened without following links or blocking, a regular file
+//! only, its first 64 KiB read with `read(2)`, never mapped. A record whose namespace
+//! is not known, or whose process `--proc-root` does not show, is left out, never
+//! guessed. A pod that mounts the ledger could still forge a record naming another
+//! process; that is the simulation's limit (NVML has no such path), not a tenant's way
+//! in on a real node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -141,31 +147,29 @@ pub fn processes(
         path: ledger_path.display().to_string(),
         reason,
     };
-    let (file, ledger) = tessera_abi::untrusted::read_bounded(ledger_path, LEDGER_SIZE)
-        .map_err(|e| bad(e.to_string()))?;
+    let file = open(ledger_path).map_err(&bad)?;
+    // The locks first, then the bytes: a dead process's record taken over in between
+    // is read with its new, live owner's figures, never the other way round.
+    let mut locked = [false; RECORDS];
+    for (r, l) in locked.iter_mut().enumerate() {
+        *l = tessera_abi::map::range_locked(&file, (REC0 + REC_SIZE * r) as u64, REC_SIZE as u64)
+            .map_err(|e| bad(format!("cannot test record {r}'s lock: {e}")))?;
+    }
+    let ledger = read_prefix(&file, LEDGER_SIZE as usize).map_err(&bad)?;
     let Some(d) = device_of(&ledger, uuid) else {
         return Ok(Vec::new());
     };
-    let mut live = Vec::new();
-    for h in holders(&ledger, d) {
-        let start = (REC0 + REC_SIZE * h.record) as u64;
-        if tessera_abi::map::range_locked(&file, start, REC_SIZE as u64)
-            .map_err(|e| bad(format!("cannot test record {}'s lock: {e}", h.record)))?
-        {
-            live.push(h);
-        }
-    }
+    let live: Vec<Holder> = holders(&ledger, d)
+        .into_iter()
+        .filter(|h| locked[h.record])
+        .collect();
     let spaces: BTreeSet<u64> = live.iter().filter_map(|h| h.pid_ns).collect();
     let host = host_pids(proc_root, &spaces);
     let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
     for h in live {
-        // A PID of another namespace that no process of proc_root's view has any more
-        // (it died after the lock test) is left out, never guessed.
-        let pid = match h.pid_ns {
-            None => Some(h.pid),
-            Some(ns) => host.get(&(ns, h.pid)).copied(),
-        };
-        if let Some(pid) = pid {
+        // A record without its namespace, or whose process proc_root's view does not
+        // have (it died after the lock test), is left out, never guessed.
+        if let Some(pid) = h.pid_ns.and_then(|ns| host.get(&(ns, h.pid)).copied()) {
             *by_pid.entry(pid).or_default() += h.bytes;
         }
     }
@@ -177,6 +181,40 @@ pub fn processes(
             gi_id: None,
         })
         .collect())
+}
+
+/// Opens the ledger for reading as the plugin must open a file others write: no link
+/// followed, a FIFO in its place does not block, a regular file only.
+fn open(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    let md = f.metadata().map_err(|e| e.to_string())?;
+    if !md.is_file() {
+        return Err("not a regular file".into());
+    }
+    Ok(f)
+}
+
+/// The first `max` bytes of `f` (fewer if it is shorter): a ledger grown past its size
+/// (anyone who maps it can `ftruncate` it) costs nothing and blinds no one.
+fn read_prefix(f: &std::fs::File, max: usize) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; max];
+    let mut n = 0;
+    while n < max {
+        match f.read_at(&mut b[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("cannot read: {e}")),
+        }
+    }
+    b.truncate(n);
+    Ok(b)
 }
 
 /// (PID namespace inode, PID in it) → PID in `proc_root`'s view, for the processes of
@@ -318,6 +356,7 @@ mod tests {
                 (0, inner as u64, ns, 3 << 30),
                 (1, inner as u64, ns, 1 << 30),
                 (2, 77, ns, 9 << 30),
+                (3, inner as u64, 0, 2 << 30),
             ],
         );
         std::fs::write(&path, &b).unwrap();
@@ -326,7 +365,9 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        for r in [0u64, 1] {
+        // Record 3 is live but without its namespace: it cannot be placed, so it is
+        // left out. Record 2 is not locked: a dead process.
+        for r in [0u64, 1, 3] {
             assert!(tessera_abi::map::try_lock_range(&f, 4096 + 128 * r, 128).unwrap());
         }
         let got = processes(&path, UUID, Path::new("/proc")).unwrap();
@@ -388,14 +429,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing"), "{e}");
-        let big = d.path().join("big");
-        std::fs::File::create(&big)
-            .unwrap()
-            .set_len(1 << 40)
-            .unwrap();
-        let e = processes(&big, UUID, Path::new("/proc"))
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = processes(&fifo, UUID, Path::new("/proc"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("more than"), "{e}");
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_ledger_grown_past_its_size_is_read_as_its_first_64_kib() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("ledger");
+        std::fs::write(&path, ledger(UUID, &[])).unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_len(1 << 40).unwrap();
+        assert!(
+            processes(&path, UUID, Path::new("/proc"))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

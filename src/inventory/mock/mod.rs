@@ -264,6 +264,14 @@ impl MockBackend {
         }
     }
 
+    /// The simulated driver's ledger (`driverLedger`, relative to the state dir), when
+    /// the description names one and this backend may write (a read-only backend, as
+    /// `tessera inventory` uses, neither creates nor needs it).
+    fn ledger_path(&self) -> Option<PathBuf> {
+        let p = self.node.doc.driver_ledger.as_ref()?;
+        (self.access == StateAccess::ReadWrite).then(|| self.state_dir.join(p))
+    }
+
     /// Reports the ledger's processes with the PIDs of `proc_root` (`--proc-root`).
     pub fn with_proc_root(mut self, proc_root: PathBuf) -> Self {
         self.proc_root = proc_root;
@@ -344,7 +352,12 @@ impl GpuBackend for MockBackend {
     }
 
     fn discover(&self) -> Result<NodeInventory, BackendError> {
-        Ok(self.state()?.inventory)
+        let inventory = self.state()?.inventory;
+        // The simulated driver's ledger exists from the plugin's start, so that pods
+        // mounting it (hostPath, type File) start whatever the watchdog's mode.
+        self.ledger_path()
+            .map_or(Ok(()), |p| ledger::create_if_missing(&p))?;
+        Ok(inventory)
     }
 
     fn mig_status(&self, minor: u32) -> Result<MigStatus, BackendError> {
@@ -476,13 +489,10 @@ impl GpuBackend for MockBackend {
     /// From the simulated driver's ledger when the description names one: the live
     /// processes holding memory on the GPU, as NVML lists them (host PIDs, whole GPU).
     fn processes(&self, minor: u32) -> Result<Vec<GpuProcess>, BackendError> {
-        let Some(path) = &self.node.doc.driver_ledger else {
+        let Some(path) = self.ledger_path() else {
             return Ok(Vec::new());
         };
-        let path = self.state_dir.join(path);
-        if self.access == StateAccess::ReadWrite {
-            ledger::create_if_missing(&path)?;
-        }
+        ledger::create_if_missing(&path)?;
         let gpu = self
             .node
             .doc
