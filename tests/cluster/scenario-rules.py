@@ -196,8 +196,11 @@ def prepared_lines(text):
     return n
 
 
-def kill_plugin(shared):
-    """shared: whether the node publishes a shared GPU (else the whole-GPU pod alone)."""
+def kill_plugin(share_class):
+    """share_class: the DeviceClass of a share on this node (shared.tessera.dev; or
+    slot.tessera.dev, one fallback slot, where the server has no consumable capacity);
+    None: the whole-GPU pod alone."""
+    shared = share_class is not None
     print("--- kill -9 of the plugin while claims are in use", flush=True)
     ns = "rules-kill"
     k("create", "namespace", ns)
@@ -219,7 +222,8 @@ def kill_plugin(shared):
     docs = [claim("whole", "gpu.tessera.dev"), pod("whole", "whole")]
     names = ["whole"]
     if shared:
-        docs += [claim("share", "shared.tessera.dev", {"memory": "8Gi", "compute": "10"}), pod("share", "share")]
+        capacity = {"memory": "8Gi", "compute": "10"} if share_class == "shared.tessera.dev" else None
+        docs += [claim("share", share_class, capacity), pod("share", "share")]
         names.append("share")
     done, err = apply(docs)
     if not expect(done, f"pods with claims created: {', '.join(names)}", err):
@@ -227,11 +231,16 @@ def kill_plugin(shared):
     if not expect(wait("Running", lambda: all(kj("-n", ns, "get", "pod", n)["status"].get("phase") == "Running"
                                               for n in names)), "  Running"):
         return
+    budget = None
     if shared:
+        lines, _ = client(ns, "share", "main", "ctx", "0", "meminfo")
+        budget = int(lines[1].split()[2]) if len(lines) == 2 and lines[1].startswith("ok ") else None
+        if not expect(budget, f"  the shared pod's budget ({share_class}): {(budget or 0) / GIB:.2f} GiB", f"{lines}"):
+            return
         lib.run_kubectl(["-n", ns, "exec", "share", "--", "sh", "-c",
                          f"{CLIENT} gpa ctx 0 alloc {5 * GIB} hold >/tmp/held 2>&1 </dev/null &"])
         expect(wait("holding", lambda: "holding" in k("-n", ns, "exec", "share", "--", "cat", "/tmp/held", check=False),
-                    timeout=30), "  a process in the shared pod holds 5 GiB of its 8 GiB budget")
+                    timeout=30), f"  a process in the shared pod holds 5 GiB of its {budget / GIB:.2f} GiB budget")
     before = {n: kj("-n", ns, "get", "pod", n)["status"]["containerStatuses"][0]["containerID"] for n in names}
     p = plugin_pod()
     name, cid = p["metadata"]["name"], p["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
@@ -257,8 +266,9 @@ def kill_plugin(shared):
     if shared:
         lines, _ = client(ns, "share", "main", "ctx", "0", "meminfo")
         free = int(lines[1].split()[1]) if len(lines) == 2 and lines[1].startswith("ok ") else None
-        expect(free is not None and free <= 3 * GIB,
-               f"  the budget still counts the held 5 GiB: {free / GIB if free else 0:.2f} GiB free of 8", f"{lines}")
+        expect(free is not None and free <= budget - 5 * GIB,
+               f"  the budget still counts the held 5 GiB: {free / GIB if free else 0:.2f} GiB free of "
+               f"{budget / GIB:.2f}", f"{lines}")
         if free:
             lines, _ = client(ns, "share", "main", "ctx", "0", "alloc", str(free + (64 << 20)))
             expect(lines[1:2] == ["err 2"], f"  and refuses 64 MiB above it: {lines[1:2]}")
@@ -555,11 +565,13 @@ def main():
             except Exception as e:  # the other scenarios still run
                 fail(f"{what}: {e}")
         try:
-            shared = any(d["attributes"].get("type", {}).get("string") == "gpu-shared"
-                         for s in kj("get", "resourceslices")["items"] for d in s["spec"].get("devices") or [])
-            if not shared:
-                print("  (no shared GPU published here, consumable capacity off: the whole-GPU pod alone)", flush=True)
-            kill_plugin(shared)
+            types = {d["attributes"].get("type", {}).get("string")
+                     for s in kj("get", "resourceslices")["items"] for d in s["spec"].get("devices") or []}
+            share_class = ("shared.tessera.dev" if "gpu-shared" in types else
+                           "slot.tessera.dev" if "gpu-slot" in types else None)
+            if share_class is None:
+                print("  (no shared GPU and no slots published here: the whole-GPU pod alone)", flush=True)
+            kill_plugin(share_class)
         except Exception as e:  # the other scenarios still run
             fail(f"kill -9: {e}")
     if lib.errors:

@@ -337,6 +337,41 @@ def shared_gpu_checks(ns, docs, claims):
 
 
 
+def slot_checks(ns, docs, claims):
+    """08's pod holds every slot of the shared GPU (a server without consumable
+    capacity): a claim of one more slot stays Pending (Unschedulable), and once 08's pod
+    is deleted it runs with one slot's budget, as 06's third claim does with shares."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "one-slot", "namespace": ns},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "slot.tessera.dev"}}]}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "one-slot", "namespace": ns},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "one-slot"}],
+                    "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([claim, pod]))
+
+    def unschedulable():
+        for c in kj("-n", ns, "get", "pod", "one-slot")["status"].get("conditions", []):
+            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                return c.get("message") or "?"
+        return None
+    msg = wait("one-slot Unschedulable", unschedulable, timeout=60)
+    expect(msg, f"every slot taken: a claim of one more slot Pending, Unschedulable: {msg}")
+    time.sleep(3)
+    expect(kj("-n", ns, "get", "pod", "one-slot")["status"].get("phase") == "Pending"
+           and not kj("-n", ns, "get", "resourceclaim", "one-slot")["status"].get("allocation"),
+           "  and still Pending, its claim unallocated, 3 s later")
+    for d in docs:
+        if d["kind"] == "Pod":
+            k("-n", ns, "delete", "pod", d["metadata"]["name"], "--wait=true")
+    running = wait("one-slot Running",
+                   lambda: kj("-n", ns, "get", "pod", "one-slot")["status"].get("phase") == "Running", timeout=90)
+    expect(running, "  after deleting the pod holding every slot: the one-slot pod Running")
+    if running:
+        budget = claim_budget(kj("-n", ns, "get", "resourceclaim", "one-slot"))
+        check_budget(ns, "one-slot", "main", budget, "claim one-slot")
+
+
 # Where the pods of watchdog_checks find the simulated driver's ledger (the mock node's
 # driverLedger, under the plugin's state dir).
 LEDGER = f"{DIR}/tessera-node/state/driver-ledger"
@@ -510,7 +545,7 @@ def run_all():
     for f in sorted(os.listdir(f"{REPO}/examples/workloads")):
         if f.endswith(".yaml"):
             try:
-                more = {"05": mig_checks, "06": shared_gpu_checks}.get(f.split("-", 1)[0])
+                more = {"05": mig_checks, "06": shared_gpu_checks, "08": slot_checks}.get(f.split("-", 1)[0])
                 results[f] = run_example(f"{REPO}/examples/workloads/{f}", published, more)
             except Exception as e:  # one example's error must not hide the others
                 fail(f"{f}: {e}")
