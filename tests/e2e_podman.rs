@@ -404,7 +404,8 @@ fn fake_args(ids: &[String]) -> Vec<String> {
 /// `/usr/local/bin`): `tenant path|dlmopen FILE BYTES` opens FILE with `dlopen` or in
 /// a new link-map namespace with `dlmopen` and allocates through `dlsym` (one result
 /// line for the context, one for the allocation); `audit.so`, an `LD_AUDIT` module
-/// that answers ld.so's search for `libcuda.so.1` with the real driver file; and
+/// that answers ld.so's search for `libcuda.so.1` with the real driver file;
+/// `own_dlsym.so`, the tenant's own library defining `dlsym` (to preload); and
 /// `static_client`, `cuda_client` linked statically (no ld.so, so no
 /// `/etc/ld.so.preload`: what a program linked statically against cudart is).
 fn tenant_programs(dir: &std::path::Path) -> Vec<PathBuf> {
@@ -458,9 +459,26 @@ char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
 "#,
     )
     .unwrap();
+    let own_dlsym = dir.join("own_dlsym.c");
+    std::fs::write(
+        &own_dlsym,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+/* A tenant's own dlsym, preloaded: every lookup answered by glibc's dlsym, past any
+ * interposer of dlsym. */
+void *dlsym(void *handle, const char *name) {
+    static void *(*glibc)(void *, const char *);
+    if (!glibc) glibc = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!glibc) glibc = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    return glibc ? glibc(handle, name) : NULL;
+}
+"#,
+    )
+    .unwrap();
     let client =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/tests/fakes/cuda_client.c");
-    let builds: [(&str, Vec<String>); 3] = [
+    let builds: [(&str, Vec<String>); 4] = [
         ("tenant", vec![tenant.display().to_string(), "-ldl".into()]),
         (
             "audit.so",
@@ -468,6 +486,15 @@ char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
                 "-shared".into(),
                 "-fPIC".into(),
                 audit.display().to_string(),
+            ],
+        ),
+        (
+            "own_dlsym.so",
+            vec![
+                "-shared".into(),
+                "-fPIC".into(),
+                own_dlsym.display().to_string(),
+                "-ldl".into(),
             ],
         ),
         (
@@ -800,7 +827,8 @@ async fn podman_enforces_shared_budgets() {
 /// file opened by path, an `LD_AUDIT` module that points ld.so's search for
 /// `libcuda.so.1` at the real file (the front is loaded and hooks both), and the real
 /// file in a new link-map namespace with `dlmopen` (the program's `dlsym` is the
-/// front's). A program linked statically (no ld.so, so no front) fails closed. Not
+/// front's); the tenant's own library defining `dlsym`, preloaded, stops the process
+/// before `main`. A program linked statically (no ld.so, so no front) fails closed. Not
 /// held, as the threat model says: a private root, with `chroot` into a tree holding
 /// a copy of the driver, or with `unshare -Urm`, a tmpfs over `/etc` and the real file
 /// preloaded; dropping `SYS_CHROOT` and refusing `unshare` in the seccomp profile
@@ -827,7 +855,8 @@ async fn a_private_root_escapes_the_library_and_dropping_its_privileges_stops_it
          echo case path; /usr/local/bin/tenant path {real} {over}; \
          echo case audit-dlsym; LD_AUDIT=/usr/local/bin/audit.so /usr/local/bin/cuda_client dlsym ctx 0 alloc {over}; \
          echo case audit-linked; LD_AUDIT=/usr/local/bin/audit.so /usr/local/bin/linked {over}; \
-         echo case dlmopen; /usr/local/bin/tenant dlmopen {real} {over}"
+         echo case dlmopen; /usr/local/bin/tenant dlmopen {real} {over}; \
+         echo case own-dlsym; LD_PRELOAD=/usr/local/bin/own_dlsym.so /usr/local/bin/cuda_client dlsym ctx 0 alloc {over}; echo err status $?"
     );
     let out = n.podman.run(&n.rootfs, &fake_args(&a_ids), &held);
     assert!(out.ok, "{}\n{}", out.stdout, Podman::cdi_errors(&out));
@@ -862,6 +891,14 @@ async fn a_private_root_escapes_the_library_and_dropping_its_privileges_stops_it
     assert!(
         dlmopen.len() == 2 && !dlmopen[1].starts_with("ok"),
         "dlmopen: no allocation over the budget: {by_case:?}"
+    );
+    // The tenant's own library defining dlsym, preloaded ahead of the front: the front's
+    // check at load stops the process before main (exit 126), nothing allocated.
+    assert_eq!(
+        by_case.get("own-dlsym").map(Vec::as_slice),
+        Some(&["err status 126".to_string()][..]),
+        "own-dlsym: stopped before main: {by_case:?}\n{}",
+        out.stderr
     );
 
     // A private root: a tree with the program, libc, the loader and a copy of the
