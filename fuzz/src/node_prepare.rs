@@ -7,9 +7,11 @@
 //! state) lives in a temp dir opened once per process; after every input each claim
 //! still prepared is unprepared, so inputs do not leak into one another.
 //!
-//! Checked after every request: one answer per claim UID asked for; a claim prepared
-//! without error has a spec file that validates and holds every CDI device ID the
-//! answer gives; a claim whose prepare failed and that was not prepared before has no
+//! The interception library is installed (stand-in files), so shared claims are
+//! prepared through to their claim files. Checked after every request: one answer per
+//! claim UID asked for; a claim prepared without error has a spec file that validates,
+//! holds every CDI device ID the answer gives and mounts only run-dir files that exist
+//! (a shared claim's limits, control and region); a claim whose prepare failed and that was not prepared before has no
 //! spec file and no claim directory; an unprepared claim has neither.
 
 use std::collections::{BTreeSet, HashMap};
@@ -93,10 +95,9 @@ fn build_world() -> World {
         unknown_mig: UnknownMig::Destroy,
         run_dir: root.join("run"),
         shared_slots: f.config.shared_slots,
-        interception_source: None,
+        interception_source: Some(fake_library(&root.join("lib-src"))),
     };
-    let mut cdi = f.cdi.clone();
-    cdi.interception = None;
+    let cdi = f.cdi.clone();
     let (state, _) =
         DeviceState::open(cfg.clone(), f.gpus.clone(), backend, cdi).expect("state opens");
     let state = Arc::new(state);
@@ -117,6 +118,26 @@ fn build_world() -> World {
         run_dir: cfg.run_dir,
         _dir: dir,
     }
+}
+
+/// Stand-ins for the interception library and the files installed beside it (the
+/// front, the soname shims, the CDI hook): ELF magic and a name, which is all the
+/// install checks. With them the plugin installs a library version, so that shared
+/// claims are prepared through to their claim files, as on a node.
+fn fake_library(dir: &Path) -> PathBuf {
+    use tessera::prepare::library as lib;
+    std::fs::create_dir_all(dir).expect("library dir");
+    for f in [
+        lib::LIB_FILE,
+        lib::FRONT_FILE,
+        lib::SHIM_CUDA_FILE,
+        lib::SHIM_NVML_FILE,
+        lib::HOOK_FILE,
+    ] {
+        std::fs::write(dir.join(f), [b"\x7fELF".as_slice(), f.as_bytes()].concat())
+            .expect("library file");
+    }
+    dir.join(lib::LIB_FILE)
 }
 
 fn world() -> &'static World {
@@ -151,6 +172,24 @@ fn check_prepared(w: &World, uid: &str, cdi_ids: &[String]) {
             .strip_prefix(&format!("{}=", cdi_spec::CDI_KIND))
             .unwrap_or_else(|| panic!("CDI ID {id} not of kind {}", cdi_spec::CDI_KIND));
         assert!(spec.device(name).is_some(), "{uid}: spec lacks {id}");
+    }
+    // Every file the spec mounts from the run dir (a shared claim's limits, control and
+    // region; the installed library) is there: else the container could not start.
+    let edits = std::iter::once(&json["containerEdits"]).chain(
+        json["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| &d["containerEdits"]),
+    );
+    for m in edits.flat_map(|e| e["mounts"].as_array().into_iter().flatten()) {
+        let host = Path::new(m["hostPath"].as_str().unwrap_or_default());
+        if host.starts_with(&w.run_dir) {
+            assert!(
+                host.exists(),
+                "prepared claim {uid}: its spec mounts {host:?}, which is missing"
+            );
+        }
     }
 }
 

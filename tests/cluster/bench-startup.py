@@ -33,7 +33,8 @@ QUICK = os.environ.get("TESSERA_BENCH_QUICK") == "1" or "--quick" in sys.argv[1:
 sys.argv = [a for a in sys.argv if a != "--quick"]
 
 import scenario_lib as lib  # noqa: E402 (reads DIR from sys.argv)
-from scenario_lib import DIR, ENV, IMAGE, build_image, client, expect, k, kj, simulated_node_config, wait  # noqa: E402
+from scenario_lib import DIR, ENV, build_image, claim_doc, client, expect, k, kj, pod_doc, simulated_node_config, \
+    wait  # noqa: E402
 
 N = 3 if QUICK else 20
 M = 10 if QUICK else 100
@@ -50,18 +51,8 @@ KINDS = {
 
 
 def docs(name, kind_req, labels=None):
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": NS, "labels": labels or {"bench": "startup"}},
-           "spec": {"terminationGracePeriodSeconds": 1,
-                    "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never"}]}}
-    out = []
-    if kind_req is not None:
-        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": name, "namespace": NS},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": kind_req}]}}})
-        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    return out + [pod]
+    pod = pod_doc(NS, name, name if kind_req is not None else None, grace=1, labels=labels or {"bench": "startup"})
+    return ([claim_doc(NS, name, kind_req)] if kind_req is not None else []) + [pod]
 
 
 def histogram(name):

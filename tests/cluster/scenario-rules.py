@@ -50,8 +50,8 @@ import time
 import yaml
 
 import scenario_lib as lib
-from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, KUBECTL, build_image, client, expect, fail, k, kj, \
-    metric, simulated_node_config, wait
+from scenario_lib import CLIENT, DIR, ENV, GIB, KUBECTL, build_image, claim_doc, client, expect, fail, k, \
+    kj, metric, pod_doc, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/rules"
 os.makedirs(OUT, exist_ok=True)
@@ -166,9 +166,8 @@ def extended_resource():
         print("  not applicable here: the stored DeviceClass gpu.tessera.dev has no extendedResourceName "
               "(DRAExtendedResource off)", flush=True)
         return
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "legacy-gpu", "namespace": "default"},
-           "spec": {"containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                    "resources": {"limits": {name: 1}}}]}}
+    pod = pod_doc("default", "legacy-gpu")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {name: 1}}
     done, err = apply([pod])
     expect(done, f"a pod asking limits {name}: 1 created", err)
     running = wait("legacy-gpu Running", lambda: kj("get", "pod", "legacy-gpu")["status"].get("phase") == "Running",
@@ -207,17 +206,13 @@ def kill_plugin(share_class):
     wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
 
     def pod(name, claim):
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-                "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                         "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                         "resources": {"claims": [{"name": "gpu"}]}}]}}
+        return pod_doc(ns, name, claim)
 
     def claim(name, cls, capacity=None):
         exactly = {"deviceClassName": cls}
         if capacity:
             exactly["capacity"] = {"requests": capacity}
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+        return claim_doc(ns, name, exactly)
 
     docs = [claim("whole", "gpu.tessera.dev"), pod("whole", "whole")]
     names = ["whole"]
@@ -322,18 +317,13 @@ def device_health():
     wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
 
     def pod(name):
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-                "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                         "terminationGracePeriodSeconds": 1,
-                         "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                         "resources": {"claims": [{"name": "gpu"}]}}]}}
+        return pod_doc(ns, name, name, grace=1)
 
     def claim(name, cel=None):
         exactly = {"deviceClassName": "gpu.tessera.dev"}
         if cel:
             exactly["selectors"] = [{"cel": {"expression": cel}}]
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+        return claim_doc(ns, name, exactly)
 
     def phase(name):
         """The pod's phase; None when it is gone."""
@@ -435,14 +425,8 @@ def races():
     cases = [(f"r{i}", "mig.tessera.dev" if i % 2 else "gpu.tessera.dev", "claim" if i % 3 == 2 else "pod",
               [0, 0.1, 0.3, 0.6, 1.0, 1.5][i % 6]) for i in range(12)]
     for name, cls, victim, delay in cases:
-        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                 "metadata": {"name": name, "namespace": ns},
-                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-               "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                        "terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+        claim = claim_doc(ns, name, {"deviceClassName": cls})
+        pod = pod_doc(ns, name, name, grace=0)
         uids.append(json.loads(k("create", "-o", "json", "-f", "-", stdin=json.dumps(claim)))["metadata"]["uid"])
         k("create", "-f", "-", stdin=json.dumps(pod))
         time.sleep(delay)
@@ -508,13 +492,7 @@ def kubelet_restart():
     wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
     docs = []
     for name in ["k1", "k2"]:
-        docs += [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-                  "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}},
-                 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-                  "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                           "terminationGracePeriodSeconds": 1,
-                           "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                           "resources": {"claims": [{"name": "gpu"}]}}]}}]
+        docs += [claim_doc(ns, name, {"deviceClassName": "gpu.tessera.dev"}), pod_doc(ns, name, name, grace=1)]
     done, err = apply(docs)
     if not expect(done and wait("Running", lambda: all(kj("-n", ns, "get", "pod", n)["status"].get("phase") == "Running"
                                                        for n in ["k1", "k2"])), "two pods with whole-GPU claims Running", err):
@@ -537,10 +515,7 @@ def kubelet_restart():
     prepared_after = prepared_lines(k("-n", "tessera-system", "logs", plugin, "-c", "plugin"))
     expect(all(prepared_after.get(u) == prepared_before.get(u) == 1 for u in uids),
            f"  nothing prepared again: {[prepared_after.get(u, 0) for u in uids]} prepare(s) per claim")
-    done, err = apply([{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "k3", "namespace": ns},
-                        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}},
-                       dict(docs[1], metadata={"name": "k3", "namespace": ns},
-                            spec=dict(docs[1]["spec"], resourceClaims=[{"name": "gpu", "resourceClaimName": "k3"}]))])
+    done, err = apply([claim_doc(ns, "k3", {"deviceClassName": "gpu.tessera.dev"}), pod_doc(ns, "k3", "k3", grace=1)])
     expect(done and wait("k3 Running", lambda: kj("-n", ns, "get", "pod", "k3")["status"].get("phase") == "Running", timeout=90),
            "  a new pod with a claim is prepared through the restarted kubelet and Running", err)
     token_ns = k("-n", ns, "exec", "k3", "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/namespace", check=False)

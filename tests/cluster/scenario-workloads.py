@@ -34,8 +34,8 @@ import time
 import yaml
 
 import scenario_lib as lib
-from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, client, expect, fail, k, kj, \
-    metric, ok, quantity, simulated_node_config, wait
+from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, claim_doc, client, expect, fail, k, kj, \
+    metric, ok, pod_doc, quantity, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/workloads"
 os.makedirs(OUT, exist_ok=True)
@@ -252,6 +252,22 @@ def prepared(uid):
     return os.path.exists(ck) and uid in open(ck).read()
 
 
+def stays_pending(ns, name, what):
+    """Pod NAME (with claim NAME) is Unschedulable, with the scheduler's message, and is
+    still Pending with its claim unallocated 3 s later."""
+    def unschedulable():
+        for c in kj("-n", ns, "get", "pod", name)["status"].get("conditions", []):
+            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                return c.get("message") or "?"
+        return None
+    msg = wait(f"{name} Unschedulable", unschedulable, timeout=60)
+    expect(msg, f"{what}: pod Pending, Unschedulable: {msg}")
+    time.sleep(3)
+    expect(kj("-n", ns, "get", "pod", name)["status"].get("phase") == "Pending"
+           and not kj("-n", ns, "get", "resourceclaim", name)["status"].get("allocation"),
+           "  and still Pending, its claim unallocated, 3 s later")
+
+
 def shared_gpu_checks(ns, docs, claims):
     """06's pods run: a third claim that does not fit waits, then takes a freed share;
     a claim shared by two pods has one budget."""
@@ -261,32 +277,10 @@ def shared_gpu_checks(ns, docs, claims):
     total = {f"gpu-{g['minor']}": g["memoryBytes"] for g in mock["gpus"]}[sorted(gpu)[0]]
     big = (total - used) // GIB + 1  # GiB: more than is left
     print(f"  {sorted(gpu)}: {used // GIB} GiB of {total / GIB:.1f} GiB taken; a third claim asks {big} GiB", flush=True)
-    third = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "third", "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "shared.tessera.dev",
-            "capacity": {"requests": {"memory": f"{big}Gi", "compute": "10"}}}}]}},
-    }
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "third", "namespace": ns},
-        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "third"}],
-                 "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                 "resources": {"claims": [{"name": "gpu"}]}}]},
-    }
-    k("apply", "-f", "-", stdin=yaml.safe_dump_all([third, pod]))
-
-    def unschedulable():
-        for c in kj("-n", ns, "get", "pod", "third")["status"].get("conditions", []):
-            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
-                return c.get("message") or "?"
-        return None
-    msg = wait("third Unschedulable", unschedulable, timeout=60)
-    expect(msg, f"a third claim of {big} GiB that does not fit: pod Pending, Unschedulable: {msg}")
-    time.sleep(3)
-    expect(kj("-n", ns, "get", "pod", "third")["status"].get("phase") == "Pending"
-           and not kj("-n", ns, "get", "resourceclaim", "third")["status"].get("allocation"),
-           "  and still Pending, its claim unallocated, 3 s later")
+    third = claim_doc(ns, "third", {"deviceClassName": "shared.tessera.dev",
+                                    "capacity": {"requests": {"memory": f"{big}Gi", "compute": "10"}}})
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([third, pod_doc(ns, "third", "third")]))
+    stays_pending(ns, "third", f"a third claim of {big} GiB that does not fit")
     # Free a share: delete the workload holding the most.
     owner = max(((e["claim"], e["containers"]) for e in claims.values()), key=lambda x: claim_budget(x[0]))
     freed = claim_budget(owner[0])
@@ -301,13 +295,9 @@ def shared_gpu_checks(ns, docs, claims):
 
     # One claim, two pods: one budget.
     budget = 8 * GIB
-    one = dict(third, metadata={"name": "two-pods", "namespace": ns})
-    one["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
-        "deviceClassName": "shared.tessera.dev", "capacity": {"requests": {"memory": "8Gi", "compute": "5"}}}}]}}
-    pods = []
-    for n in ("user-a", "user-b"):
-        pods.append(dict(pod, metadata={"name": n, "namespace": ns},
-                         spec=dict(pod["spec"], resourceClaims=[{"name": "gpu", "resourceClaimName": "two-pods"}])))
+    one = claim_doc(ns, "two-pods", {"deviceClassName": "shared.tessera.dev",
+                                     "capacity": {"requests": {"memory": "8Gi", "compute": "5"}}})
+    pods = [pod_doc(ns, n, "two-pods") for n in ("user-a", "user-b")]
     k("apply", "-f", "-", stdin=yaml.safe_dump_all([one] + pods))
     both = wait("user-a and user-b Running", lambda: all(
         kj("-n", ns, "get", "pod", n)["status"].get("phase") == "Running" for n in ("user-a", "user-b")), timeout=90)
@@ -341,26 +331,9 @@ def slot_checks(ns, docs, claims):
     """08's pod holds every slot of the shared GPU (a server without consumable
     capacity): a claim of one more slot stays Pending (Unschedulable), and once 08's pod
     is deleted it runs with one slot's budget, as 06's third claim does with shares."""
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "one-slot", "namespace": ns},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "slot.tessera.dev"}}]}}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "one-slot", "namespace": ns},
-           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "one-slot"}],
-                    "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
-    k("apply", "-f", "-", stdin=yaml.safe_dump_all([claim, pod]))
-
-    def unschedulable():
-        for c in kj("-n", ns, "get", "pod", "one-slot")["status"].get("conditions", []):
-            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
-                return c.get("message") or "?"
-        return None
-    msg = wait("one-slot Unschedulable", unschedulable, timeout=60)
-    expect(msg, f"every slot taken: a claim of one more slot Pending, Unschedulable: {msg}")
-    time.sleep(3)
-    expect(kj("-n", ns, "get", "pod", "one-slot")["status"].get("phase") == "Pending"
-           and not kj("-n", ns, "get", "resourceclaim", "one-slot")["status"].get("allocation"),
-           "  and still Pending, its claim unallocated, 3 s later")
+    claim = claim_doc(ns, "one-slot", {"deviceClassName": "slot.tessera.dev"})
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all([claim, pod_doc(ns, "one-slot", "one-slot")]))
+    stays_pending(ns, "one-slot", "every slot taken: a claim of one more slot")
     for d in docs:
         if d["kind"] == "Pod":
             k("-n", ns, "delete", "pod", d["metadata"]["name"], "--wait=true")
@@ -392,21 +365,14 @@ def watchdog_checks(published):
     request = ({"deviceClassName": "slot.tessera.dev", "count": 1} if slots else
                {"deviceClassName": "shared.tessera.dev",
                 "capacity": {"requests": {"memory": "8Gi", "compute": "10"}}})
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": name, "namespace": ns},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}}
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                 "volumes": [{"name": "ledger", "hostPath": {"path": LEDGER, "type": "File"}}],
-                 "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                 # The fake driver's wiring: the ledger, and addresses
-                                 # without host pages (more than the machine's memory).
-                                 "env": [{"name": "FAKE_CUDA_LEDGER", "value": "/var/lib/fake-driver/ledger"},
-                                         {"name": "FAKE_CUDA_NO_BACKING", "value": "1"}],
-                                 "volumeMounts": [{"name": "ledger", "mountPath": "/var/lib/fake-driver/ledger"}],
-                                 "resources": {"claims": [{"name": "gpu"}]}}]},
-    }
+    claim = claim_doc(ns, name, request)
+    # The fake driver's wiring: the ledger, and addresses without host pages (more than
+    # the machine's memory).
+    pod = pod_doc(ns, name, name,
+                  env=[{"name": "FAKE_CUDA_LEDGER", "value": "/var/lib/fake-driver/ledger"},
+                       {"name": "FAKE_CUDA_NO_BACKING", "value": "1"}],
+                  mounts=[{"name": "ledger", "mountPath": "/var/lib/fake-driver/ledger"}],
+                  volumes=[{"name": "ledger", "hostPath": {"path": LEDGER, "type": "File"}}])
     print(f"--- watchdog (namespace {ns}): a claim of {'one slot' if slots else '8 GiB of a shared GPU'}",
           flush=True)
     k("create", "namespace", ns)
@@ -499,16 +465,10 @@ def mig_checks(ns, docs, claims):
                    f"want {sorted(want)}")
         created, destroyed = metric("tessera_mig_devices_created"), metric("tessera_mig_devices_destroyed")
         uuid = next(g["uuid"] for g in mock["gpus"] if g["minor"] == gpu)
-        whole = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                 "metadata": {"name": "whole-parent", "namespace": ns},
-                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                     "deviceClassName": "gpu.tessera.dev",
-                     "selectors": [{"cel": {"expression": f'device.attributes["gpu.tessera.dev"].uuid == "{uuid}"'}}]}}]}}}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whole-parent", "namespace": ns},
-               "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "whole-parent"}],
-                        "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
-                                        "resources": {"claims": [{"name": "gpu"}]}}]}}
-        k("apply", "-f", "-", stdin=yaml.safe_dump_all([whole, pod]))
+        whole = claim_doc(ns, "whole-parent", {
+            "deviceClassName": "gpu.tessera.dev",
+            "selectors": [{"cel": {"expression": f'device.attributes["gpu.tessera.dev"].uuid == "{uuid}"'}}]})
+        k("apply", "-f", "-", stdin=yaml.safe_dump_all([whole, pod_doc(ns, "whole-parent", "whole-parent")]))
 
         def unschedulable():
             for c in kj("-n", ns, "get", "pod", "whole-parent")["status"].get("conditions", []):

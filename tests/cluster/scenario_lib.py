@@ -152,6 +152,36 @@ def quantity(q):
     return int(q)
 
 
+# ---------- the objects the scenarios create ----------
+def claim_doc(ns, name, exactly):
+    """ResourceClaim NAME in NS with one request `gpu`; EXACTLY is its device request
+    (`deviceClassName`, and `capacity`, `selectors`, `count` as needed)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def pod_doc(ns, name, claim=None, grace=None, labels=None, env=None, mounts=None, volumes=None):
+    """Pod NAME in NS: one container `main` of the client image (its entrypoint holds),
+    given ResourceClaim CLAIM (none without); GRACE its termination grace period;
+    ENV, MOUNTS, VOLUMES the container's environment and volume mounts, the pod's volumes."""
+    main = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": {"containers": [main]}}
+    if labels:
+        pod["metadata"]["labels"] = labels
+    if claim:
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        main["resources"] = {"claims": [{"name": "gpu"}]}
+    if grace is not None:
+        pod["spec"]["terminationGracePeriodSeconds"] = grace
+    if env:
+        main["env"] = env
+    if mounts:
+        main["volumeMounts"] = mounts
+    if volumes:
+        pod["spec"]["volumes"] = volumes
+    return pod
+
+
 # ---------- the client image ----------
 def build_image():
     """localhost/tessera/cuda-client:1 in the cluster's containerd: busybox, the host's
