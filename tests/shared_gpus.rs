@@ -765,9 +765,7 @@ async fn without_the_library_shares_are_refused() {
 /// while a prepared claim's spec mounts it and goes with that claim's unprepare.
 #[tokio::test]
 async fn library_versions_stay_while_a_claim_references_them() {
-    let mut h = Harness::new().await;
-    let (p, _) = published(&h).await;
-    let k = h.kubelet().await;
+    let h = Harness::new().await;
     let c = h
         .allocated_claim_with(
             "old-lib",
@@ -781,6 +779,26 @@ async fn library_versions_stay_while_a_claim_references_them() {
             &[],
         )
         .await;
+    library_version_outlives_an_upgrade(h, c).await;
+}
+
+/// A whole-GPU claim's spec mounts the library too (the soname shims at the driver's
+/// sonames, the library directory), so its version stays as well: a restarted
+/// container of that claim must find every file its spec mounts.
+#[tokio::test]
+async fn a_whole_gpu_claim_keeps_its_library_version_too() {
+    let h = Harness::new().await;
+    let c = h
+        .allocated_claim("old-lib-whole", &[("gpu", NODE, "gpu-2", None)], &[])
+        .await;
+    library_version_outlives_an_upgrade(h, c).await;
+}
+
+/// Prepares `c`, restarts the plugin with a new build of the library and checks that
+/// the old version stays while `c`'s spec mounts it and goes with `c`'s unprepare.
+async fn library_version_outlives_an_upgrade(mut h: Harness, c: KubeletClaim) {
+    let (p, _) = published(&h).await;
+    let k = h.kubelet().await;
     prepare(&k, &c).await;
     p.stop().await;
     let libs = || harness::list_files(&h.opts.paths.run_dir.join("lib"));

@@ -97,7 +97,11 @@ fn build_world() -> World {
         shared_slots: f.config.shared_slots,
         interception_source: Some(fake_library(&root.join("lib-src"))),
     };
-    let cdi = f.cdi.clone();
+    // Specs name the run dir as the host sees it: here, this temp dir's.
+    let cdi = tessera::prepare::cdi_spec::CdiContext {
+        host_run_dir: cfg.run_dir.clone(),
+        ..f.cdi.clone()
+    };
     let (state, _) =
         DeviceState::open(cfg.clone(), f.gpus.clone(), backend, cdi).expect("state opens");
     let state = Arc::new(state);
@@ -182,15 +186,23 @@ fn check_prepared(w: &World, uid: &str, cdi_ids: &[String]) {
             .flatten()
             .map(|d| &d["containerEdits"]),
     );
+    let mut from_run_dir = 0;
     for m in edits.flat_map(|e| e["mounts"].as_array().into_iter().flatten()) {
         let host = Path::new(m["hostPath"].as_str().unwrap_or_default());
         if host.starts_with(&w.run_dir) {
+            from_run_dir += 1;
             assert!(
                 host.exists(),
                 "prepared claim {uid}: its spec mounts {host:?}, which is missing"
             );
         }
     }
+    // With the library installed every spec mounts its shims and its directory.
+    assert!(
+        from_run_dir > 0,
+        "prepared claim {uid}: its spec mounts nothing of the run dir {:?}",
+        w.run_dir
+    );
 }
 
 fn check_absent(w: &World, uid: &str, what: &str) {

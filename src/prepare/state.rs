@@ -363,11 +363,10 @@ impl DeviceState {
                 devices: devices.clone(),
                 cdi_spec: Some(names.file_name().to_string()),
                 claim_files: shared,
-                lib_version: if shared {
-                    cdi.interception.clone()
-                } else {
-                    None
-                },
+                // Every spec rendered with the library mounts its version (the
+                // soname shims and the library directory: `cdi_spec::driver_mounts`),
+                // whole-GPU ones included, so every such claim keeps it installed.
+                lib_version: cdi.interception.clone(),
                 pods: reserved_pods(claim),
                 started_at: unix_secs(),
                 completed_at: None,

@@ -33,8 +33,8 @@ QUICK = os.environ.get("TESSERA_BENCH_QUICK") == "1" or "--quick" in sys.argv[1:
 sys.argv = [a for a in sys.argv if a != "--quick"]
 
 import scenario_lib as lib  # noqa: E402 (reads DIR from sys.argv)
-from scenario_lib import DIR, ENV, build_image, claim_doc, client, expect, k, kj, pod_doc, simulated_node_config, \
-    wait  # noqa: E402
+from scenario_lib import (DIR, ENV, build_image, claim_doc, client, expect, k, kj, pod_doc,  # noqa: E402
+                          simulated_node_config, wait)
 
 N = 3 if QUICK else 20
 M = 10 if QUICK else 100

@@ -17,8 +17,9 @@ extendedResourceName (DRAExtendedResource), a pod asking `resources.limits:
 {nvidia.com/gpu: 1}` runs with one whole GPU, allocated by the scheduler in a claim it
 made, and sees that GPU's device node.
 kill -9 of the plugin (its container's main process, SIGKILL through containerd) while a
-whole-GPU pod and a shared-GPU pod run, the latter with a process holding 5 GiB of its
-8 GiB budget: the kubelet restarts the container, which registers again; the running
+whole-GPU pod and a shared-GPU pod run (8 GiB of the shared GPU, or one fallback slot
+where the server has no consumable capacity), the latter with a process holding 5 GiB of
+its budget: the kubelet restarts the container, which registers again; the running
 pods keep running, untouched (same container), and the budget still counts the held
 memory; a new pod with a claim is prepared; no claim is prepared twice (the plugin's
 "prepared" lines of both containers' logs).
