@@ -23,17 +23,9 @@ use crate::AbiError;
 /// every field against the buffer they are given, so such a buffer parses or is
 /// refused, and the plugin's caller treats a refusal as "no figures for this claim".
 pub fn read_bounded(path: &Path, max: u64) -> Result<(File, Vec<u8>), AbiError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let fail = |what: String| AbiError::Unreadable(format!("{}: {what}", path.display()));
-    let f = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| fail(format!("cannot open: {e}")))?;
+    let f = open_regular(path)?;
     let md = f.metadata().map_err(|e| fail(e.to_string()))?;
-    if !md.is_file() {
-        return Err(fail("not a regular file".into()));
-    }
     if md.len() > max {
         return Err(fail(format!(
             "{} bytes, more than the {max} read",
@@ -48,6 +40,24 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<(File, Vec<u8>), AbiError> 
         return Err(fail(format!("grew past the {max} bytes read")));
     }
     Ok((f, b))
+}
+
+/// Opens `path` for reading as a file others write must be opened: `O_NONBLOCK` (a
+/// FIFO in its place blocks neither the open nor a read), `O_NOFOLLOW` (a symlink is
+/// refused), `O_NOCTTY`; then refused unless a regular file.
+pub fn open_regular(path: &Path) -> Result<File, AbiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |what: String| AbiError::Unreadable(format!("{}: {what}", path.display()));
+    let f = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| fail(format!("cannot open: {e}")))?;
+    let md = f.metadata().map_err(|e| fail(e.to_string()))?;
+    if !md.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    Ok(f)
 }
 
 #[cfg(test)]

@@ -16,8 +16,9 @@
 //!
 //! The processes of every pod that mounts the ledger (only the real-cluster suite's
 //! test pods do; on a real node the ledger is the kernel driver's) write it, so it is
-//! read as untrusted input: opened without following links or blocking, a regular file
-//! only, its first 64 KiB read with `read(2)`, never mapped. A record whose namespace
+//! read as untrusted input: opened as `abi::untrusted` opens a region (no link
+//! followed, no blocking, a regular file only), its first 64 KiB read with `pread(2)`,
+//! never mapped. A record whose namespace
 //! is not known, or whose process `--proc-root` does not show, is left out, never
 //! guessed. A pod that mounts the ledger could still forge a record naming another
 //! process; that is the simulation's limit (NVML has no such path), not a tenant's way
@@ -147,7 +148,7 @@ pub fn processes(
         path: ledger_path.display().to_string(),
         reason,
     };
-    let file = open(ledger_path).map_err(&bad)?;
+    let file = tessera_abi::untrusted::open_regular(ledger_path).map_err(|e| bad(e.to_string()))?;
     // The locks first, then the bytes: a dead process's record taken over in between
     // is read with its new, live owner's figures, never the other way round.
     let mut locked = [false; RECORDS];
@@ -181,22 +182,6 @@ pub fn processes(
             gi_id: None,
         })
         .collect())
-}
-
-/// Opens the ledger for reading as the plugin must open a file others write: no link
-/// followed, a FIFO in its place does not block, a regular file only.
-fn open(path: &Path) -> Result<std::fs::File, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| format!("cannot open: {e}"))?;
-    let md = f.metadata().map_err(|e| e.to_string())?;
-    if !md.is_file() {
-        return Err("not a regular file".into());
-    }
-    Ok(f)
 }
 
 /// The first `max` bytes of `f` (fewer if it is shorter): a ledger grown past its size
