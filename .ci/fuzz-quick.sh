@@ -65,6 +65,7 @@ mkdir -p "$OUT"
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1
 results=()
 failed=()
+worlds_before=$(ls -d /dev/shm/tessera-fuzz-* /tmp/tessera-fuzz-* 2>/dev/null || true)
 stat() { sed -n "s/^$1 *: *//p" "$2" | head -1; }
 for t in "${TARGETS[@]}"; do
   echo "== fuzz $t (${SECONDS_PER_TARGET}s)"
@@ -88,10 +89,19 @@ for t in "${TARGETS[@]}"; do
     "$t" "$execs" "$eps" "$edges" "$total" "$corpus" "$crashes" "$hangs" "$(( $(date +%s) - t1 ))")")
   if [ "${crashes:-0}" != 0 ] || [ "${hangs:-0}" != 0 ]; then
     failed+=("$t")
+    # The input itself, in base64: a CI machine keeps no file, and the log is what
+    # comes back (`base64 -d > input`, then replay it).
     for f in "$OUT/$t/default/crashes"/id:* "$OUT/$t/default/hangs"/id:*; do
-      [ -f "$f" ] && echo "  finding: $f"
+      [ -f "$f" ] || continue
+      echo "  finding: $f ($(wc -c < "$f") bytes), base64:"
+      head -c 65536 "$f" | base64 -w 0
+      echo
     done
   fi
+  # The node_prepare world's directory (on /dev/shm) outlives the target's process.
+  for d in /dev/shm/tessera-fuzz-* /tmp/tessera-fuzz-*; do
+    [ -d "$d" ] && ! grep -qxF "$d" <<<"$worlds_before" && rm -rf "$d"
+  done
 done
 echo "== fuzz results (${SECONDS_PER_TARGET}s per target)"
 printf '%s\n' "${results[@]}"

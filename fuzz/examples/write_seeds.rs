@@ -9,6 +9,7 @@ use k8s_model::release::{FeatureGates, KubeVersion};
 use k8s_model::schedule::{self, Outcome, Step};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use prost::Message;
+use tessera::config::{GpuMode, ManagedGpu};
 use tessera::kubelet::proto::{dra_v1, dra_v1beta1};
 use tessera::publish::slices::{PoolParams, ServerFeatures, build_pool};
 use tessera_fuzz::{DRIVER, NODE, fixture};
@@ -18,21 +19,36 @@ fn root() -> PathBuf {
 }
 
 fn the_pool() -> Vec<ResourceSlice> {
+    pool_for(&FeatureGates::defaults(KubeVersion::NEWEST), |_| true)
+}
+
+/// The slices the mock node publishes to a server with `gates`, of the GPUs `keep`
+/// picks.
+fn pool_for(gates: &FeatureGates, keep: impl Fn(&ManagedGpu) -> bool) -> Vec<ResourceSlice> {
     let f = fixture();
-    let gates = FeatureGates::defaults(KubeVersion::NEWEST);
+    let gpus: Vec<ManagedGpu> = f.gpus.iter().filter(|g| keep(g)).cloned().collect();
     build_pool(
         &PoolParams {
             driver: DRIVER,
             node_name: NODE,
-            version: KubeVersion::NEWEST,
-            features: ServerFeatures::from_gates(&gates),
+            version: gates.version(),
+            features: ServerFeatures::from_gates(gates),
             layout: f.config.slice_layout,
             shared_slots: f.config.shared_slots,
         },
         &f.node.inventory(),
-        &f.gpus,
+        &gpus,
         &Default::default(),
     )
+}
+
+fn yaml_stream(slices: &[ResourceSlice]) -> String {
+    let mut stream = String::new();
+    for s in slices {
+        stream.push_str(&serde_yaml_ng::to_string(s).unwrap());
+        stream.push_str("---\n");
+    }
+    stream
 }
 
 /// The example claims, allocated by the scheduler model on the mock node's pool, with
@@ -147,18 +163,50 @@ fn main() {
         .collect();
     write("node_config", "node-config.yaml", config.as_bytes());
     // plan: the published pool (YAML stream) and the example claims.
-    let mut stream = String::new();
-    for s in the_pool() {
-        stream.push_str(&serde_yaml_ng::to_string(&s).unwrap());
-        stream.push_str("---\n");
-    }
+    let stream = yaml_stream(&the_pool());
+    let claims_of = |f: &str| {
+        std::fs::read_to_string(root().join(format!("../examples/claims/{f}.yaml"))).unwrap()
+    };
     for f in ["whole-gpus", "shared-gpus", "mig-partitions"] {
-        let claims =
-            std::fs::read_to_string(root().join(format!("../examples/claims/{f}.yaml"))).unwrap();
         write(
             "plan",
             &format!("{f}.yaml"),
-            format!("{stream}{claims}").as_bytes(),
+            format!("{stream}{}", claims_of(f)).as_bytes(),
+        );
+    }
+    // plan, small inputs for every server (a `# gates:` first line, as `tessera plan
+    // --k8s-version --gates`): a shared and a whole GPU with the whole and shared
+    // examples, and the MIG GPU alone with the MIG examples. A tenth of the full pool's
+    // size, so ten times the executions.
+    for (tag, header) in [
+        ("1.34", "1.34"),
+        (
+            "1.34-dra-alpha",
+            "1.34 DRAPartitionableDevices=true,DRAConsumableCapacity=true",
+        ),
+        ("1.35", "1.35"),
+        ("1.36", "1.36"),
+        ("1.37", "1.37"),
+    ] {
+        let gates = tessera_fuzz::plan_gates(&format!("# gates: {header}\n")).unwrap();
+        let small = yaml_stream(&pool_for(&gates, |g| {
+            g.mode == GpuMode::Shared || g.gpu.index == 2
+        }));
+        write(
+            "plan",
+            &format!("small-{tag}.yaml"),
+            format!(
+                "# gates: {header}\n{small}{}---\n{}",
+                claims_of("whole-gpus"),
+                claims_of("shared-gpus")
+            )
+            .as_bytes(),
+        );
+        let mig = yaml_stream(&pool_for(&gates, |g| g.mode == GpuMode::Mig));
+        write(
+            "plan",
+            &format!("mig-{tag}.yaml"),
+            format!("# gates: {header}\n{mig}{}", claims_of("mig-partitions")).as_bytes(),
         );
     }
     // abi: a limits, control and region file as the plugin writes them.

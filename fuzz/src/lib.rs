@@ -11,8 +11,9 @@
 //!   claim has a valid spec file naming its devices, a refused or unprepared one none.
 //! * [`node_config`]: node config YAML and mock node YAML; what is accepted publishes
 //!   slices the API server model accepts, on every release.
-//! * [`plan`]: `tessera plan` inputs (slices, classes, claims with CEL); every
-//!   allocation is checked independently of the allocator.
+//! * [`plan`]: `tessera plan` inputs (slices, classes, claims with CEL), for the
+//!   release and gates a first `# gates:` line names; every allocation is checked
+//!   independently of the allocator.
 //! * [`abi_files`]: the `limits`, `control` and `region` parsers (the plugin's reads and
 //!   the library's mapping); what parses round-trips.
 //! * [`cdi_spec`]: the CDI validator and writer; what validates is written and reads
@@ -236,13 +237,30 @@ fn quantity(s: &str) -> Option<ParsedQuantity> {
     ParsedQuantity::parse(s).ok()
 }
 
-/// `tessera plan` inputs (a YAML stream of slices, classes and claims): each
-/// allocation is checked against the inputs without the allocator: devices exist, a
-/// device that is not multi-allocatable is held once, every class and request selector
-/// holds, counts are met, `matchAttribute` holds, no counter set and no consumable
-/// capacity is exceeded.
+/// The server an input of [`plan`] is planned for: a first line `# gates: 1.NN` or
+/// `# gates: 1.NN A=true,B=false` names a release and overrides, as `tessera plan
+/// --k8s-version --gates` does; without one, the newest release's defaults. `None` for
+/// a header that names no known release or gate (not an input `tessera plan` takes).
+pub fn plan_gates(text: &str) -> Option<FeatureGates> {
+    let Some(rest) = text.strip_prefix("# gates:") else {
+        return Some(FeatureGates::defaults(KubeVersion::NEWEST));
+    };
+    let line = rest.lines().next().unwrap_or_default().trim();
+    let (version, overrides) = line.split_once(' ').unwrap_or((line, ""));
+    let minor = version.strip_prefix("1.")?.parse().ok()?;
+    FeatureGates::parse(KubeVersion::new(minor)?, overrides).ok()
+}
+
+/// `tessera plan` inputs (a YAML stream of slices, classes and claims), for the server
+/// [`plan_gates`] names: each allocation is checked against the inputs without the
+/// allocator: devices exist, a device that is not multi-allocatable is held once, every
+/// class and request selector holds, counts are met, `matchAttribute` holds, no counter
+/// set and no consumable capacity is exceeded.
 pub fn plan(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Some(gates) = plan_gates(text) else {
         return;
     };
     let Ok(docs) = schedule::documents(text, "fuzz") else {
@@ -258,9 +276,10 @@ pub fn plan(data: &[u8]) {
         }
     }
     if classes.is_empty() {
-        classes = tessera::device_classes::read(None).expect("built-in classes");
+        static BUILT_IN: LazyLock<Vec<DeviceClass>> =
+            LazyLock::new(|| tessera::device_classes::read(None).expect("built-in classes"));
+        classes = BUILT_IN.clone();
     }
-    let gates = FeatureGates::defaults(KubeVersion::NEWEST);
     let steps: Vec<Step> = claims
         .into_iter()
         .map(|c| Step::Allocate(Box::new(c)))
@@ -279,6 +298,8 @@ pub fn plan(data: &[u8]) {
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
     let consumable = gates.consumable_capacity();
+    // Each expression compiled once (parsing is a quarter of a small input's time).
+    let mut compiled: HashMap<String, DeviceSelector> = HashMap::new();
     let mut exclusive: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut multi_counted: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut counters: HashMap<(String, String, String, String), ParsedQuantity> = HashMap::new();
@@ -348,7 +369,9 @@ pub fn plan(data: &[u8]) {
                 .unwrap_or_default();
             for s in class_sels.iter().chain(sels.iter().flatten()) {
                 if let Some(cel) = &s.cel {
-                    let sel = DeviceSelector::compile(&cel.expression).expect("compiled before");
+                    let sel = compiled.entry(cel.expression.clone()).or_insert_with(|| {
+                        DeviceSelector::compile(&cel.expression).expect("compiled before")
+                    });
                     assert_eq!(
                         sel.matches(&input),
                         Ok(true),

@@ -43,3 +43,48 @@ fn corpora_and_regressions_pass() {
     }
     assert!(n >= TARGETS.len());
 }
+
+/// A plan input's first line names the server it is planned for, as `tessera plan
+/// --k8s-version --gates` does; an input without one is planned for the newest release.
+#[test]
+fn a_gates_line_picks_the_server_a_plan_input_is_planned_for() {
+    use k8s_model::release::KubeVersion;
+    use tessera_fuzz::plan_gates;
+    let newest = plan_gates("apiVersion: resource.k8s.io/v1\n").unwrap();
+    assert_eq!(newest.version(), KubeVersion::NEWEST);
+    let old = plan_gates("# gates: 1.34\n---\n").unwrap();
+    assert_eq!(old.version(), KubeVersion::OLDEST);
+    assert!(!old.consumable_capacity() && !old.partitionable_devices());
+    let alpha =
+        plan_gates("# gates: 1.34 DRAPartitionableDevices=true,DRAConsumableCapacity=true\n")
+            .unwrap();
+    assert!(alpha.consumable_capacity() && alpha.partitionable_devices());
+    for unknown in [
+        "# gates: 1.33\n",
+        "# gates: 2.36\n",
+        "# gates: 1.36 NoSuchGate=true\n",
+        "# gates: 1.36 DRAConsumableCapacity=maybe\n",
+    ] {
+        assert!(plan_gates(unknown).is_none(), "{unknown:?} accepted");
+    }
+}
+
+/// The plan seeds cover every release the model knows, so the fuzzer starts from each
+/// server's slices (fallback slots on 1.34's defaults, counters in the devices' slices
+/// on 1.34 with its alpha gates, counter slices of their own from 1.35).
+#[test]
+fn the_plan_seeds_cover_every_release() {
+    use k8s_model::release::KubeVersion;
+    let seeds: Vec<String> = std::fs::read_dir(root().join("corpus/plan"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    for v in KubeVersion::ALL {
+        let header = format!("# gates: {v}\n");
+        assert!(
+            seeds.iter().any(|s| s.starts_with(&header)),
+            "no plan seed for {v}"
+        );
+    }
+}
