@@ -242,6 +242,63 @@ fn prepared_uids(w: &World) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// A NodePrepareResources request (protobuf `body`) of API `$api` through the world
+/// `$w`'s service `$svc`: `None` if the bytes do not decode, else the claim UIDs asked for and
+/// (uid, error, CDI IDs) per answered claim. A macro because v1 and v1beta1 have the
+/// same messages as distinct types.
+macro_rules! prepare_via {
+    ($w:expr, $svc:ident, $trait:ident, $api:ident, $body:expr) => {
+        $api::NodePrepareResourcesRequest::decode($body)
+            .ok()
+            .map(|req| {
+                let asked: BTreeSet<String> = req.claims.iter().map(|c| c.uid.clone()).collect();
+                let resp = $w
+                    .rt
+                    .block_on($trait::node_prepare_resources(
+                        &$w.$svc,
+                        tonic::Request::new(req),
+                    ))
+                    .expect("prepare never fails as a call")
+                    .into_inner();
+                let answers: Vec<Answer> = resp
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let ids = r
+                            .devices
+                            .into_iter()
+                            .flat_map(|d| d.cdi_device_ids)
+                            .collect();
+                        (uid, r.error, ids)
+                    })
+                    .collect();
+                (asked, answers)
+            })
+    };
+}
+
+/// As [`prepare_via`] for NodeUnprepareResources: (uid, error) per answered claim.
+macro_rules! unprepare_via {
+    ($w:expr, $svc:ident, $trait:ident, $api:ident, $body:expr) => {
+        $api::NodeUnprepareResourcesRequest::decode($body)
+            .ok()
+            .map(|req| {
+                let asked: BTreeSet<String> = req.claims.iter().map(|c| c.uid.clone()).collect();
+                let resp = $w
+                    .rt
+                    .block_on($trait::node_unprepare_resources(
+                        &$w.$svc,
+                        tonic::Request::new(req),
+                    ))
+                    .expect("unprepare never fails as a call")
+                    .into_inner();
+                let errors: Vec<(String, String)> =
+                    resp.claims.into_iter().map(|(u, r)| (u, r.error)).collect();
+                (asked, errors)
+            })
+    };
+}
+
 /// One input: see the module documentation.
 pub fn node_prepare(data: &[u8]) {
     use dra_v1::dra_plugin_server::DraPlugin as V1;
@@ -273,51 +330,14 @@ pub fn node_prepare(data: &[u8]) {
             }
             1 | 3 => {
                 let before = prepared_uids(w);
-                // (uid, error, CDI IDs) per answered claim.
-                let (asked, answers): (BTreeSet<String>, Vec<Answer>) = if kind % 5 == 1 {
-                    let Ok(req) = dra_v1::NodePrepareResourcesRequest::decode(body) else {
-                        continue;
-                    };
-                    let asked = req.claims.iter().map(|c| c.uid.clone()).collect();
-                    let resp =
-                        w.rt.block_on(w.v1.node_prepare_resources(tonic::Request::new(req)))
-                            .expect("prepare never fails as a call")
-                            .into_inner();
-                    let answers = resp
-                        .claims
-                        .into_iter()
-                        .map(|(uid, r)| {
-                            let ids = r
-                                .devices
-                                .into_iter()
-                                .flat_map(|d| d.cdi_device_ids)
-                                .collect();
-                            (uid, r.error, ids)
-                        })
-                        .collect();
-                    (asked, answers)
+                // (uid, error, CDI IDs) per answered claim, through v1 or v1beta1.
+                let answered = if kind % 5 == 1 {
+                    prepare_via!(w, v1, V1, dra_v1, body)
                 } else {
-                    let Ok(req) = dra_v1beta1::NodePrepareResourcesRequest::decode(body) else {
-                        continue;
-                    };
-                    let asked = req.claims.iter().map(|c| c.uid.clone()).collect();
-                    let resp =
-                        w.rt.block_on(w.v1beta1.node_prepare_resources(tonic::Request::new(req)))
-                            .expect("prepare never fails as a call")
-                            .into_inner();
-                    let answers = resp
-                        .claims
-                        .into_iter()
-                        .map(|(uid, r)| {
-                            let ids = r
-                                .devices
-                                .into_iter()
-                                .flat_map(|d| d.cdi_device_ids)
-                                .collect();
-                            (uid, r.error, ids)
-                        })
-                        .collect();
-                    (asked, answers)
+                    prepare_via!(w, v1beta1, V1beta1, dra_v1beta1, body)
+                };
+                let Some((asked, answers)) = answered else {
+                    continue;
                 };
                 if std::env::var_os("TESSERA_FUZZ_DEBUG").is_some() {
                     eprintln!("prepare: {answers:?}");
@@ -333,32 +353,13 @@ pub fn node_prepare(data: &[u8]) {
                 }
             }
             _ => {
-                let (asked, errors): (BTreeSet<String>, Vec<(String, String)>) = if kind % 5 == 2 {
-                    let Ok(req) = dra_v1::NodeUnprepareResourcesRequest::decode(body) else {
-                        continue;
-                    };
-                    let asked = req.claims.iter().map(|c| c.uid.clone()).collect();
-                    let resp =
-                        w.rt.block_on(w.v1.node_unprepare_resources(tonic::Request::new(req)))
-                            .expect("unprepare never fails as a call")
-                            .into_inner();
-                    (
-                        asked,
-                        resp.claims.into_iter().map(|(u, r)| (u, r.error)).collect(),
-                    )
+                let answered = if kind % 5 == 2 {
+                    unprepare_via!(w, v1, V1, dra_v1, body)
                 } else {
-                    let Ok(req) = dra_v1beta1::NodeUnprepareResourcesRequest::decode(body) else {
-                        continue;
-                    };
-                    let asked = req.claims.iter().map(|c| c.uid.clone()).collect();
-                    let resp =
-                        w.rt.block_on(w.v1beta1.node_unprepare_resources(tonic::Request::new(req)))
-                            .expect("unprepare never fails as a call")
-                            .into_inner();
-                    (
-                        asked,
-                        resp.claims.into_iter().map(|(u, r)| (u, r.error)).collect(),
-                    )
+                    unprepare_via!(w, v1beta1, V1beta1, dra_v1beta1, body)
+                };
+                let Some((asked, errors)) = answered else {
+                    continue;
                 };
                 let answered: BTreeSet<String> = errors.iter().map(|a| a.0.clone()).collect();
                 assert_eq!(answered, asked, "one answer per claim asked for");

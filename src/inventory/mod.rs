@@ -107,6 +107,10 @@ pub enum BackendError {
     /// The simulated driver's ledger (`driverLedger`) is unreadable.
     #[error("simulated driver ledger {path}: {reason}")]
     MockLedger { path: String, reason: String },
+    /// The simulated driver's ledger cannot be opened as a regular file (the error
+    /// names the path).
+    #[error("simulated driver ledger: {0}")]
+    MockLedgerUnopenable(tessera_abi::AbiError),
     /// The simulated node's state file is unreadable, malformed or cannot be written.
     #[error(transparent)]
     State(#[from] mock::state::StateError),
