@@ -11,7 +11,7 @@ mod e2e;
 #[path = "support/harness.rs"]
 mod harness;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use e2e::{Podman, Run, assert_nodes, assert_open_allowed, ids, node_script, open_script};
@@ -110,36 +110,19 @@ impl Node {
     }
 }
 
+/// A tenant's program of `tests/tenants/` (the podman suite builds them with the
+/// host's cc and runs them in its containers).
+fn tenant_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/tenants")
+        .join(name)
+}
+
 /// `linked <bytes>`, linked against `libcuda.so.1` (no `dlsym`, no
 /// `cuGetProcAddress`): `cuInit` and the primary context of device 0 (a line), then a
 /// `cuMemAlloc_v2` of `<bytes>` (a line: `ok` or `err <code>`).
-fn linked_client(dir: &std::path::Path, libcuda: &std::path::Path) -> PathBuf {
-    let src = dir.join("linked.c");
-    std::fs::write(
-        &src,
-        r#"#include <stdio.h>
-#include <stdlib.h>
-#include <stddef.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-static void say(CUresult rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
-int main(int argc, char **argv) {
-    void *ctx = NULL;
-    CUdeviceptr p;
-    CUresult rc = cuInit(0);
-    if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, 0);
-    if (!rc) rc = cuCtxSetCurrent(ctx);
-    say(rc);
-    if (argc > 1) say(cuMemAlloc_v2(&p, strtoull(argv[1], NULL, 10)));
-    return 0;
-}
-"#,
-    )
-    .unwrap();
+fn linked_client(dir: &Path, libcuda: &Path) -> PathBuf {
+    let src = tenant_source("linked.c");
     let bin = dir.join("linked");
     let out = std::process::Command::new("cc")
         .arg("-o")
@@ -408,76 +391,11 @@ fn fake_args(ids: &[String]) -> Vec<String> {
 /// `own_dlsym.so`, the tenant's own library defining `dlsym` (to preload); and
 /// `static_client`, `cuda_client` linked statically (no ld.so, so no
 /// `/etc/ld.so.preload`: what a program linked statically against cudart is).
-fn tenant_programs(dir: &std::path::Path) -> Vec<PathBuf> {
-    let tenant = dir.join("tenant.c");
-    std::fs::write(
-        &tenant,
-        r#"#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-typedef int (*init_t)(unsigned);
-typedef int (*retain_t)(void **, int);
-typedef int (*set_t)(void *);
-typedef int (*alloc_t)(unsigned long long *, size_t);
-static void say(int rc) { if (rc) printf("err %d\n", rc); else printf("ok\n"); }
-int main(int argc, char **argv) {
-    if (argc < 4) return 2;
-    void *h = strcmp(argv[1], "dlmopen") == 0
-        ? dlmopen(LM_ID_NEWLM, argv[2], RTLD_NOW | RTLD_LOCAL)
-        : dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
-    if (!h) { printf("err dlopen %s\n", dlerror()); return 3; }
-    init_t init = (init_t)dlsym(h, "cuInit");
-    retain_t retain = (retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
-    set_t set = (set_t)dlsym(h, "cuCtxSetCurrent");
-    alloc_t alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
-    void *ctx = NULL;
-    unsigned long long p;
-    int rc = init(0);
-    if (!rc) rc = retain(&ctx, 0);
-    if (!rc) rc = set(ctx);
-    say(rc);
-    say(alloc(&p, strtoull(argv[3], NULL, 10)));
-    return 0;
-}
-"#,
-    )
-    .unwrap();
-    let audit = dir.join("audit.c");
-    std::fs::write(
-        &audit,
-        r#"#define _GNU_SOURCE
-#include <link.h>
-#include <string.h>
-unsigned int la_version(unsigned int v) { (void)v; return LAV_CURRENT; }
-char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
-    (void)cookie; (void)flag;
-    if (strcmp(name, "libcuda.so.1") == 0) return "/usr/local/tessera/driver/libcuda.real";
-    return (char *)name;
-}
-"#,
-    )
-    .unwrap();
-    let own_dlsym = dir.join("own_dlsym.c");
-    std::fs::write(
-        &own_dlsym,
-        r#"#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stddef.h>
-/* A tenant's own dlsym, preloaded: every lookup answered by glibc's dlsym, past any
- * interposer of dlsym. */
-void *dlsym(void *handle, const char *name) {
-    static void *(*glibc)(void *, const char *);
-    if (!glibc) glibc = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!glibc) glibc = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    return glibc ? glibc(handle, name) : NULL;
-}
-"#,
-    )
-    .unwrap();
-    let client =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/tests/fakes/cuda_client.c");
+fn tenant_programs(dir: &Path) -> Vec<PathBuf> {
+    let tenant = tenant_source("tenant.c");
+    let audit = tenant_source("audit.c");
+    let own_dlsym = tenant_source("own_dlsym.c");
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/tests/fakes/cuda_client.c");
     let builds: [(&str, Vec<String>); 4] = [
         ("tenant", vec![tenant.display().to_string(), "-ldl".into()]),
         (
