@@ -65,7 +65,6 @@ mkdir -p "$OUT"
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1
 results=()
 failed=()
-worlds_before=$(ls -d /dev/shm/tessera-fuzz-* /tmp/tessera-fuzz-* 2>/dev/null || true)
 stat() { sed -n "s/^$1 *: *//p" "$2" | head -1; }
 for t in "${TARGETS[@]}"; do
   echo "== fuzz $t (${SECONDS_PER_TARGET}s)"
@@ -89,19 +88,21 @@ for t in "${TARGETS[@]}"; do
     "$t" "$execs" "$eps" "$edges" "$total" "$corpus" "$crashes" "$hangs" "$(( $(date +%s) - t1 ))")")
   if [ "${crashes:-0}" != 0 ] || [ "${hangs:-0}" != 0 ]; then
     failed+=("$t")
-    # The input itself, in base64: a CI machine keeps no file, and the log is what
-    # comes back (`base64 -d > input`, then replay it).
+    # The input itself (gzip, then base64): a CI machine keeps no file, and the log is
+    # what comes back (`base64 -d | gunzip > input`, then replay it). The first three.
+    n=0
     for f in "$OUT/$t/default/crashes"/id:* "$OUT/$t/default/hangs"/id:*; do
       [ -f "$f" ] || continue
-      echo "  finding: $f ($(wc -c < "$f") bytes), base64:"
-      head -c 65536 "$f" | base64 -w 0
+      n=$((n + 1))
+      if [ "$n" -gt 3 ]; then
+        echo "  (more findings not printed)"
+        break
+      fi
+      echo "  finding: $f ($(wc -c < "$f") bytes), gzip+base64:"
+      gzip -9c "$f" | base64 -w 0
       echo
     done
   fi
-  # The node_prepare world's directory (on /dev/shm) outlives the target's process.
-  for d in /dev/shm/tessera-fuzz-* /tmp/tessera-fuzz-*; do
-    [ -d "$d" ] && ! grep -qxF "$d" <<<"$worlds_before" && rm -rf "$d"
-  done
 done
 echo "== fuzz results (${SECONDS_PER_TARGET}s per target)"
 printf '%s\n' "${results[@]}"

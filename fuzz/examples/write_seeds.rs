@@ -174,10 +174,11 @@ fn main() {
             format!("{stream}{}", claims_of(f)).as_bytes(),
         );
     }
-    // plan, small inputs for every server (a `# gates:` first line, as `tessera plan
-    // --k8s-version --gates`): a shared and a whole GPU with the whole and shared
-    // examples, and the MIG GPU alone with the MIG examples. A tenth of the full pool's
-    // size, so ten times the executions.
+    // plan, for every server (a `# gates:` first line, as `tessera plan --k8s-version
+    // --gates`): a shared and a whole GPU with the whole and shared examples (a fifth to
+    // a seventh of the full pool's size, so that many times the executions), and the MIG
+    // GPU alone with the MIG examples (nearly the full pool's size where partitionable
+    // devices are on: the MIG partitions are most of the pool).
     for (tag, header) in [
         ("1.34", "1.34"),
         (
@@ -185,6 +186,10 @@ fn main() {
             "1.34 DRAPartitionableDevices=true,DRAConsumableCapacity=true",
         ),
         ("1.35", "1.35"),
+        (
+            "1.35-dra-alpha",
+            "1.35 DRAPartitionableDevices=true,DRAConsumableCapacity=true",
+        ),
         ("1.36", "1.36"),
         ("1.37", "1.37"),
     ] {

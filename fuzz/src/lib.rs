@@ -237,18 +237,21 @@ fn quantity(s: &str) -> Option<ParsedQuantity> {
     ParsedQuantity::parse(s).ok()
 }
 
-/// The server an input of [`plan`] is planned for: a first line `# gates: 1.NN` or
-/// `# gates: 1.NN A=true,B=false` names a release and overrides, as `tessera plan
-/// --k8s-version --gates` does; without one, the newest release's defaults. `None` for
-/// a header that names no known release or gate (not an input `tessera plan` takes).
+/// The server an input of [`plan`] is planned for: a first line `# gates: VERSION` or
+/// `# gates: VERSION A=true,B=false` names a release and overrides, as `tessera plan
+/// --k8s-version --gates` takes them; without one, the newest release's defaults.
+/// `None` for a header that names no known release or gate, and for a first comment
+/// that mentions gates without that form (`# Gates 1.34`), so that a mistyped header in
+/// a hand-written input is not planned for another release unnoticed.
 pub fn plan_gates(text: &str) -> Option<FeatureGates> {
-    let Some(rest) = text.strip_prefix("# gates:") else {
-        return Some(FeatureGates::defaults(KubeVersion::NEWEST));
+    let first = text.lines().next().unwrap_or_default();
+    let Some(rest) = first.strip_prefix("# gates:") else {
+        let mentions = first.starts_with('#') && first.to_ascii_lowercase().contains("gates");
+        return (!mentions).then(|| FeatureGates::defaults(KubeVersion::NEWEST));
     };
-    let line = rest.lines().next().unwrap_or_default().trim();
+    let line = rest.trim();
     let (version, overrides) = line.split_once(' ').unwrap_or((line, ""));
-    let minor = version.strip_prefix("1.")?.parse().ok()?;
-    FeatureGates::parse(KubeVersion::new(minor)?, overrides).ok()
+    FeatureGates::parse(version.parse().ok()?, overrides).ok()
 }
 
 /// `tessera plan` inputs (a YAML stream of slices, classes and claims), for the server
@@ -322,8 +325,19 @@ pub fn plan(data: &[u8]) {
             .and_then(|d| d.results.clone())
             .unwrap_or_default();
         let mut per_request: HashMap<String, usize> = HashMap::new();
+        // From 1.36 a request's next pick starts after its previous one, so a request
+        // never holds a device twice (1.34 and 1.35 rescan: a multi-allocatable device
+        // may serve one request twice).
+        let mut request_devices: BTreeSet<(String, (String, String, String))> = BTreeSet::new();
         for r in &results {
             let id = (r.driver.clone(), r.pool.clone(), r.device.clone());
+            assert!(
+                request_devices.insert((r.request.clone(), id.clone()))
+                    || gates.version().rescans_each_pick(),
+                "request {} holds {id:?} twice on {}",
+                r.request,
+                gates.version()
+            );
             assert!(
                 !skipped.contains(&(id.0.clone(), id.1.clone())),
                 "device of a skipped pool: {id:?}"
@@ -369,9 +383,12 @@ pub fn plan(data: &[u8]) {
                 .unwrap_or_default();
             for s in class_sels.iter().chain(sels.iter().flatten()) {
                 if let Some(cel) = &s.cel {
-                    let sel = compiled.entry(cel.expression.clone()).or_insert_with(|| {
-                        DeviceSelector::compile(&cel.expression).expect("compiled before")
-                    });
+                    if !compiled.contains_key(&cel.expression) {
+                        let sel =
+                            DeviceSelector::compile(&cel.expression).expect("compiled before");
+                        compiled.insert(cel.expression.clone(), sel);
+                    }
+                    let sel = &compiled[&cel.expression];
                     assert_eq!(
                         sel.matches(&input),
                         Ok(true),

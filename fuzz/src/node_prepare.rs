@@ -4,9 +4,9 @@
 //! kind 0 puts a ResourceClaim (JSON body) into the fake API server; 1 and 2 are DRA v1
 //! NodePrepareResources / NodeUnprepareResources requests, 3 and 4 the v1beta1 ones
 //! (protobuf bodies). The state (checkpoint, CDI dir, claim files, the mock node's
-//! state) lives in a temp dir opened once per process, on `/dev/shm` where there is
-//! one; after every input each claim still prepared is unprepared, so inputs do not
-//! leak into one another.
+//! state) lives in a directory made once per process, on `/dev/shm` where there is one
+//! ([`world_dir`]); after every input each claim still prepared is unprepared, so
+//! inputs do not leak into one another.
 //!
 //! The interception library is installed (stand-in files), so shared claims are
 //! prepared through to their claim files. Checked after every request: one answer per
@@ -44,7 +44,6 @@ struct World {
     v1beta1: DraV1beta1,
     cdi_dir: PathBuf,
     run_dir: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 const NOT_FOUND: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not found","reason":"NotFound","code":404}"#;
@@ -76,28 +75,45 @@ fn fake_api(store: Store) -> kube::Client {
     kube::Client::new(svc, "default")
 }
 
-/// The world's directory: on a tmpfs where there is one. The target checks the
-/// plugin's logic, not the disk: a prepare and its clean-up fsync about 35 times, and on
-/// a disk that cost ten times the rest of the input (10 ms against 1 ms per seed here).
-fn world_dir() -> tempfile::TempDir {
+/// The world's directory, `tessera-fuzz-<pid>` under `/dev/shm` where it is a directory
+/// (a tmpfs on Linux), else under the temp dir. The target checks the plugin's logic,
+/// not the disk: a prepare and its clean-up fsync about 35 times, and on a disk that
+/// cost ten times the rest of the input (10 ms against 1 ms per seed here).
+///
+/// The world lives as long as its process (a static is never dropped), so each new
+/// world first removes those of processes that are gone: a fuzzer's restarted
+/// children, earlier `cargo test` runs. A live process's world is never touched.
+fn world_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let on_tmpfs = shm.is_dir().then(|| {
-        tempfile::Builder::new()
-            .prefix("tessera-fuzz-")
-            .tempdir_in(shm)
-    });
-    match on_tmpfs {
-        Some(Ok(d)) => d,
-        _ => tempfile::Builder::new()
-            .prefix("tessera-fuzz-")
-            .tempdir()
-            .expect("temp dir"),
+    let parent = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    if let Ok(entries) = std::fs::read_dir(&parent) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("tessera-fuzz-"))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && !Path::new("/proc").join(pid.to_string()).exists()
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
     }
+    let dir = parent.join(format!("tessera-fuzz-{}", std::process::id()));
+    // A dead process's world under this reused PID: start empty.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("world dir");
+    dir
 }
 
 fn build_world() -> World {
     let dir = world_dir();
-    let root = dir.path();
+    let root = dir.as_path();
     let f = fixture();
     let backend: Arc<dyn GpuBackend> = Arc::new(MockBackend::new(
         f.node.clone(),
@@ -140,7 +156,6 @@ fn build_world() -> World {
         v1beta1: DraV1beta1(driver),
         cdi_dir: cfg.cdi_dir,
         run_dir: cfg.run_dir,
-        _dir: dir,
     }
 }
 

@@ -59,7 +59,13 @@ fn a_gates_line_picks_the_server_a_plan_input_is_planned_for() {
         plan_gates("# gates: 1.34 DRAPartitionableDevices=true,DRAConsumableCapacity=true\n")
             .unwrap();
     assert!(alpha.consumable_capacity() && alpha.partitionable_devices());
+    assert_eq!(
+        plan_gates("# gates: v1.35.2\n").unwrap().version(),
+        KubeVersion::new(35).unwrap()
+    );
     for unknown in [
+        "# Gates: 1.34\n",
+        "#gates 1.34\n",
         "# gates: 1.33\n",
         "# gates: 2.36\n",
         "# gates: 1.36 NoSuchGate=true\n",
@@ -70,8 +76,9 @@ fn a_gates_line_picks_the_server_a_plan_input_is_planned_for() {
 }
 
 /// The plan seeds cover every release the model knows, so the fuzzer starts from each
-/// server's slices (fallback slots on 1.34's defaults, counters in the devices' slices
-/// on 1.34 with its alpha gates, counter slices of their own from 1.35).
+/// server's slices: fallback slots where partitionable devices and consumable capacity
+/// are off (the defaults of 1.34 and 1.35), counters in the devices' slices on 1.34
+/// with those gates on, counter sets in slices of their own from 1.35 with them on.
 #[test]
 fn the_plan_seeds_cover_every_release() {
     use k8s_model::release::KubeVersion;

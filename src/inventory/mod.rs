@@ -104,12 +104,13 @@ pub enum BackendError {
     /// The mock node description is unreadable or invalid.
     #[error("mock node description {path}: {reason}")]
     MockDescription { path: String, reason: String },
-    /// The simulated driver's ledger (`driverLedger`) is unreadable.
+    /// The simulated driver's ledger (`driverLedger`) cannot be created, or its
+    /// records cannot be read.
     #[error("simulated driver ledger {path}: {reason}")]
     MockLedger { path: String, reason: String },
     /// The simulated driver's ledger cannot be opened as a regular file (the error
-    /// names the path).
-    #[error("simulated driver ledger: {0}")]
+    /// begins with the path).
+    #[error("simulated driver ledger {0}")]
     MockLedgerUnopenable(tessera_abi::AbiError),
     /// The simulated node's state file is unreadable, malformed or cannot be written.
     #[error(transparent)]

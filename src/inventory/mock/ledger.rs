@@ -414,7 +414,10 @@ mod tests {
         let e = processes(&path, UUID, Path::new("/proc"))
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("simulated driver ledger: "), "{e}");
+        assert!(
+            e.starts_with(&format!("simulated driver ledger {}: ", path.display())),
+            "{e}"
+        );
         assert_eq!(e.matches(&path.display().to_string()).count(), 1, "{e}");
         let fifo = d.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
