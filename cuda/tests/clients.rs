@@ -16,7 +16,7 @@ fn clients(test: &str) -> Option<PathBuf> {
     }
     match python_clients() {
         Some(d) => Some(d),
-        None if std::env::var_os("CI").is_some() => {
+        None if in_ci() => {
             panic!("{test}: TESSERA_CUDA_TEST_PY unset or empty; run cuda/ci-setup.sh")
         }
         None => {

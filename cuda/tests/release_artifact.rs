@@ -43,7 +43,7 @@ fn zig_library(test: &str) -> Option<PathBuf> {
     if !missing.is_empty() {
         let why =
             format!("{missing:?} not on PATH (pip install ziglang; cargo install cargo-zigbuild)");
-        if std::env::var_os("CI").is_some() {
+        if in_ci() {
             panic!("{test}: {why}");
         }
         skip(format!("{test}: {why}"));
@@ -376,7 +376,7 @@ fn the_release_library_works_on_glibc_2_31() {
     };
     if !have("debootstrap", "--version") {
         let why = "old-glibc: debootstrap not on PATH (apt-get install debootstrap)";
-        if std::env::var_os("CI").is_some() {
+        if in_ci() {
             panic!("{why}");
         }
         skip(why.into());
@@ -384,7 +384,7 @@ fn the_release_library_works_on_glibc_2_31() {
     }
     let rootfs = match bullseye() {
         Ok(r) => r,
-        Err(e) if std::env::var_os("CI").is_some() => panic!("old-glibc: {e}"),
+        Err(e) if in_ci() => panic!("old-glibc: {e}"),
         Err(e) => {
             skip(format!("old-glibc: {e}"));
             return;

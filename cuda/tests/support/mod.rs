@@ -74,6 +74,12 @@ const SIM_CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/s
 /// Reports a skipped test on the terminal (written to fd 2 directly, so that the
 /// test harness's output capture does not hide it): `tessera-cuda SKIP <test>: <why>`.
 /// Grep for that prefix for the run's summary of skips.
+/// Whether missing prerequisites fail (CI) or skip (a developer's machine): `CI` set
+/// and not empty, `false` or `0` (the rule of every suite).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
 pub fn skip(msg: String) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "tessera-cuda SKIP {msg}");
@@ -85,7 +91,7 @@ pub fn require(test: &str) -> bool {
     match missing {
         None => true,
         Some(why) => {
-            if std::env::var_os("CI").is_some() {
+            if in_ci() {
                 panic!("{test}: prerequisite missing under CI: {why}");
             }
             skip(format!("{test}: {why}"));

@@ -47,7 +47,7 @@ async fn demo(a: Args) -> Result<()> {
         .filter(|p| p.is_file())
         .context(
             "the interception library libtessera_cuda.so is not built next to the binary \
-             (`cargo run --release --bin tessera-demo` builds it with the workspace; or pass \
+             (`cargo build --release` builds it with every default member; or pass \
              --interception-lib)",
         )?;
     let result = testkit::demo::run(dir.path(), &lib, &mut out).await;
