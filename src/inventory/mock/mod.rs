@@ -145,6 +145,20 @@ impl MockNode {
                 }
             }
         }
+        // Every device carries these two as `driverVersionString` and
+        // `cudaDriverVersionString`.
+        for (field, v) in [
+            ("driverVersion", &doc.driver_version),
+            ("cudaDriverVersion", &doc.cuda_driver_version),
+        ] {
+            if v.len() > k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH {
+                return Err(bad(format!(
+                    "{field}: {} bytes, more than the {} a device attribute may have",
+                    v.len(),
+                    k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
+                )));
+            }
+        }
         if let Some(p) = &doc.driver_ledger
             && (p.as_os_str().is_empty()
                 || p.components().any(|c| c == std::path::Component::ParentDir))
@@ -588,6 +602,16 @@ mod tests {
         let long_name = DEFAULT_NODE_YAML.replace("Tesla T4", &"T".repeat(65));
         let err = MockNode::parse(&long_name, "m").unwrap_err().to_string();
         assert!(err.contains("gpus[2].productName"), "{err}");
+        // Found by the node_config fuzzer: node-wide fields are device attributes too.
+        let long_cuda = DEFAULT_NODE_YAML.replace(
+            r#"cudaDriverVersion: "13.0""#,
+            &format!("cudaDriverVersion: \"13.0 {}\"", "x".repeat(60)),
+        );
+        let err = MockNode::parse(&long_cuda, "m").unwrap_err().to_string();
+        assert!(err.contains("cudaDriverVersion: 65 bytes"), "{err}");
+        let long_driver = DEFAULT_NODE_YAML.replace("580.65.06", &"5".repeat(65));
+        let err = MockNode::parse(&long_driver, "m").unwrap_err().to_string();
+        assert!(err.contains("driverVersion: 65 bytes"), "{err}");
         assert!(MockNode::parse(DEFAULT_NODE_YAML, "m").is_ok());
     }
 

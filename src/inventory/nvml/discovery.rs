@@ -13,7 +13,10 @@ impl NvmlBackend {
             .device_by_index(index)
             .map_err(call("nvmlDeviceGetHandleByIndex_v2"))?;
         let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
-        let product_name = dev.name().map_err(call("nvmlDeviceGetName"))?;
+        let product_name = attribute_string(
+            "productName",
+            dev.name().map_err(call("nvmlDeviceGetName"))?,
+        );
         let brand = dev.brand().map_err(call("nvmlDeviceGetBrand"))?;
         let architecture = dev
             .architecture()
@@ -74,6 +77,27 @@ impl NvmlBackend {
             mig_enabled,
         })
     }
+}
+
+/// NVML's string `what` as a device attribute: at most the 64 bytes the API server
+/// allows a string attribute (cut at a character boundary, with a warning). NVML's
+/// buffers are larger (80 bytes for the driver version, 96 for a name); an attribute
+/// one byte too long would get the node's whole pool refused.
+pub fn attribute_string(what: &str, mut value: String) -> String {
+    let max = k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH;
+    if value.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| value.is_char_boundary(i))
+            .unwrap_or(0);
+        tracing::warn!(
+            what,
+            value = %value,
+            "longer than a device attribute may be; published cut to {cut} bytes"
+        );
+        value.truncate(cut);
+    }
+    value
 }
 
 /// NVML's bus ID (`00000000:19:00.0`, upper-case hex, 8-digit domain) in the sysfs form

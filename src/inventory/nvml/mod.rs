@@ -274,7 +274,7 @@ mod events;
 mod mig;
 mod sysfs;
 
-pub use discovery::{cuda_cores_per_sm, cuda_version_string, normalize_bus_id};
+pub use discovery::{attribute_string, cuda_cores_per_sm, cuda_version_string, normalize_bus_id};
 use events::*;
 pub use mig::full_gi_ci_profile;
 use mig::*;
@@ -445,10 +445,12 @@ impl GpuBackend for NvmlBackend {
     /// [`BackendError::CharMajor`] when `/proc/devices` lacks `nvidia` or `nvidia-uvm`.
     fn discover(&self) -> Result<NodeInventory, BackendError> {
         let sys = |call: &'static str| move |source| BackendError::NvmlSystem { call, source };
-        let driver_version = self
-            .nvml
-            .sys_driver_version()
-            .map_err(sys("nvmlSystemGetDriverVersion"))?;
+        let driver_version = attribute_string(
+            "driverVersion",
+            self.nvml
+                .sys_driver_version()
+                .map_err(sys("nvmlSystemGetDriverVersion"))?,
+        );
         let cuda = self
             .nvml
             .sys_cuda_driver_version()
@@ -689,6 +691,23 @@ mod tests {
         assert_eq!(16896 / cuda_cores_per_sm(9, 0).unwrap(), 132);
         assert_eq!(2560 / cuda_cores_per_sm(7, 5).unwrap(), 40);
         assert_eq!(6912 / cuda_cores_per_sm(8, 0).unwrap(), 108);
+    }
+
+    /// A string NVML could return longer than an attribute may be is cut to 64 bytes,
+    /// at a character boundary; shorter ones are kept whole.
+    #[test]
+    fn nvml_strings_longer_than_an_attribute_are_cut_to_64_bytes() {
+        assert_eq!(
+            attribute_string("productName", "NVIDIA H100".into()),
+            "NVIDIA H100"
+        );
+        assert_eq!(
+            attribute_string("productName", "x".repeat(80)),
+            "x".repeat(64)
+        );
+        // 63 ASCII bytes then a two-byte character: cut before it.
+        let v = format!("{}é", "x".repeat(63));
+        assert_eq!(attribute_string("driverVersion", v), "x".repeat(63));
     }
 
     /// NVML's integer CUDA version prints as `major.minor`, the form `mock/state.rs` parses.
