@@ -30,6 +30,7 @@
 //! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
 
 pub mod typemeta;
+pub mod yaml_cost;
 
 use serde::{Deserialize, Serialize};
 
@@ -218,6 +219,11 @@ impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        yaml_cost::check(text).map_err(|message| ConfigError {
+            source_name: source_name.into(),
+            field: ".".into(),
+            message,
+        })?;
         let value: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
                 source_name: source_name.into(),

@@ -96,6 +96,7 @@ impl MockNode {
             path: source_name.into(),
             reason,
         };
+        crate::config::yaml_cost::check(text).map_err(bad)?;
         let de = serde_yaml_ng::Deserializer::from_str(text);
         let doc: MockNodeDoc = serde_path_to_error::deserialize(de)
             .map_err(|e| bad(format!("{}: {}", e.path(), e.inner())))?;
