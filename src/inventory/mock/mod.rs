@@ -89,6 +89,19 @@ pub struct MockNode {
     digest: String,
 }
 
+/// `Err` naming `field` when `value`, published as a string attribute, is longer than
+/// the API server allows (it would get the whole pool refused).
+fn attribute_fits(field: &str, value: &str) -> Result<(), String> {
+    let max = k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH;
+    if value.len() > max {
+        return Err(format!(
+            "{field}: {} bytes, more than the {max} a device attribute may have",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
 impl MockNode {
     /// Parses and validates a description. Errors name the field and the source.
     pub fn parse(text: &str, source_name: &str) -> Result<Self, BackendError> {
@@ -135,14 +148,8 @@ impl MockNode {
                 ("pciBusID", Some(&g.pci_bus_id)),
                 ("pcieRoot", g.pcie_root.as_ref()),
             ] {
-                if let Some(v) = value
-                    && v.len() > k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
-                {
-                    return Err(bad(format!(
-                        "gpus[{i}].{field}: {} bytes, more than the {} a device attribute may have",
-                        v.len(),
-                        k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
-                    )));
+                if let Some(v) = value {
+                    attribute_fits(&format!("gpus[{i}].{field}"), v).map_err(bad)?;
                 }
             }
         }
@@ -152,13 +159,7 @@ impl MockNode {
             ("driverVersion", &doc.driver_version),
             ("cudaDriverVersion", &doc.cuda_driver_version),
         ] {
-            if v.len() > k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH {
-                return Err(bad(format!(
-                    "{field}: {} bytes, more than the {} a device attribute may have",
-                    v.len(),
-                    k8s_model::validation::DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
-                )));
-            }
+            attribute_fits(field, v).map_err(bad)?;
         }
         if let Some(p) = &doc.driver_ledger
             && (p.as_os_str().is_empty()
