@@ -48,6 +48,12 @@ pub enum PlanError {
         /// What was there instead, for the message.
         found: String,
     },
+    #[error("{source_name}: {source}")]
+    TooDeep {
+        source_name: String,
+        #[source]
+        source: yaml_guard::TooDeep,
+    },
     #[error(transparent)]
     Alloc(#[from] AllocError),
 }
@@ -59,8 +65,14 @@ pub enum Step {
     Release(Vec<(String, String)>),
 }
 
-/// Splits YAML/JSON text into JSON values, unpacking `List`s.
+/// Splits YAML/JSON text into JSON values, unpacking `List`s. Flow collections nested
+/// deeper than the deserializer accepts are refused before the quadratic scan
+/// ([`yaml_guard`]).
 pub fn documents(text: &str, source_name: &str) -> Result<Vec<serde_json::Value>, PlanError> {
+    yaml_guard::check(text).map_err(|source| PlanError::TooDeep {
+        source_name: source_name.into(),
+        source,
+    })?;
     let mut out = Vec::new();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let v = serde_json::Value::deserialize(doc).map_err(|e| PlanError::Decode {
@@ -459,6 +471,18 @@ mod tests {
 
     fn docs(text: &str) -> Vec<serde_json::Value> {
         documents(text, "test").unwrap()
+    }
+
+    /// A plan input nested deeper than the deserializer accepts is refused before the
+    /// scanner's quadratic work, naming the file and the place; a long flat one is not.
+    #[test]
+    fn deep_flow_nesting_is_refused_before_parsing() {
+        let deep = format!("kind: List\nitems: {}", "[".repeat(50_000));
+        let e = documents(&deep, "pool.yaml").unwrap_err().to_string();
+        assert!(e.starts_with("pool.yaml: YAML flow collections"), "{e}");
+        assert!(e.contains("line 2, column 136"), "{e}");
+        let flat = format!("kind: List\nitems: [{}]", "{a: [1]}, ".repeat(50_000));
+        assert_eq!(docs(&flat).len(), 50_000);
     }
 
     fn names(taken: &[(usize, serde_json::Value)]) -> Vec<(usize, String)> {

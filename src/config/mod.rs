@@ -30,7 +30,6 @@
 //! Default mode: `mig` for MIG-capable GPUs, `exclusive` otherwise. `shared` is opt-in.
 
 pub mod typemeta;
-pub mod yaml_cost;
 
 use serde::{Deserialize, Serialize};
 
@@ -219,10 +218,10 @@ impl NodeConfig {
     /// Decodes and validates a YAML (or JSON) document. Unknown fields, a wrong
     /// `apiVersion`/`kind`, and invalid values are errors naming the field.
     pub fn from_yaml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
-        yaml_cost::check(text).map_err(|message| ConfigError {
+        yaml_guard::check(text).map_err(|e| ConfigError {
             source_name: source_name.into(),
             field: ".".into(),
-            message,
+            message: e.to_string(),
         })?;
         let value: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
@@ -534,6 +533,11 @@ mod tests {
     fn invalid_yaml_is_an_error_about_the_document() {
         let err = NodeConfig::from_yaml("gpus: [", "x").unwrap_err();
         assert_eq!(err.field, ".");
+        // Nesting deeper than the parser accepts is refused before it scans (fuzzing
+        // found 20,000 nested mappings taking it seconds).
+        let deep = format!("{HEAD}gpus: {}", "[".repeat(20_000));
+        let err = NodeConfig::from_yaml(&deep, "x").unwrap_err();
+        assert!(err.message.contains("nested more than 128 deep"), "{err}");
     }
 
     /// `defaultMode` sets unmatched GPUs' mode; `mig` still only on MIG-capable GPUs.

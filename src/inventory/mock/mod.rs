@@ -109,7 +109,7 @@ impl MockNode {
             path: source_name.into(),
             reason,
         };
-        crate::config::yaml_cost::check(text).map_err(bad)?;
+        yaml_guard::check(text).map_err(|e| bad(e.to_string()))?;
         let de = serde_yaml_ng::Deserializer::from_str(text);
         let doc: MockNodeDoc = serde_path_to_error::deserialize(de)
             .map_err(|e| bad(format!("{}: {}", e.path(), e.inner())))?;
@@ -615,6 +615,15 @@ mod tests {
         let err = MockNode::parse(&long_driver, "m").unwrap_err().to_string();
         assert!(err.contains("driverVersion: 65 bytes"), "{err}");
         assert!(MockNode::parse(DEFAULT_NODE_YAML, "m").is_ok());
+    }
+
+    /// Regression (fuzz target node_config): 20,000 nested flow mappings took the YAML
+    /// scanner seconds. They are refused before parsing, with the place.
+    #[test]
+    fn deeply_nested_flow_collections_are_refused_before_parsing() {
+        let deep = format!("{DEFAULT_NODE_YAML}\nextra: {}", "{&a b: ".repeat(20_000));
+        let err = MockNode::parse(&deep, "m").unwrap_err().to_string();
+        assert!(err.contains("nested more than 128 deep at line"), "{err}");
     }
 
     /// The embedded default node is the one the contract describes.
