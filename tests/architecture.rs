@@ -148,6 +148,7 @@ fn every_crate_has_an_acyclic_module_graph() {
     for src in [
         "src",
         "k8s-model/src",
+        "yaml-guard/src",
         "testkit/src",
         "cdi/src",
         "abi/src",

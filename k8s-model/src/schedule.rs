@@ -48,11 +48,10 @@ pub enum PlanError {
         /// What was there instead, for the message.
         found: String,
     },
-    #[error("{source_name}: {source}")]
+    #[error("{source_name}: {depth}")]
     TooDeep {
         source_name: String,
-        #[source]
-        source: yaml_guard::TooDeep,
+        depth: yaml_guard::TooDeep,
     },
     #[error(transparent)]
     Alloc(#[from] AllocError),
@@ -69,9 +68,9 @@ pub enum Step {
 /// deeper than the deserializer accepts are refused before the quadratic scan
 /// ([`yaml_guard`]).
 pub fn documents(text: &str, source_name: &str) -> Result<Vec<serde_json::Value>, PlanError> {
-    yaml_guard::check(text).map_err(|source| PlanError::TooDeep {
+    yaml_guard::check(text).map_err(|depth| PlanError::TooDeep {
         source_name: source_name.into(),
-        source,
+        depth,
     })?;
     let mut out = Vec::new();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {

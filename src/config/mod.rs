@@ -534,7 +534,7 @@ mod tests {
         let err = NodeConfig::from_yaml("gpus: [", "x").unwrap_err();
         assert_eq!(err.field, ".");
         // Nesting deeper than the parser accepts is refused before it scans (fuzzing
-        // found 20,000 nested mappings taking it seconds).
+        // found 20,000 nested flow collections taking it seconds).
         let deep = format!("{HEAD}gpus: {}", "[".repeat(20_000));
         let err = NodeConfig::from_yaml(&deep, "x").unwrap_err();
         assert!(err.message.contains("nested more than 128 deep"), "{err}");
