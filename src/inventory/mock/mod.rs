@@ -618,12 +618,18 @@ mod tests {
     }
 
     /// Regression (fuzz target node_config): 20,000 nested flow mappings took the YAML
-    /// scanner seconds. They are refused before parsing, with the place.
+    /// scanner seconds. They are refused before parsing, with the place; so is the
+    /// fuzzer's own input, as a mock node and as a node config.
     #[test]
     fn deeply_nested_flow_collections_are_refused_before_parsing() {
         let deep = format!("{DEFAULT_NODE_YAML}\nextra: {}", "{&a b: ".repeat(20_000));
         let err = MockNode::parse(&deep, "m").unwrap_err().to_string();
         assert!(err.contains("nested more than 128 deep at line"), "{err}");
+        let found = include_str!("../../../fuzz/regressions/node_config/deep-flow-nesting.yaml");
+        let err = MockNode::parse(found, "m").unwrap_err().to_string();
+        assert!(err.contains("nested more than 128 deep at line 3"), "{err}");
+        let err = crate::config::NodeConfig::from_yaml(found, "c").unwrap_err();
+        assert!(err.message.contains("nested more than 128 deep"), "{err}");
     }
 
     /// The embedded default node is the one the contract describes.
