@@ -329,6 +329,23 @@ pub struct PlanResult {
 
 /// Runs the steps in order. Claims that cannot be allocated are reported and do not
 /// stop the plan; malformed classes are an error. Deterministic.
+/// Why the API server would refuse to store `claim`, if it would: such a claim never
+/// reaches the scheduler, so it is not planned either. Fields of disabled gates are
+/// dropped first, as the server drops them (found by fuzzing `plan`: a request named
+/// `gpuubernetes.io/` was planned, and its result read as a subrequest).
+fn api_refusal(claim: &ResourceClaim, gates: &FeatureGates) -> Option<String> {
+    let mut stored = claim.clone();
+    crate::validation::drop_disabled_claim_fields(&mut stored, gates);
+    let errors = crate::validation::validate_resource_claim(&stored, gates);
+    (!errors.is_empty()).then(|| {
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        format!(
+            "the API server would refuse this claim: {}",
+            errors.join("; ")
+        )
+    })
+}
+
 pub fn run(
     slices: &[ResourceSlice],
     classes: &[DeviceClass],
@@ -339,6 +356,12 @@ pub fn run(
     let mut outcomes = Vec::new();
     for step in steps {
         match step {
+            Step::Allocate(claim) if let Some(reason) = api_refusal(claim, gates) => {
+                outcomes.push(Outcome::Failed {
+                    claim: claim.clone(),
+                    reason,
+                })
+            }
             Step::Allocate(claim) => match alloc.allocate(claim) {
                 Ok(result) => {
                     let mut c = (**claim).clone();
@@ -482,6 +505,46 @@ mod tests {
         assert!(e.contains("line 2, column 136"), "{e}");
         let flat = format!("kind: List\nitems: [{}]", "{a: [1]}, ".repeat(50_000));
         assert_eq!(docs(&flat).len(), 50_000);
+    }
+
+    /// A claim the API server would refuse to store is not planned: it fails with the
+    /// server's reasons (fields of disabled gates dropped first, as the server does).
+    /// Found by fuzzing `plan`: a request named `gpuubernetes.io/` was allocated.
+    #[test]
+    fn a_claim_the_api_server_would_refuse_is_not_planned() {
+        let claim = |request: &str| -> Step {
+            Step::Allocate(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "c", "namespace": "default"},
+                    "spec": {"devices": {"requests": [{"name": request, "exactly": {
+                        "deviceClassName": "gpu.example.com",
+                        "capacity": {"requests": {"memory": "1Gi"}}}}]}}
+                }))
+                .unwrap(),
+            ))
+        };
+        let gates = FeatureGates::defaults(crate::release::KubeVersion::OLDEST);
+        let reasons = |steps: &[Step]| -> Vec<String> {
+            run(&[], &[], steps, &gates)
+                .unwrap()
+                .outcomes
+                .into_iter()
+                .map(|o| match o {
+                    Outcome::Failed { reason, .. } => reason,
+                    _ => panic!("nothing can be allocated without devices"),
+                })
+                .collect()
+        };
+        let r = reasons(&[claim("gpuubernetes.io/"), claim("gpu")]);
+        assert!(
+            r[0].starts_with(
+                "the API server would refuse this claim: spec.devices.requests[0].name"
+            ),
+            "{}",
+            r[0]
+        );
+        // The same claim with a valid name goes to the allocator (and finds no device).
+        assert!(!r[1].contains("API server"), "{}", r[1]);
     }
 
     fn names(taken: &[(usize, serde_json::Value)]) -> Vec<(usize, String)> {
