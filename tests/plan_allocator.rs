@@ -807,3 +807,26 @@ fn plan_refuses_a_malformed_device_class_and_a_folder_without_one() {
         "{err}"
     );
 }
+
+/// Every example claim and workload is one the API server stores on every release with
+/// its default gates, so `tessera plan` plans it rather than refusing it.
+#[test]
+fn every_example_claim_is_one_the_api_server_would_store() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let steps = schedule::read_steps(&[root.join("claims"), root.join("workloads")])
+        .expect("the examples read");
+    assert!(steps.len() >= 12, "{} steps", steps.len());
+    for version in KubeVersion::ALL {
+        let result =
+            schedule::run(&[], &[], &steps, &FeatureGates::defaults(version)).expect("planned");
+        for outcome in &result.outcomes {
+            if let schedule::Outcome::Failed { claim, reason } = outcome {
+                assert!(
+                    !reason.contains("API server would refuse"),
+                    "{version}: {:?}: {reason}",
+                    claim.metadata.name
+                );
+            }
+        }
+    }
+}
