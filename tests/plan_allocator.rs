@@ -808,17 +808,39 @@ fn plan_refuses_a_malformed_device_class_and_a_folder_without_one() {
     );
 }
 
-/// Every example claim and workload is one the API server stores on every release with
-/// its default gates, so `tessera plan` plans it rather than refusing it.
+/// Every example claim and workload is one the API server stores on every release, with
+/// its default gates and with every DRA gate the real-cluster tests turn on
+/// (`tests/cluster/up.sh`, each where the release has it), so `tessera plan` plans it
+/// rather than refusing it.
 #[test]
 fn every_example_claim_is_one_the_api_server_would_store() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let steps = schedule::read_steps(&[root.join("claims"), root.join("workloads")])
         .expect("the examples read");
     assert!(steps.len() >= 12, "{} steps", steps.len());
-    for version in KubeVersion::ALL {
-        let result =
-            schedule::run(&[], &[], &steps, &FeatureGates::defaults(version)).expect("planned");
+    let cluster_gates = [
+        "DRAConsumableCapacity",
+        "DRAPartitionableDevices",
+        "DRAExtendedResource",
+        "DRADeviceTaints",
+        "DRADeviceTaintRules",
+        "DRAAdminAccess",
+    ];
+    let gate_sets = KubeVersion::ALL.into_iter().flat_map(|v| {
+        let on: Vec<String> = cluster_gates
+            .iter()
+            .map(|g| format!("{g}=true"))
+            .filter(|g| FeatureGates::parse(v, g).is_ok())
+            .collect();
+        assert!(on.len() >= 2, "{v}: {on:?}");
+        [
+            FeatureGates::defaults(v),
+            FeatureGates::parse(v, &on.join(",")).expect("the cluster's gates"),
+        ]
+    });
+    for gates in gate_sets {
+        let version = gates.version();
+        let result = schedule::run(&[], &[], &steps, &gates).expect("planned");
         for outcome in &result.outcomes {
             if let schedule::Outcome::Failed { claim, reason } = outcome {
                 assert!(
