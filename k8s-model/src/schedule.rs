@@ -327,8 +327,6 @@ pub struct PlanResult {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Runs the steps in order. Claims that cannot be allocated are reported and do not
-/// stop the plan; malformed classes are an error. Deterministic.
 /// Why the API server would refuse to store `claim`, if it would: such a claim never
 /// reaches the scheduler, so it is not planned either. Fields of disabled gates are
 /// dropped first, as the server drops them (found by fuzzing `plan`: a request named
@@ -346,6 +344,8 @@ fn api_refusal(claim: &ResourceClaim, gates: &FeatureGates) -> Option<String> {
     })
 }
 
+/// Runs the steps in order. Claims that cannot be allocated are reported and do not
+/// stop the plan; malformed classes are an error. Deterministic.
 pub fn run(
     slices: &[ResourceSlice],
     classes: &[DeviceClass],
