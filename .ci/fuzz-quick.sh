@@ -6,7 +6,7 @@
 # source cargo-afl bundles (`cargo afl config --build`: the system cc and make), then
 # builds the targets (`cargo afl build --release --features afl`, in target/afl so the
 # instrumented build never replaces the normal one) and runs each target for
-# TESSERA_FUZZ_SECONDS (default 60) seconds. Prints per target: executions, exec/s,
+# TESSERA_FUZZ_SECONDS (default 60) seconds, two targets at a time. Prints per target: executions, exec/s,
 # edges covered, corpus size, crashes and hangs; then the times.
 #
 # Works as root on a fresh Debian machine with a stable Rust toolchain: no nightly, no
@@ -17,6 +17,7 @@
 # Usage: .ci/fuzz-quick.sh [target...]   (default: every target)
 #   TESSERA_FUZZ_SECONDS=N   run time per target (default 60)
 #   TESSERA_FUZZ_OUT=DIR     AFL output directory (default target/fuzz-out; replaced)
+#   TESSERA_FUZZ_JOBS=N      targets fuzzed at once (default 2, one per core here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -24,6 +25,7 @@ start=$(date +%s)
 CARGO_AFL_VERSION=0.18.2
 SECONDS_PER_TARGET=${TESSERA_FUZZ_SECONDS:-60}
 OUT=${TESSERA_FUZZ_OUT:-target/fuzz-out}
+JOBS=${TESSERA_FUZZ_JOBS:-2}
 TARGETS=(claim_plan node_prepare node_config plan abi_files cdi_spec quantity_semver)
 [ $# -gt 0 ] && TARGETS=("$@")
 
@@ -63,46 +65,68 @@ build_time=$(( $(date +%s) - t0 ))
 rm -rf "$OUT"
 mkdir -p "$OUT"
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1
-results=()
-failed=()
 stat() { sed -n "s/^$1 *: *//p" "$2" | head -1; }
-for t in "${TARGETS[@]}"; do
-  echo "== fuzz $t (${SECONDS_PER_TARGET}s)"
+# Runs one target; writes its result line to $OUT/$t.result and, on a finding or a
+# failure to start, the reason to $OUT/$t.failed (the jobs run in the background).
+fuzz_one() {
+  local t=$1 t1 status=0 s execs eps edges total corpus crashes hangs n f
   t1=$(date +%s)
-  status=0
   # -t: 5 s per input (the state targets fsync); -m none: Rust reserves address space.
   cargo afl fuzz -V "$SECONDS_PER_TARGET" -t 5000 -m none -i "fuzz/corpus/$t" -o "$OUT/$t" \
     "target/afl/release/$t" >"$OUT/$t.log" 2>&1 || status=$?
   s="$OUT/$t/default/fuzzer_stats"
   if [ ! -f "$s" ]; then
-    tail -30 "$OUT/$t.log" >&2
-    failed+=("$t (did not start, exit $status)")
-    results+=("$(printf '%-16s did not start' "$t")")
-    continue
+    { echo "== $t did not start (exit $status):"; tail -30 "$OUT/$t.log"; } >&2
+    echo "$t (did not start, exit $status)" >"$OUT/$t.failed"
+    printf '%-16s did not start\n' "$t" >"$OUT/$t.result"
+    return
   fi
   execs=$(stat execs_done "$s"); eps=$(stat execs_per_sec "$s")
   edges=$(stat edges_found "$s"); total=$(stat total_edges "$s")
   corpus=$(stat corpus_count "$s")
   crashes=$(stat saved_crashes "$s"); hangs=$(stat saved_hangs "$s")
-  results+=("$(printf '%-16s %10s execs %8s/s  edges %6s/%-7s corpus %5s  crashes %s  hangs %s  (%ss)' \
-    "$t" "$execs" "$eps" "$edges" "$total" "$corpus" "$crashes" "$hangs" "$(( $(date +%s) - t1 ))")")
+  printf '%-16s %10s execs %8s/s  edges %6s/%-7s corpus %5s  crashes %s  hangs %s  (%ss)\n' \
+    "$t" "$execs" "$eps" "$edges" "$total" "$corpus" "$crashes" "$hangs" "$(( $(date +%s) - t1 ))" \
+    >"$OUT/$t.result"
   if [ "${crashes:-0}" != 0 ] || [ "${hangs:-0}" != 0 ]; then
-    failed+=("$t")
+    echo "$t" >"$OUT/$t.failed"
     # The input itself (gzip, then base64): a CI machine keeps no file, and the log is
     # what comes back (`base64 -d | gunzip > input`, then replay it). The first three.
-    n=0
-    for f in "$OUT/$t/default/crashes"/id:* "$OUT/$t/default/hangs"/id:*; do
-      [ -f "$f" ] || continue
-      n=$((n + 1))
-      if [ "$n" -gt 3 ]; then
-        echo "  (more findings not printed)"
-        break
-      fi
-      echo "  finding: $f ($(wc -c < "$f") bytes), gzip+base64:"
-      gzip -9c "$f" | base64 -w 0
-      echo
-    done
+    {
+      n=0
+      for f in "$OUT/$t/default/crashes"/id:* "$OUT/$t/default/hangs"/id:*; do
+        [ -f "$f" ] || continue
+        n=$((n + 1))
+        if [ "$n" -gt 3 ]; then
+          echo "  (more findings not printed)"
+          break
+        fi
+        echo "  finding of $t: $f ($(wc -c < "$f") bytes), gzip+base64:"
+        gzip -9c "$f" | base64 -w 0
+        echo
+      done
+    } >"$OUT/$t.findings"
   fi
+}
+# JOBS targets at a time (each afl-fuzz is one process on one core): on 2 idle cores
+# the seven minutes of fuzzing take four. Each target still runs its full time.
+running=0
+for t in "${TARGETS[@]}"; do
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  echo "== fuzz $t (${SECONDS_PER_TARGET}s)"
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait
+results=()
+failed=()
+for t in "${TARGETS[@]}"; do
+  results+=("$(cat "$OUT/$t.result")")
+  [ -f "$OUT/$t.findings" ] && cat "$OUT/$t.findings"
+  [ -f "$OUT/$t.failed" ] && failed+=("$(cat "$OUT/$t.failed")")
 done
 echo "== fuzz results (${SECONDS_PER_TARGET}s per target)"
 printf '%s\n' "${results[@]}"

@@ -319,52 +319,57 @@ async fn containerd_cri_applies_tessera_cdi_specs() {
         Err(e) => {
             // The Debian mirror is a prerequisite too.
             assert!(!e2e::in_ci(), "containerd suite: {e}");
-            eprintln!("SKIPPED containerd suite: {e}");
+            e2e::report(format_args!("SKIPPED containerd suite: {e}"));
             return;
         }
     };
-    eprintln!(
+    e2e::report(format_args!(
         "containerd suite: chroot {} ({}) in {:?}",
         chroot.display(),
         if fresh { "built now" } else { "cached" },
         t0.elapsed()
-    );
+    ));
     let mut n = Node::start(&chroot).await;
     let v = &n.cri.as_ref().unwrap().version;
-    eprintln!(
+    e2e::report(format_args!(
         "runtime: {} {} (CRI {}); set-up {:?}",
         v.runtime_name,
         v.runtime_version,
         v.runtime_api_version,
         t0.elapsed()
-    );
+    ));
     let t = Instant::now();
     whole_gpu_claim(&mut n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: whole GPU (nodes, cgroup rule, driver files, -lcuda, unprepare) in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     two_requests(&mut n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: two requests, one per container, in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     mig_claim(&mut n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: MIG partition (parent and capability nodes) in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     shared_claim_files(&mut n).await;
-    eprintln!("passed: shared claim files and mounts in {:?}", t.elapsed());
+    e2e::report(format_args!(
+        "passed: shared claim files and mounts in {:?}",
+        t.elapsed()
+    ));
     let complaints = n.containerd.cdi_registry_complaints();
     assert!(
         complaints.is_empty(),
         "containerd's CDI registry complained about Tessera's specs:\n{complaints}"
     );
-    eprintln!("passed: containerd's CDI registry loaded every spec without a complaint");
+    e2e::report(format_args!(
+        "passed: containerd's CDI registry loaded every spec without a complaint"
+    ));
     n.stop().await;
-    eprintln!("containerd suite: total {:?}", t0.elapsed());
+    e2e::report(format_args!("containerd suite: total {:?}", t0.elapsed()));
 }

@@ -331,38 +331,41 @@ async fn podman_applies_tessera_cdi_specs() {
     }
     let t0 = Instant::now();
     let n = Node::start(false).await;
-    eprintln!("podman suite: set-up {:?}", t0.elapsed());
+    e2e::report(format_args!("podman suite: set-up {:?}", t0.elapsed()));
     let version = std::process::Command::new("podman")
         .arg("--version")
         .output()
         .unwrap();
-    eprintln!(
+    e2e::report(format_args!(
         "runtime: {}",
         String::from_utf8_lossy(&version.stdout).trim()
-    );
+    ));
     let t = Instant::now();
     whole_gpu_claim(&n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: whole GPU (nodes, cgroup rule, driver files, -lcuda, unprepare) in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     two_requests(&n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: two requests, one per container, in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     mig_claim(&n).await;
-    eprintln!(
+    e2e::report(format_args!(
         "passed: MIG partition (parent and capability nodes) in {:?}",
         t.elapsed()
-    );
+    ));
     let t = Instant::now();
     shared_claim_files(&n).await;
-    eprintln!("passed: shared claim files and mounts in {:?}", t.elapsed());
+    e2e::report(format_args!(
+        "passed: shared claim files and mounts in {:?}",
+        t.elapsed()
+    ));
     n.stop().await;
-    eprintln!("podman suite: total {:?}", t0.elapsed());
+    e2e::report(format_args!("podman suite: total {:?}", t0.elapsed()));
 }
 
 const GPU1: &str = "GPU-9a7e3b21-0c4d-4f8e-b6a5-2d1c0e9f8a73";
@@ -490,7 +493,10 @@ async fn podman_enforces_shared_budgets() {
     }
     let t0 = std::time::Instant::now();
     let n = Node::start(true).await;
-    eprintln!("podman enforcement suite: set-up {:?}", t0.elapsed());
+    e2e::report(format_args!(
+        "podman enforcement suite: set-up {:?}",
+        t0.elapsed()
+    ));
     let (a, a_ids) = share(
         &n,
         "light",
@@ -558,10 +564,10 @@ async fn podman_enforces_shared_budgets() {
         "LD_PRELOAD=libc.so.6 (it defines dlsym, ahead of Tessera's): stopped before main: {r:?}"
     );
     assert!(out.stdout.contains("status 126"), "{}", out.stdout);
-    eprintln!(
+    e2e::report(format_args!(
         "passed: budget, virtual total, tenant tricks, forged limits, renamed claim directories, LD_PRELOAD=libc.so.6 in {:?}",
         t.elapsed()
-    );
+    ));
 
     // The spec's hook pinned /etc and the directories above Tessera's mounts: the
     // tenant (root in the container, on a writable root where a rename otherwise
@@ -626,10 +632,10 @@ async fn podman_enforces_shared_budgets() {
         "the real driver reached through LD_LIBRARY_PATH keeps the 20 GiB budget:\n{}\n{}",
         out.stdout, out.stderr
     );
-    eprintln!(
+    e2e::report(format_args!(
         "passed: /etc, /usr, /usr/local, /usr/local/tessera pinned; the real driver file preloaded or on LD_LIBRARY_PATH (dlsym, cuGetProcAddress, -lcuda) in {:?}",
         t.elapsed()
-    );
+    ));
 
     // Two containers of one claim share its budget; another claim has its own.
     let t = std::time::Instant::now();
@@ -687,10 +693,10 @@ async fn podman_enforces_shared_budgets() {
         "the killed holder's memory came back: {:?}",
         results(&after)
     );
-    eprintln!(
+    e2e::report(format_args!(
         "passed: two containers share a claim's budget, another claim its own, in {:?}",
         t.elapsed()
-    );
+    ));
 
     // One container with the share and a whole GPU: budgeted and unrestricted.
     let t = std::time::Instant::now();
@@ -732,12 +738,15 @@ async fn podman_enforces_shared_budgets() {
         );
         assert_eq!(r[5..], ["ok", "err 2"], "{both:?}: {r:?}");
     }
-    eprintln!(
+    e2e::report(format_args!(
         "passed: a share and a whole GPU in one container in {:?}",
         t.elapsed()
-    );
+    ));
     n.stop().await;
-    eprintln!("podman enforcement suite: total {:?}", t0.elapsed());
+    e2e::report(format_args!(
+        "podman enforcement suite: total {:?}",
+        t0.elapsed()
+    ));
 }
 
 /// Tenant code and private roots, in a real container of a 20 GiB share: what holds,

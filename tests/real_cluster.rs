@@ -39,7 +39,7 @@ fn run(cmd: &mut Command, what: &str) {
     let status = cmd
         .status()
         .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    eprintln!("{what}: {status} after {:.0?}", t.elapsed());
+    e2e::report(format_args!("{what}: {status} after {:.0?}", t.elapsed()));
     assert!(status.success(), "{what} failed ({status})");
 }
 
@@ -138,7 +138,7 @@ fn e2e_with(script: &str, version: &str, env: &[(&str, &str)]) {
     let status = cmd
         .status()
         .unwrap_or_else(|e| panic!("tests/cluster/{script}: {e}"));
-    eprintln!("{suite}: {status} after {:.0?}", t.elapsed());
+    e2e::report(format_args!("{suite}: {status} after {:.0?}", t.elapsed()));
     if !status.success() {
         dump_logs(&dir);
         let kept = tmp.keep();

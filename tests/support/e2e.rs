@@ -30,6 +30,27 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Prints a line of a suite's progress (a scenario's time, the runtime's version, a
+/// skip) and appends it to the file `TESSERA_TEST_TIMINGS` names, when set: `cargo test`
+/// keeps a passing test's output to itself, and `.ci/run` prints that file after the
+/// tests rather than running the suites a second time to show their times.
+pub fn report(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let line = format!("{line}\n");
+    eprint!("{line}");
+    if let Some(path) = std::env::var_os("TESSERA_TEST_TIMINGS") {
+        // One append per line: the suites run in parallel, and O_APPEND keeps lines whole.
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = appended {
+            eprintln!("cannot append to {}: {e}", Path::new(&path).display());
+        }
+    }
+}
+
 /// Checks the prerequisites of a runtime suite: commands, and `python3:MODULE` entries.
 /// `Ok(())` to run; `Err(reason)` to skip (printed by the caller). With `CI` set, a
 /// missing prerequisite panics.
@@ -54,7 +75,7 @@ pub fn prerequisites(suite: &str, commands: &[&str]) -> Result<(), String> {
         !in_ci(),
         "{reason} (CI=true: a missing prerequisite is a failure; .ci/run installs them)"
     );
-    eprintln!("SKIPPED {reason}");
+    report(format_args!("SKIPPED {reason}"));
     Err(reason)
 }
 
