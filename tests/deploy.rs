@@ -251,6 +251,7 @@ fn policy(name: &str) -> AdmissionPolicy {
     let file = match name {
         "tessera-resourceslices-own-node" => "deploy/base/admission-resourceslices.yaml",
         "tessera-one-share-per-request" => "deploy/overlays/k8s-1.34/admission-shares.yaml",
+        "tessera-tenant-pods" => "deploy/base/admission-tenant-pods.yaml",
         _ => "deploy/base/admission-gpuconfig.yaml",
     };
     let text = std::fs::read_to_string(root().join(file)).unwrap();
@@ -454,6 +455,192 @@ fn share_policy_keeps_one_share_per_request_on_1_34() {
             };
             assert!(ok, "{name} ({resource}): want {want:?}, got {got:?}");
         }
+    }
+}
+
+/// A pod as the tenant-pods policy wants it: a claim, an init container and a container,
+/// each dropping ALL, and seccomp RuntimeDefault on the pod.
+fn hardened_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "tenants"},
+    "spec": {
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}],
+        "initContainers": [{"name": "init", "image": "i",
+            "securityContext": {"capabilities": {"drop": ["ALL"]}}}],
+        "containers": [{"name": "app", "image": "i", "resources": {"claims": [{"name": "gpu"}]},
+            "securityContext": {"capabilities": {"drop": ["ALL"]}}}],
+        "volumes": [{"name": "scratch", "emptyDir": {}}]
+    }})
+}
+
+/// A tenant-pods case: its name, the change to a hardened pod, the decision wanted.
+type PodCase = (&'static str, fn(&mut Value), Expect);
+
+/// The app container's securityContext.
+fn app_context(pod: &mut Value) -> &mut Value {
+    &mut pod["spec"]["containers"][0]["securityContext"]
+}
+
+/// The tenant-pods policy: a pod that can leave the interception library's reach
+/// (chroot, a user namespace, CAP_SYS_ADMIN) or reach the run directory (privileged, the
+/// host's PID namespace, a hostPath volume) is refused, naming the container or volume;
+/// every container kind counts; capabilities are read as spelled, and what a runtime
+/// might read otherwise is refused.
+#[test]
+fn tenant_pod_policy_refuses_what_escapes_the_budget() {
+    let p = policy("tessera-tenant-pods");
+    use Expect::*;
+    let cases: Vec<PodCase> = vec![
+        ("hardened", |_| {}, Allow),
+        (
+            "SYS_CHROOT dropped, seccomp Localhost on the container",
+            |pod| {
+                pod["spec"]["securityContext"] = json!({});
+                for c in ["initContainers", "containers"] {
+                    pod["spec"][c][0]["securityContext"] = json!({
+                        "capabilities": {"drop": ["NET_RAW", "SYS_CHROOT"]},
+                        "seccompProfile": {"type": "Localhost", "localhostProfile": "tenant.json"}});
+                }
+            },
+            Allow,
+        ),
+        (
+            "a baseline capability added back",
+            |pod| app_context(pod)["capabilities"]["add"] = json!(["NET_BIND_SERVICE", "CHOWN"]),
+            Allow,
+        ),
+        (
+            "no securityContext",
+            |pod| {
+                pod["spec"]["containers"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("securityContext");
+            },
+            Deny("container app: securityContext.capabilities.drop must have ALL or SYS_CHROOT"),
+        ),
+        (
+            "the init container keeps SYS_CHROOT",
+            |pod| {
+                pod["spec"]["initContainers"][0]["securityContext"]["capabilities"]["drop"] =
+                    json!(["NET_RAW"])
+            },
+            Deny("container init: securityContext.capabilities.drop"),
+        ),
+        (
+            "ALL spelled in lower case",
+            |pod| app_context(pod)["capabilities"]["drop"] = json!(["all"]),
+            Deny("container app: securityContext.capabilities.drop"),
+        ),
+        (
+            "CAP_SYS_CHROOT dropped (not a spelling every runtime reads)",
+            |pod| app_context(pod)["capabilities"]["drop"] = json!(["CAP_SYS_CHROOT"]),
+            Deny("container app: securityContext.capabilities.drop"),
+        ),
+        (
+            "SYS_CHROOT added back after ALL",
+            |pod| app_context(pod)["capabilities"]["add"] = json!(["SYS_CHROOT"]),
+            Deny("container app: securityContext.capabilities.add may only have"),
+        ),
+        (
+            "SYS_ADMIN added",
+            |pod| app_context(pod)["capabilities"]["add"] = json!(["SYS_ADMIN"]),
+            Deny("container app: securityContext.capabilities.add"),
+        ),
+        (
+            "sys_admin added, in lower case",
+            |pod| app_context(pod)["capabilities"]["add"] = json!(["sys_admin"]),
+            Deny("container app: securityContext.capabilities.add"),
+        ),
+        (
+            "privileged",
+            |pod| app_context(pod)["privileged"] = json!(true),
+            Deny("container app: privileged"),
+        ),
+        (
+            "privileged: false",
+            |pod| app_context(pod)["privileged"] = json!(false),
+            Allow,
+        ),
+        (
+            "no seccomp profile",
+            |pod| pod["spec"]["securityContext"] = json!({}),
+            Deny("container app: seccompProfile.type must be RuntimeDefault or Localhost"),
+        ),
+        (
+            "seccomp Unconfined on the pod",
+            |pod| pod["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined"),
+            Deny("seccompProfile.type must be"),
+        ),
+        (
+            "seccomp Unconfined on a container, RuntimeDefault on the pod",
+            |pod| app_context(pod)["seccompProfile"] = json!({"type": "Unconfined"}),
+            Deny("container app: seccompProfile.type must be"),
+        ),
+        (
+            "seccomp Unconfined on the pod, RuntimeDefault on every container",
+            |pod| {
+                pod["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined");
+                for c in ["initContainers", "containers"] {
+                    pod["spec"][c][0]["securityContext"]["seccompProfile"] =
+                        json!({"type": "RuntimeDefault"});
+                }
+            },
+            Allow,
+        ),
+        (
+            "hostPID",
+            |pod| pod["spec"]["hostPID"] = json!(true),
+            Deny("hostPID"),
+        ),
+        (
+            "hostPID: false",
+            |pod| pod["spec"]["hostPID"] = json!(false),
+            Allow,
+        ),
+        (
+            "a hostPath volume",
+            |pod| {
+                pod["spec"]["volumes"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "run", "hostPath": {"path": "/run/tessera"}}))
+            },
+            Deny("volume run: hostPath volumes"),
+        ),
+        (
+            "kubectl debug --profile=sysadmin (a privileged ephemeral container)",
+            |pod| {
+                pod["spec"]["ephemeralContainers"] = json!([{"name": "debugger", "image": "i",
+                    "securityContext": {"privileged": true, "capabilities": {"drop": ["ALL"]}}}])
+            },
+            Deny("container debugger: privileged"),
+        ),
+        (
+            "an ephemeral container that keeps SYS_CHROOT",
+            |pod| pod["spec"]["ephemeralContainers"] = json!([{"name": "debugger", "image": "i"}]),
+            Deny("container debugger: securityContext.capabilities.drop"),
+        ),
+    ];
+    for (name, change, want) in cases {
+        let mut pod = hardened_pod();
+        change(&mut pod);
+        let (op, subresource) = if pod["spec"]["ephemeralContainers"].is_null() {
+            ("CREATE", "")
+        } else {
+            ("UPDATE", "ephemeralcontainers")
+        };
+        let mut req = request(op, "alice", None, "pods");
+        req["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
+        req["subResource"] = json!(subresource);
+        let got = p.evaluate(&req, &pod, &Value::Null);
+        let ok = match (&want, &got) {
+            (Allow, Decision::Allowed) => true,
+            (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
+            _ => false,
+        };
+        assert!(ok, "{name}: want {want:?}, got {got:?}");
     }
 }
 

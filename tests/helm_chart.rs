@@ -152,7 +152,7 @@ fn modes() -> Vec<(&'static str, Vec<String>)> {
             "admission policies off",
             s(&[
                 "--set",
-                "admissionPolicies.resourceSlicesOwnNode=false,admissionPolicies.gpuConfig=false",
+                "admissionPolicies.resourceSlicesOwnNode=false,admissionPolicies.gpuConfig=false,admissionPolicies.tenantPods=false",
             ]),
         ),
         ("node config", vec!["-f".into(), f("node-config.yaml")]),
@@ -296,8 +296,10 @@ fn helm_template_renders_what_each_mode_asks_for() {
             "ServiceAccount/tessera-plugin",
             "ValidatingAdmissionPolicy/tessera-gpuconfig",
             "ValidatingAdmissionPolicy/tessera-resourceslices-own-node",
+            "ValidatingAdmissionPolicy/tessera-tenant-pods",
             "ValidatingAdmissionPolicyBinding/tessera-gpuconfig",
             "ValidatingAdmissionPolicyBinding/tessera-resourceslices-own-node",
+            "ValidatingAdmissionPolicyBinding/tessera-tenant-pods",
         ]
     );
     for o in &default {
@@ -544,7 +546,7 @@ fn helm_template_renders_what_each_mode_asks_for() {
     assert_eq!(
         vap(&helm.template(&[
             "--set",
-            "admissionPolicies.resourceSlicesOwnNode=false,admissionPolicies.gpuConfig=false"
+            "admissionPolicies.resourceSlicesOwnNode=false,admissionPolicies.gpuConfig=false,admissionPolicies.tenantPods=false"
         ])),
         Vec::<String>::new()
     );
@@ -552,6 +554,17 @@ fn helm_template_renders_what_each_mode_asks_for() {
         vap(&helm.template(&["--set", "admissionPolicies.gpuConfig=false"])),
         [
             "ValidatingAdmissionPolicy/tessera-resourceslices-own-node",
+            "ValidatingAdmissionPolicy/tessera-tenant-pods",
+            "ValidatingAdmissionPolicyBinding/tessera-resourceslices-own-node",
+            "ValidatingAdmissionPolicyBinding/tessera-tenant-pods"
+        ]
+    );
+    assert_eq!(
+        vap(&helm.template(&["--set", "admissionPolicies.tenantPods=false"])),
+        [
+            "ValidatingAdmissionPolicy/tessera-gpuconfig",
+            "ValidatingAdmissionPolicy/tessera-resourceslices-own-node",
+            "ValidatingAdmissionPolicyBinding/tessera-gpuconfig",
             "ValidatingAdmissionPolicyBinding/tessera-resourceslices-own-node"
         ]
     );
@@ -753,6 +766,10 @@ fn the_charts_copies_equal_their_sources() {
         (
             d.join("base/admission-gpuconfig.yaml"),
             f.join("admission-gpuconfig.yaml"),
+        ),
+        (
+            d.join("base/admission-tenant-pods.yaml"),
+            f.join("admission-tenant-pods.yaml"),
         ),
         (
             d.join("overlays/k8s-1.34/admission-shares.yaml"),

@@ -12,7 +12,8 @@ files=$here/tessera/files
 mkdir -p "$files/deviceclasses"
 rm -f "$files"/deviceclasses/*.yaml
 cp "$deploy"/deviceclasses/*.tessera.dev.yaml "$files/deviceclasses/"
-cp "$deploy"/base/admission-resourceslices.yaml "$deploy"/base/admission-gpuconfig.yaml "$files/"
+cp "$deploy"/base/admission-resourceslices.yaml "$deploy"/base/admission-gpuconfig.yaml \
+  "$deploy"/base/admission-tenant-pods.yaml "$files/"
 cp "$deploy"/overlays/k8s-1.34/admission-shares.yaml "$files/"
 cp "$deploy"/monitoring/tessera-dashboard.json "$files/"
 cp "$deploy"/overlays/test-cluster/mock-node.yaml "$files/"

@@ -4,6 +4,7 @@
 //! `v1alpha1.DRAResourceHealth` when the plugin advertises it).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -28,15 +29,40 @@ pub enum KubeletError {
     NoCommonVersion(Vec<String>),
 }
 
+/// How long a dial keeps trying, as the kubelet's (`dialTimeoutDuration` in
+/// pkg/kubelet/pluginmanager/operationexecutor, a blocking gRPC dial).
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to a Unix socket as the kubelet's blocking dial does: a refused connection
+/// or a missing file is tried again until `DIAL_TIMEOUT`. A socket's file exists from
+/// `bind`, before `listen` accepts; the kubelet's watcher can see it in between, and
+/// so can a stand-in that waits for the file.
+async fn dial(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    let deadline = Instant::now() + DIAL_TIMEOUT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Opens a gRPC channel over a Unix socket.
 pub async fn connect_unix(path: &Path) -> Result<Channel, KubeletError> {
     let p = path.to_path_buf();
     Endpoint::from_static("http://[::]:50051")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(dial(&p).await?)) }
         }))
         .await
         .map_err(|source| KubeletError::Connect {

@@ -6,6 +6,12 @@ Usage (root): scenario-rules.py DIR      (a cluster of up.sh with Tessera instal
 Admission (the shipped ValidatingAdmissionPolicies, as the API server runs them):
   * a claim template whose GpuConfig is invalid (computeLimit 150; an unknown field) is
     refused by `kubectl apply` with the policy's message; a valid one is accepted;
+  * in a namespace labelled gpu.tessera.dev/tenant-pods=hardened, a pod that is
+    privileged, keeps SYS_CHROOT, adds SYS_ADMIN, runs seccomp Unconfined, shares the
+    host's PID namespace or mounts a hostPath is refused with the policy's message (the
+    same pods pass in an unlabelled namespace), a hardened one is accepted, and `kubectl
+    debug --profile=sysadmin` cannot add its privileged container; the policy type-checks
+    against the Pod schema (no warning in its status);
   * with the plugin's own ServiceAccount token (read from its pod: a bound token that
     carries the node's name), the plugin cannot create a ResourceSlice of another node or
     of another driver, nor change or delete another node's slice; it can still update its
@@ -51,7 +57,7 @@ import time
 import yaml
 
 import scenario_lib as lib
-from scenario_lib import CLIENT, DIR, ENV, GIB, KUBECTL, build_image, claim_doc, client, expect, fail, k, \
+from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, KUBECTL, build_image, claim_doc, client, expect, fail, k, \
     kj, metric, pod_doc, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/rules"
@@ -92,6 +98,68 @@ def admission_gpuconfig():
                f"want '{want}'")
     done, err = apply([template("good-config", {"computeLimit": 30, "scrubOnFree": True})], "--dry-run=server")
     expect(done, "a valid GpuConfig (computeLimit 30, scrubOnFree) accepted (server-side dry run)", err)
+
+
+TENANTS_LABEL = "gpu.tessera.dev/tenant-pods=hardened"
+
+
+def admission_tenant_pods():
+    print(f"--- admission: tenant pods (namespaces labelled {TENANTS_LABEL})", flush=True)
+    # The API server's type check of the policy against the Pod schema (status.typeChecking,
+    # written by a controller after the policy is stored): no expression warned about.
+    vap = wait("the tenant-pods policy type-checked",
+               lambda: (lambda v: v if v.get("status", {}).get("observedGeneration") else None)(
+                   kj("get", "validatingadmissionpolicy", "tessera-tenant-pods")), timeout=30)
+    warnings = ((vap or {}).get("status", {}).get("typeChecking") or {}).get("expressionWarnings") or []
+    expect(vap is not None and not warnings, "the tenant-pods policy type-checks against the Pod schema",
+           "; ".join(f"{w.get('fieldRef')}: {w.get('warning')}" for w in warnings) or "no status")
+    ns = "tessera-tenants"
+    k("create", "namespace", ns)
+    k("label", "namespace", ns, TENANTS_LABEL)
+
+    def pod(namespace, name, context=None, spec=None):
+        p = pod_doc(namespace, name)
+        p["spec"]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+        p["spec"]["containers"][0]["securityContext"] = (
+            context if context is not None else {"capabilities": {"drop": ["ALL"]}})
+        p["spec"].update(spec or {})
+        return p
+
+    drop = {"capabilities": {"drop": ["ALL"]}}
+    cases = [
+        ("hardened", None, None, None),
+        ("privileged", dict(drop, privileged=True), None, "container main: privileged"),
+        ("chroot", {"capabilities": {"drop": ["NET_RAW"]}}, None,
+         "container main: securityContext.capabilities.drop must have ALL or SYS_CHROOT"),
+        ("sys-admin", {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}, None,
+         "container main: securityContext.capabilities.add may only have"),
+        ("unconfined", dict(drop, seccompProfile={"type": "Unconfined"}), None,
+         "container main: seccompProfile.type must be RuntimeDefault or Localhost"),
+        ("host-pid", None, {"hostPID": True}, "hostPID: the host's PID namespace"),
+        ("host-path", None, {"volumes": [{"name": "run", "hostPath": {"path": "/run/tessera"}}]},
+         "volume run: hostPath volumes"),
+    ]
+    for name, context, spec, want in cases:
+        done, err = apply([pod(ns, name, context, spec)], "--dry-run=server")
+        if want is None:
+            expect(done, f"pod {name} accepted (server-side dry run)", err)
+        else:
+            expect(not done and want in err and "tessera-tenant-pods" in err,
+                   f"pod {name} refused: {err.splitlines()[-1] if err else ''}", f"want '{want}'")
+            done, err = apply([pod("default", name, context, spec)], "--dry-run=server")
+            expect(done, "  the same pod accepted in an unlabelled namespace (server-side dry run)", err)
+    # kubectl debug adds an ephemeral container (an UPDATE of pods/ephemeralcontainers).
+    k("apply", "-f", "-", stdin=yaml.safe_dump(pod(ns, "debuggee")))
+    debug = KUBECTL + ["-n", ns, "debug", "debuggee", "--image", IMAGE,
+                       "--image-pull-policy", "Never", "-c"]
+    r = subprocess.run(debug + ["sysadmin", "--profile=sysadmin"], capture_output=True, text=True)
+    expect(r.returncode != 0 and "container sysadmin: privileged" in r.stderr,
+           f"kubectl debug --profile=sysadmin refused: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}",
+           r.stdout + r.stderr)
+    r = subprocess.run(debug + ["restricted", "--profile=restricted"], capture_output=True, text=True)
+    expect(r.returncode == 0, "kubectl debug --profile=restricted accepted (drops ALL, seccomp RuntimeDefault)",
+           r.stdout + r.stderr)
+    k("delete", "namespace", ns, "--wait=false")
 
 
 def plugin_kubectl():
@@ -532,6 +600,7 @@ def main():
     t0 = time.monotonic()
     build_image()
     admission_gpuconfig()
+    admission_tenant_pods()
     admission_slices()
     extended_resource()
     with simulated_node_config(OUT, health={"xidClearAfter": f"{XID_CLEAR_AFTER}s"}):
