@@ -26,6 +26,7 @@ CARGO_AFL_VERSION=0.18.2
 SECONDS_PER_TARGET=${TESSERA_FUZZ_SECONDS:-60}
 OUT=${TESSERA_FUZZ_OUT:-target/fuzz-out}
 JOBS=${TESSERA_FUZZ_JOBS:-2}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "TESSERA_FUZZ_JOBS must be a positive number, not '$JOBS'" >&2; exit 1; }
 TARGETS=(claim_plan node_prepare node_config plan abi_files cdi_spec quantity_semver)
 [ $# -gt 0 ] && TARGETS=("$@")
 
@@ -110,6 +111,7 @@ fuzz_one() {
 }
 # JOBS targets at a time (each afl-fuzz is one process on one core): on 2 idle cores
 # the seven minutes of fuzzing take four. Each target still runs its full time.
+# (A fuzzer left running when this script is killed stops by itself: -V.)
 running=0
 for t in "${TARGETS[@]}"; do
   if [ "$running" -ge "$JOBS" ]; then
@@ -124,6 +126,11 @@ wait
 results=()
 failed=()
 for t in "${TARGETS[@]}"; do
+  # A job that died before writing its result is a failure, not a missing line.
+  if [ ! -f "$OUT/$t.result" ]; then
+    printf '%-16s job failed (see %s)\n' "$t" "$OUT/$t.log" >"$OUT/$t.result"
+    echo "$t (job failed)" >"$OUT/$t.failed"
+  fi
   results+=("$(cat "$OUT/$t.result")")
   [ -f "$OUT/$t.findings" ] && cat "$OUT/$t.findings"
   [ -f "$OUT/$t.failed" ] && failed+=("$(cat "$OUT/$t.failed")")

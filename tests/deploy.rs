@@ -486,9 +486,34 @@ fn app_context(pod: &mut Value) -> &mut Value {
 /// (chroot, a user namespace, CAP_SYS_ADMIN) or reach the run directory (privileged, the
 /// host's PID namespace, a hostPath volume) is refused, naming the container or volume;
 /// every container kind counts; capabilities are read as spelled, and what a runtime
-/// might read otherwise is refused.
+/// might read otherwise is refused. Which requests reach the policy (pods created,
+/// ephemeral containers added, in labelled namespaces) is the API server's part: checked
+/// here as written, and run by tests/cluster's rules scenario on the real server.
 #[test]
 fn tenant_pod_policy_refuses_what_escapes_the_budget() {
+    let text =
+        std::fs::read_to_string(root().join("deploy/base/admission-tenant-pods.yaml")).unwrap();
+    let docs = schedule::documents(&text, "admission-tenant-pods.yaml").unwrap();
+    let vap = find(&docs, "ValidatingAdmissionPolicy", "tessera-tenant-pods");
+    assert_eq!(
+        vap["spec"]["matchConstraints"]["resourceRules"],
+        json!([
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["pods/ephemeralcontainers"]}
+        ])
+    );
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "tessera-tenant-pods",
+    );
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert_eq!(
+        binding["spec"]["matchResources"]["namespaceSelector"],
+        json!({"matchLabels": {"gpu.tessera.dev/tenant-pods": "hardened"}})
+    );
     let p = policy("tessera-tenant-pods");
     use Expect::*;
     let cases: Vec<PodCase> = vec![
@@ -542,6 +567,19 @@ fn tenant_pod_policy_refuses_what_escapes_the_budget() {
             "SYS_CHROOT added back after ALL",
             |pod| app_context(pod)["capabilities"]["add"] = json!(["SYS_CHROOT"]),
             Deny("container app: securityContext.capabilities.add may only have"),
+        ),
+        (
+            "ALL added back",
+            |pod| app_context(pod)["capabilities"]["add"] = json!(["ALL"]),
+            Deny("container app: securityContext.capabilities.add"),
+        ),
+        (
+            "seccomp Localhost on the pod",
+            |pod| {
+                pod["spec"]["securityContext"]["seccompProfile"] =
+                    json!({"type": "Localhost", "localhostProfile": "tenant.json"})
+            },
+            Allow,
         ),
         (
             "SYS_ADMIN added",
@@ -641,6 +679,35 @@ fn tenant_pod_policy_refuses_what_escapes_the_budget() {
             _ => false,
         };
         assert!(ok, "{name}: want {want:?}, got {got:?}");
+    }
+}
+
+/// The shared-GPU example's pods are hardened as the tenant-pods policy asks, so it
+/// can be copied into a labelled namespace as it is.
+#[test]
+fn the_shared_gpu_example_passes_the_tenant_pod_policy() {
+    let p = policy("tessera-tenant-pods");
+    let file = "examples/workloads/06-two-inference-workers-share-a-gpu.yaml";
+    let text = std::fs::read_to_string(root().join(file)).unwrap();
+    let deployments: Vec<Value> = schedule::documents(&text, file)
+        .unwrap()
+        .into_iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .collect();
+    assert_eq!(deployments.len(), 2);
+    for d in deployments {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": d["metadata"]["name"], "namespace": "tenants"},
+            "spec": d["spec"]["template"]["spec"]});
+        let mut req = request(
+            "CREATE",
+            "system:serviceaccount:kube-system:replicaset-controller",
+            None,
+            "pods",
+        );
+        req["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
+        let got = p.evaluate(&req, &pod, &Value::Null);
+        assert_eq!(got, Decision::Allowed, "{}", d["metadata"]["name"]);
     }
 }
 

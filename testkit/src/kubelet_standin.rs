@@ -29,16 +29,17 @@ pub enum KubeletError {
     NoCommonVersion(Vec<String>),
 }
 
-/// How long a dial keeps trying, as the kubelet's (`dialTimeoutDuration` in
-/// pkg/kubelet/pluginmanager/operationexecutor, a blocking gRPC dial).
-pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the registration dial keeps trying, as the kubelet's (`dialTimeoutDuration`
+/// in pkg/kubelet/pluginmanager/operationexecutor: a blocking gRPC dial).
+pub const REGISTRATION_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to a Unix socket as the kubelet's blocking dial does: a refused connection
-/// or a missing file is tried again until `DIAL_TIMEOUT`. A socket's file exists from
-/// `bind`, before `listen` accepts; the kubelet's watcher can see it in between, and
-/// so can a stand-in that waits for the file.
-async fn dial(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
-    let deadline = Instant::now() + DIAL_TIMEOUT;
+/// Connects to the registration socket as the kubelet's plugin watcher does: a refused
+/// connection or a missing file is tried again until `REGISTRATION_DIAL_TIMEOUT`. A
+/// socket's file exists from `bind`, before `listen` accepts, and the watcher reacts to
+/// the file. Only registration blocks so: the kubelet's DRA and health clients
+/// (`grpc.NewClient`) fail at once, as `connect_unix` does.
+async fn dial_blocking(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    let deadline = Instant::now() + REGISTRATION_DIAL_TIMEOUT;
     let mut pause = Duration::from_millis(5);
     loop {
         match tokio::net::UnixStream::connect(path).await {
@@ -56,19 +57,31 @@ async fn dial(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
     }
 }
 
-/// Opens a gRPC channel over a Unix socket.
-pub async fn connect_unix(path: &Path) -> Result<Channel, KubeletError> {
+/// Opens a gRPC channel over a Unix socket; `blocking`: dial as the registration does.
+async fn channel(path: &Path, blocking: bool) -> Result<Channel, KubeletError> {
     let p = path.to_path_buf();
     Endpoint::from_static("http://[::]:50051")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(dial(&p).await?)) }
+            async move {
+                let stream = if blocking {
+                    dial_blocking(&p).await?
+                } else {
+                    tokio::net::UnixStream::connect(&p).await?
+                };
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
         }))
         .await
         .map_err(|source| KubeletError::Connect {
             path: path.display().to_string(),
             source,
         })
+}
+
+/// Opens a gRPC channel over a Unix socket, failing at once when nothing listens.
+pub async fn connect_unix(path: &Path) -> Result<Channel, KubeletError> {
+    channel(path, false).await
 }
 
 /// Which DRA API version the kubelet picked.
@@ -85,7 +98,7 @@ pub async fn register(
     registration_socket: &Path,
     kubelet_versions: &[&str],
 ) -> Result<(registration::PluginInfo, DraVersion), KubeletError> {
-    let ch = connect_unix(registration_socket).await?;
+    let ch = channel(registration_socket, true).await?;
     let mut c = registration::registration_client::RegistrationClient::new(ch);
     let info = c
         .get_info(registration::InfoRequest {})

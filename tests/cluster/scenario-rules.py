@@ -114,8 +114,11 @@ def admission_tenant_pods():
     expect(vap is not None and not warnings, "the tenant-pods policy type-checks against the Pod schema",
            "; ".join(f"{w.get('fieldRef')}: {w.get('warning')}" for w in warnings) or "no status")
     ns = "tessera-tenants"
-    k("create", "namespace", ns)
-    k("label", "namespace", ns, TENANTS_LABEL)
+    # Created with its label: a label added later could reach the policy's namespace
+    # lookup after the first pods.
+    key, value = TENANTS_LABEL.split("=")
+    k("apply", "-f", "-", stdin=yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {key: value}}}))
 
     def pod(namespace, name, context=None, spec=None):
         p = pod_doc(namespace, name)
