@@ -233,3 +233,60 @@ pub async fn watch_health(
             .into_inner(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket file nobody listens on (bound, then its listener dropped): a connect
+    /// is refused, as between another process's `bind` and `listen`.
+    fn refusing_socket(path: &Path) {
+        drop(std::os::unix::net::UnixListener::bind(path).unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_registration_dial_waits_for_the_socket_to_listen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.sock");
+        refusing_socket(&path);
+        let listening = path.clone();
+        let listener = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            std::fs::remove_file(&listening).unwrap();
+            tokio::net::UnixListener::bind(&listening).unwrap()
+        });
+        let t = Instant::now();
+        let dialed = dial_blocking(&path).await;
+        let _listener = listener.await.unwrap();
+        assert!(dialed.is_ok(), "{dialed:?}");
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_registration_dial_waits_for_the_socket_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.sock");
+        let listening = path.clone();
+        let listener = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::net::UnixListener::bind(&listening).unwrap()
+        });
+        let dialed = dial_blocking(&path).await;
+        let _listener = listener.await.unwrap();
+        assert!(dialed.is_ok(), "{dialed:?}");
+    }
+
+    #[tokio::test]
+    async fn other_dials_fail_at_once_when_nothing_listens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dra.sock");
+        refusing_socket(&path);
+        let t = Instant::now();
+        assert!(connect_unix(&path).await.is_err());
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+}
