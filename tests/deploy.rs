@@ -287,6 +287,13 @@ fn request(op: &str, user: &str, node: Option<&str>, resource: &str) -> Value {
     r
 }
 
+/// An admission request for a pod (core group), from `user`.
+fn pod_request(op: &str, user: &str) -> Value {
+    let mut r = request(op, user, None, "pods");
+    r["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
+    r
+}
+
 /// The slice policy: the plugin writes only its own driver's slices of its own node,
 /// on create, update (including a nodeName change either way) and delete (where
 /// `object` is null); other users are not matched.
@@ -359,12 +366,7 @@ fn slice_policy_keeps_the_plugin_on_its_own_node() {
         ),
     ];
     for (name, got, want) in cases {
-        let ok = match (&want, &got) {
-            (Allow, Decision::Allowed) | (Skip, Decision::NotMatched) => true,
-            (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
-            _ => false,
-        };
-        assert!(ok, "{name}: want {want:?}, got {got:?}");
+        assert!(want.holds(&got), "{name}: want {want:?}, got {got:?}");
     }
 }
 
@@ -448,12 +450,10 @@ fn share_policy_keeps_one_share_per_request_on_1_34() {
                 obj,
                 &Value::Null,
             );
-            let ok = match (&want, &got) {
-                (Allow, Decision::Allowed) => true,
-                (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
-                _ => false,
-            };
-            assert!(ok, "{name} ({resource}): want {want:?}, got {got:?}");
+            assert!(
+                want.holds(&got),
+                "{name} ({resource}): want {want:?}, got {got:?}"
+            );
         }
     }
 }
@@ -669,16 +669,10 @@ fn tenant_pod_policy_refuses_what_escapes_the_budget() {
         } else {
             ("UPDATE", "ephemeralcontainers")
         };
-        let mut req = request(op, "alice", None, "pods");
-        req["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
+        let mut req = pod_request(op, "alice");
         req["subResource"] = json!(subresource);
         let got = p.evaluate(&req, &pod, &Value::Null);
-        let ok = match (&want, &got) {
-            (Allow, Decision::Allowed) => true,
-            (Deny(text), Decision::Denied { message, .. }) => message.contains(text),
-            _ => false,
-        };
-        assert!(ok, "{name}: want {want:?}, got {got:?}");
+        assert!(want.holds(&got), "{name}: want {want:?}, got {got:?}");
     }
 }
 
@@ -699,13 +693,10 @@ fn the_shared_gpu_example_passes_the_tenant_pod_policy() {
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": d["metadata"]["name"], "namespace": "tenants"},
             "spec": d["spec"]["template"]["spec"]});
-        let mut req = request(
+        let req = pod_request(
             "CREATE",
             "system:serviceaccount:kube-system:replicaset-controller",
-            None,
-            "pods",
         );
-        req["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
         let got = p.evaluate(&req, &pod, &Value::Null);
         assert_eq!(got, Decision::Allowed, "{}", d["metadata"]["name"]);
     }
@@ -718,6 +709,17 @@ enum Expect {
     Deny(&'static str),
     /// The policy does not apply.
     Skip,
+}
+
+impl Expect {
+    /// Whether the policy decided as wanted.
+    fn holds(&self, got: &Decision) -> bool {
+        match (self, got) {
+            (Expect::Allow, Decision::Allowed) | (Expect::Skip, Decision::NotMatched) => true,
+            (Expect::Deny(text), Decision::Denied { message, .. }) => message.contains(text),
+            _ => false,
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]
