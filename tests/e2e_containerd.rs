@@ -4,9 +4,10 @@
 //! prepares, and containers are created with `ContainerConfig.CDI_devices` set to the
 //! CDI IDs the plugin returned (only the named request's IDs when a container names one).
 //!
-//! containerd runs in a cached trixie chroot in a private mount namespace (see
-//! `tests/support/cri.rs`). Prerequisites (`.ci/run` installs them): root, debootstrap,
-//! unshare, nsenter, chroot, tar, busybox-static, a C compiler and the Debian mirror.
+//! containerd runs in the real cluster's cached trixie chroot (`tests/cluster/chroot.sh`)
+//! in a private mount namespace (see `tests/support/cri.rs`). Prerequisites (`.ci/run`
+//! installs them): root, debootstrap, flock, unshare, nsenter, chroot, tar,
+//! busybox-static, a C compiler and the Debian mirror.
 //! Without them the suite is skipped, unless `CI` is set.
 
 #[path = "support/cri.rs"]
@@ -307,7 +308,15 @@ async fn shared_claim_files(n: &mut Node) {
 async fn containerd_cri_applies_tessera_cdi_specs() {
     if e2e::prerequisites(
         "containerd suite",
-        &["debootstrap", "unshare", "nsenter", "chroot", "tar", "cc"],
+        &[
+            "debootstrap",
+            "flock",
+            "unshare",
+            "nsenter",
+            "chroot",
+            "tar",
+            "cc",
+        ],
     )
     .is_err()
     {

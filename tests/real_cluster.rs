@@ -13,7 +13,8 @@
 //! One test per release, one cluster at a time. Prerequisites (`.ci/run` installs and
 //! builds them): root, Go, debootstrap, openssl, curl, unshare, nsenter, python3 and
 //! the Debian mirror; the first run builds the Kubernetes binaries (about 6 min a
-//! release on 2 idle cores, cached under `target/k8s/<version>/`) and the chroot.
+//! release on 2 idle cores, cached under `target/k8s/<version>/`; a build under way,
+//! such as CI's in the background, is waited for) and the chroot.
 //! Without them the tests are skipped, unless `CI` is set. The image's artifacts are
 //! built first (`cargo build --release -p tessera -p tessera-cuda`).
 

@@ -2,7 +2,8 @@
 # Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl of
 # one pinned Kubernetes release from its Go modules (k8s/v1.<minor>/go.mod), as one
 # multiplexing binary `hyperkube` plus a symlink per component, into
-# <repo>/target/k8s/<version>/. Skips the build when that directory is complete.
+# <repo>/target/k8s/<version>/. Skips the build when that directory is complete, and waits
+# for a build of the same release under way (a lock beside the directory).
 # Usage: build.sh VERSION      VERSION: 1.34 | v1.34 | v1.34.4 (the pinned patch)
 # Env: GO (default: go). Builds run under `nice -n 19` (the machine is shared).
 set -euo pipefail
@@ -16,26 +17,38 @@ if [ -f "$out/.complete" ]; then
   echo "k8s $version: cached in $out"
   exit 0
 fi
+# One build of a release at a time: a second caller (a test, while CI's background build
+# of the same release is under way) waits for the first and then finds it cached. The
+# lock is fd 9, closed for every child (`9>&-`): nothing outlives the script holding it.
+mkdir -p "$out"
+exec 9>"$out.lock"
+if ! flock -n 9; then
+  echo "k8s $version: waiting for the build under way ($out.lock)"
+  flock 9
+fi
+if [ -f "$out/.complete" ]; then
+  echo "k8s $version: cached in $out"
+  exit 0
+fi
 GO=${GO:-go}
 start=$(date +%s)
-mkdir -p "$out"
 # What hack/lib/version.sh stamps (the module zip has no git commit), so the binaries
 # report their release (Node status, /version, skew checks). The build date is the
 # release's publication time from the module proxy, for reproducible binaries.
-date=$(cd "$mod" && "$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\t"Info": "\(.*\)",$/\1/p' | xargs sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')
+date=$(cd "$mod" && "$GO" mod download -json "k8s.io/kubernetes@$version" 9>&- | sed -n 's/^\t"Info": "\(.*\)",$/\1/p' | xargs sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')
 ldx=""
 for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   ldx+=" -X '$pkg.gitVersion=$version' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
   ldx+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${date:-1970-01-01T00:00:00Z}'"
 done
-echo "k8s $version: building hyperkube ($components) with $("$GO" version | cut -d' ' -f3) into $out"
+echo "k8s $version: building hyperkube ($components) with $("$GO" version 9>&- | cut -d' ' -f3) into $out"
 # As upstream's release builds (hack/lib/golang.sh): static (CGO off, as for every server
 # binary but the kubelet, which works without cgo too), -trimpath, -s -w, tags
 # selinux,notest,grpcnotrace.
 (cd "$mod" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath \
-  -tags selinux,notest,grpcnotrace -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" .)
+  -tags selinux,notest,grpcnotrace -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" . 9>&-)
 mv "$out/hyperkube.tmp" "$out/hyperkube"
 for c in $components; do ln -sfn hyperkube "$out/$c"; done
-"$out/kubectl" version --client >/dev/null
+"$out/kubectl" version --client >/dev/null 9>&-
 touch "$out/.complete"
 echo "k8s $version: built in $(( $(date +%s) - start ))s ($(du -m "$out/hyperkube" | cut -f1) MB)"

@@ -115,11 +115,17 @@ e2e_stop() {
   [ -d "$DIR/pids" ] && "$here/down.sh" "$DIR" >"$DIR/down.log" 2>&1
   tail -2 "$DIR/down.log" 2>/dev/null
 }
-# e2e_step NAME CMD...: runs a step; a failure is recorded in `status`.
+# e2e_step NAME CMD...: runs a step; a failure is recorded in `status`. Its time is
+# printed, and appended to $TESSERA_TEST_TIMINGS when set (CI prints that file after the
+# tests: where a suite's minutes go).
 e2e_step() {
   echo "=== $1"
-  "${@:2}" && return 0
-  echo "=== $1: FAILED" >&2
+  local t0=$SECONDS rc=0 dir=${DIR:-}
+  "${@:2}" || rc=$?
+  local took="$1 (${dir##*/}): $([ "$rc" = 0 ] && echo ok || echo FAILED) after $((SECONDS - t0))s"
+  [ -z "${TESSERA_TEST_TIMINGS:-}" ] || echo "    step $took" >>"$TESSERA_TEST_TIMINGS"
+  [ "$rc" = 0 ] && { echo "=== $took"; return 0; }
+  echo "=== $took" >&2
   status=1
   # A node under pressure schedules nothing: say so, or every failure looks like a bug.
   if [ -f "${DIR:-}/env" ]; then

@@ -85,7 +85,7 @@ def steps(path, ns, outdir):
                 "kind": "Pod",
                 "metadata": {"name": f"use-{name}", "namespace": ns, "labels": {"tessera.dev/agreement": "1"}},
                 "spec": {
-                    "terminationGracePeriodSeconds": 5,
+                    "terminationGracePeriodSeconds": 1,
                     "resourceClaims": [{"name": "claim", "resourceClaimName": name}],
                     "containers": [{
                         "name": "main",

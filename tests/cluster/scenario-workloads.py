@@ -52,12 +52,17 @@ def pod_specs(doc):
 
 
 def rewrite(docs):
-    """Images replaced; a program the image cannot have replaced by its entrypoint."""
+    """Images replaced; a program the image cannot have replaced by its entrypoint; a
+    grace period of 1 s where the example sets none: `sleep` as PID 1 ignores SIGTERM, and
+    with the default 30 s the namespace controller looks again only 16 s after the
+    namespace's deletion (scenario_lib.pod_doc)."""
     notes = []
     for d in docs:
         spec = pod_specs(d)
         if spec is None:
             continue
+        if "terminationGracePeriodSeconds" not in spec:
+            spec["terminationGracePeriodSeconds"] = 1
         for c in spec.get("initContainers", []) + spec["containers"]:
             notes.append(f"{d['kind']} {d['metadata']['name']}/{c['name']}: image {c['image']} -> {IMAGE}")
             c["image"] = IMAGE

@@ -160,10 +160,13 @@ def claim_doc(ns, name, exactly):
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
-def pod_doc(ns, name, claim=None, grace=None, labels=None, env=None, mounts=None, volumes=None):
+def pod_doc(ns, name, claim=None, grace=1, labels=None, env=None, mounts=None, volumes=None):
     """Pod NAME in NS: one container `main` of the client image (its entrypoint holds),
-    given ResourceClaim CLAIM (none without); GRACE its termination grace period;
-    ENV, MOUNTS, VOLUMES the container's environment and volume mounts, the pod's volumes."""
+    given ResourceClaim CLAIM (none without); GRACE its termination grace period (1 s:
+    the entrypoint exits on SIGTERM, and the namespace controller waits about half the
+    grace period of a namespace's running pods before it looks again, 16 s for the default
+    30; None: the default); ENV, MOUNTS, VOLUMES the container's environment and volume
+    mounts, the pod's volumes."""
     main = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never"}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": {"containers": [main]}}
     if labels:

@@ -1,10 +1,11 @@
 //! containerd 1.7 driven through CRI, for the container-runtime tests.
 //!
 //! Debian bookworm's containerd (1.6) has no CDI, so containerd 1.7 (Debian trixie) runs
-//! in a `debootstrap --variant=minbase --include=containerd,runc trixie` chroot. The
-//! chroot is built once and cached in `/var/cache/tessera-e2e/trixie-containerd`
-//! (`TESSERA_E2E_CACHE` overrides the parent dir; a fresh CI machine builds it, ~40 s).
-//! Runs never modify it: containerd starts in a private mount namespace (`unshare -m`)
+//! in the real cluster's Debian trixie chroot (`tests/cluster/chroot.sh`: debootstrap
+//! minbase with containerd and runc among its packages), built once and cached in
+//! `/var/cache/tessera-e2e/trixie-cluster` (`TESSERA_E2E_CACHE` overrides the parent
+//! dir; a fresh machine builds it in half a minute to a few minutes, the mirror's
+//! speed). Runs never modify it: containerd starts in a private mount namespace (`unshare -m`)
 //! where the chroot is a mount point, `/run` and `/tmp` are fresh tmpfs, and the test's
 //! temp dir is bind-mounted at the same absolute path, so CDI `hostPath`s, the CDI spec
 //! dir, the socket and all of containerd's state (root, state, logs) resolve alike on both
@@ -28,145 +29,43 @@ use crate::e2e::Run;
 /// The tag of the test image (also the pod sandbox image: nothing is pulled).
 pub const IMAGE: &str = "localhost/tessera/e2e:1";
 
-/// The Debian packages the chroot holds (beyond minbase).
-pub const CHROOT_PACKAGES: &str = "containerd,runc";
-
-/// The Debian mirror: `TESSERA_DEBIAN_MIRROR`, else the first `.../debian` URI of the
-/// host's apt sources, else deb.debian.org.
-pub fn debian_mirror() -> String {
-    if let Ok(m) = std::env::var("TESSERA_DEBIAN_MIRROR")
-        && !m.is_empty()
-    {
-        return m;
-    }
-    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
-    if let Ok(rd) = std::fs::read_dir("/etc/apt/sources.list.d") {
-        let mut more: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-        more.sort();
-        files.extend(more);
-    }
-    for f in files {
-        let Ok(text) = std::fs::read_to_string(&f) else {
-            continue;
-        };
-        for line in text.lines().map(str::trim) {
-            let words: Vec<&str> = if let Some(rest) = line.strip_prefix("URIs:") {
-                rest.split_whitespace().collect()
-            } else if line.starts_with("deb ") {
-                line.split_whitespace()
-                    .skip(1)
-                    .filter(|w| !w.starts_with('['))
-                    .take(1)
-                    .collect()
-            } else {
-                continue;
-            };
-            if let Some(u) = words
-                .into_iter()
-                .find(|u| u.trim_end_matches('/').ends_with("/debian"))
-            {
-                return u.to_string();
-            }
-        }
-    }
-    "http://deb.debian.org/debian".into()
-}
-
-fn cache_parent() -> PathBuf {
-    std::env::var_os("TESSERA_E2E_CACHE")
+/// The cached Debian trixie chroot with containerd 1.7 and runc: the real cluster's
+/// (`tests/cluster/chroot.sh`, which also holds etcd, the CNI plugins and busybox, and
+/// `/etc/hosts`, which a host-network pod sandbox copies from the runtime's root), one
+/// debootstrap for both suites. Built on first use under the script's lock (CI builds it
+/// in the background before the tests), its progress on stderr. Returns its path and
+/// whether it was built now, or the script's failure (e.g. no Debian mirror reachable).
+pub fn chroot() -> Result<(PathBuf, bool), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/chroot.sh");
+    let parent = std::env::var_os("TESSERA_E2E_CACHE")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/tessera-e2e".into())
-}
-
-const STAMP: &str = ".tessera-e2e-complete";
-
-/// The cached trixie chroot with containerd and runc, built on first use (under a lock,
-/// into a temp dir renamed when complete). Returns its path and whether it was built now,
-/// or debootstrap's error (e.g. no mirror reachable).
-pub fn chroot() -> Result<(PathBuf, bool), String> {
-    let parent = cache_parent();
-    let root = parent.join("trixie-containerd");
-    if root.join(STAMP).is_file() {
-        complete(&root);
-        return Ok((root, false));
-    }
-    std::fs::create_dir_all(&parent).unwrap();
-    let lock = std::fs::File::create(parent.join("trixie-containerd.lock")).unwrap();
-    // SAFETY: flock on a valid descriptor; released when `lock` is dropped.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        libc::flock(lock.as_raw_fd(), libc::LOCK_EX);
-    }
-    if root.join(STAMP).is_file() {
-        complete(&root);
-        return Ok((root, false));
-    }
-    let tmp = parent.join(format!("trixie-containerd.tmp{}", std::process::id()));
-    let mirror = debian_mirror();
-    let t = Instant::now();
-    eprintln!(
-        "containerd suite: building the trixie chroot in {} (debootstrap from {mirror})",
-        root.display()
-    );
-    let out = Command::new("debootstrap")
-        .args(["--variant=minbase"])
-        .arg(format!("--include={CHROOT_PACKAGES}"))
-        .arg("trixie")
-        .arg(&tmp)
-        .arg(&mirror)
+        .unwrap_or_else(|| "/var/cache/tessera-e2e".into());
+    let cached = parent
+        .join("trixie-cluster/.tessera-cluster-complete")
+        .is_file();
+    let out = Command::new(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
         .output()
-        .expect("debootstrap");
+        .map_err(|e| format!("{}: {e}", script.display()))?;
     if !out.status.success() {
         return Err(format!(
-            "debootstrap --variant=minbase --include={CHROOT_PACKAGES} trixie {} {mirror} failed (left for inspection):\n{}\n{}",
-            tmp.display(),
-            tail(&String::from_utf8_lossy(&out.stdout), 20),
-            tail(&String::from_utf8_lossy(&out.stderr), 20)
+            "{} failed ({}); its output is above",
+            script.display(),
+            out.status
         ));
     }
-    // The downloaded packages are not needed to run.
-    if let Ok(rd) = std::fs::read_dir(tmp.join("var/cache/apt/archives")) {
-        for e in rd.flatten() {
-            if e.path().extension().is_some_and(|x| x == "deb") {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
+    let root = String::from_utf8_lossy(&out.stdout);
+    let root = PathBuf::from(root.lines().last().unwrap_or_default());
+    if !root.join("usr/bin/containerd").is_file() {
+        return Err(format!(
+            "{} printed {}, which has no usr/bin/containerd",
+            script.display(),
+            root.display()
+        ));
     }
-    let version = Command::new("chroot")
-        .arg(&tmp)
-        .args(["containerd", "--version"])
-        .output()
-        .expect("chroot containerd --version");
-    assert!(
-        version.status.success(),
-        "containerd in the new chroot: {}",
-        String::from_utf8_lossy(&version.stderr)
-    );
-    complete(&tmp);
-    std::fs::write(tmp.join(STAMP), &version.stdout).unwrap();
-    if root.exists() {
-        // An incomplete earlier build (no stamp): plain files only, never mounted.
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-    std::fs::rename(&tmp, &root).unwrap();
-    eprintln!("containerd suite: chroot built in {:?}", t.elapsed());
-    Ok((root, true))
-}
-
-/// Files a host-network pod sandbox copies from the "host" (the chroot) that minbase
-/// lacks: without `/etc/hosts`, RunPodSandbox fails ("failed to generate sandbox hosts
-/// file ... open /etc/hosts").
-fn complete(root: &Path) {
-    for (f, text) in [
-        ("etc/hosts", "127.0.0.1 localhost\n::1 localhost\n"),
-        ("etc/resolv.conf", ""),
-    ] {
-        let p = root.join(f);
-        if std::fs::symlink_metadata(&p).is_err() {
-            std::fs::write(&p, text).unwrap();
-        }
-    }
+    Ok((root, !cached))
 }
 
 fn tail(s: &str, n: usize) -> String {
