@@ -33,17 +33,10 @@ pub const IMAGE: &str = "localhost/tessera/e2e:1";
 /// (`tests/cluster/chroot.sh`, which also holds etcd, the CNI plugins and busybox, and
 /// `/etc/hosts`, which a host-network pod sandbox copies from the runtime's root), one
 /// debootstrap for both suites. Built on first use under the script's lock (CI builds it
-/// in the background before the tests), its progress on stderr. Returns its path and
-/// whether it was built now, or the script's failure (e.g. no Debian mirror reachable).
-pub fn chroot() -> Result<(PathBuf, bool), String> {
+/// in the background before the tests), its progress on stderr. Returns its path, or the
+/// script's failure (e.g. no Debian mirror reachable).
+pub fn chroot() -> Result<PathBuf, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/chroot.sh");
-    let parent = std::env::var_os("TESSERA_E2E_CACHE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/tessera-e2e".into());
-    let cached = parent
-        .join("trixie-cluster/.tessera-cluster-complete")
-        .is_file();
     let out = Command::new(&script)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -65,7 +58,7 @@ pub fn chroot() -> Result<(PathBuf, bool), String> {
             root.display()
         ));
     }
-    Ok((root, !cached))
+    Ok(root)
 }
 
 fn tail(s: &str, n: usize) -> String {
