@@ -24,7 +24,9 @@ for v in 12.575.51 13.615.71; do
         "$PY" -m pip install --quiet --no-compile --target "$DEST/nvidia-ml-py-$v" "nvidia-ml-py==$v"
 done
 "$PY" -m pip install --quiet ziglang==0.17.0
-[ -x "$DEST/tools/bin/cargo-zigbuild" ] ||
-    cargo install --quiet --locked cargo-zigbuild@0.24.1 --root "$DEST/tools"
+# In the debug profile: it drives one build, and its release build costs CI a minute.
+# The version is checked, not just the file (DEST may be kept between CI runs).
+"$DEST/tools/bin/cargo-zigbuild" --version 2>/dev/null | grep -qx 'cargo-zigbuild 0.24.1' ||
+    cargo install --quiet --locked --debug --force cargo-zigbuild@0.24.1 --root "$DEST/tools"
 ABS=$(cd "$DEST" && pwd)
 echo "export TESSERA_CUDA_TEST_PY=$ABS PATH=$ABS/venv/bin:$ABS/tools/bin:\$PATH"

@@ -2,17 +2,23 @@
 # Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl of
 # one pinned Kubernetes release from its Go modules (k8s/v1.<minor>/go.mod), as one
 # multiplexing binary `hyperkube` plus a symlink per component, into
-# <repo>/target/k8s/<version>/. Skips the build when that directory is complete, and waits
-# for a build of the same release under way (a lock beside the directory).
-# Usage: build.sh VERSION      VERSION: 1.34 | v1.34 | v1.34.4 (the pinned patch)
-# Env: GO (default: go). Builds run under `nice -n 19` (the machine is shared).
+# <repo>/target/k8s/<version>-<key>/ (the key: a hash of the build's inputs, lib.sh
+# resolve_version). Skips the build when that directory is complete, and waits for a
+# build of the same release under way (a lock beside the directory).
+# Usage: build.sh [--dir] VERSION      VERSION: 1.34 | v1.34 | v1.34.4 (the pinned patch)
+#   --dir: print the binaries' directory only, build nothing.
+# Env: GO (default: go). TESSERA_GO_NICE: the compiler's niceness (default 19: a
+# developer's machine is shared; CI's builds are its critical path and run at 0).
 set -euo pipefail
-arg=${1:?usage: build.sh VERSION (e.g. 1.34 or v1.37.2)}
+print_dir=""
+[ "${1:-}" = --dir ] && { print_dir=1; shift; }
+arg=${1:?usage: build.sh [--dir] VERSION (e.g. 1.34 or v1.37.2)}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 resolve_version "$arg"
 mod=$K8S_MOD version=$K8S_VERSION minor=$K8S_MINOR out=$K8S_BIN
 components="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+[ -z "$print_dir" ] || { echo "$out"; exit 0; }
 if [ -f "$out/.complete" ]; then
   echo "k8s $version: cached in $out"
   exit 0
@@ -45,7 +51,7 @@ echo "k8s $version: building hyperkube ($components) with $("$GO" version 9>&- |
 # As upstream's release builds (hack/lib/golang.sh): static (CGO off, as for every server
 # binary but the kubelet, which works without cgo too), -trimpath, -s -w, tags
 # selinux,notest,grpcnotrace.
-(cd "$mod" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath \
+(cd "$mod" && CGO_ENABLED=0 nice -n "${TESSERA_GO_NICE:-19}" "$GO" build -trimpath \
   -tags selinux,notest,grpcnotrace -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" . 9>&-)
 mv "$out/hyperkube.tmp" "$out/hyperkube"
 for c in $components; do ln -sfn hyperkube "$out/$c"; done

@@ -111,5 +111,7 @@ if [ -f "$DIR/bridge" ] && ip link show "$(cat "$DIR/bridge")" >/dev/null 2>&1; 
   ip link del "$(cat "$DIR/bridge")"
 fi
 rm -rf "$DIR/pids"
+# The ports reserve_port held for this cluster (up.sh, the install's metrics ports).
+release_ports "$DIR"
 echo "cluster in $DIR stopped"
 if [ "${2:-}" = --purge ]; then rm -rf "$DIR"; echo "removed $DIR"; fi

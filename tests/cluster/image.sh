@@ -25,6 +25,10 @@ R=$("$here/chroot.sh")
 out=$repo/target/cluster-image
 mkdir -p "$out"
 archive=$out/tessera.tar
+# One assembly at a time (clusters started at once share target/cluster-image): the lock
+# is fd 8, held until this script exits.
+exec 8>"$out.lock"
+flock 8
 # Rebuild only when an input changed.
 inputs=$( { sha256sum "$rel/tessera" "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so.1" "$rel/libtessera_shim_nvidia-ml.so.1" "$rel/tessera-cdi-hook" "$repo"/deploy/deviceclasses/*.yaml "$0" "$here/lib.sh"; echo "$tag"; } | sha256sum | cut -d' ' -f1)
 if [ ! -f "$archive" ] || [ "$(cat "$archive.inputs" 2>/dev/null)" != "$inputs" ]; then

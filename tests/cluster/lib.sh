@@ -1,8 +1,10 @@
 # Shared by build.sh, up.sh, down.sh and smoke.sh (sourced, not run).
 
 # resolve_version ARG: sets K8S_MOD (the module dir), K8S_VERSION (the pinned release,
-# vX.Y.Z), K8S_MINOR and K8S_BIN (<repo>/target/k8s/<version>) for ARG = 1.34 | v1.34 |
-# v1.34.4.
+# vX.Y.Z), K8S_MINOR and K8S_BIN (<repo>/target/k8s/<version>-<key>) for ARG = 1.34 |
+# v1.34 | v1.34.4. The key is a hash of everything the binaries are built from (go.mod,
+# go.sum, the mux's main.go, build.sh and `go version`): CI keeps target/ between runs,
+# and a binary built from other inputs must never be taken for this one.
 resolve_version() {
   local arg=$1 here repo
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -16,7 +18,17 @@ resolve_version() {
   if [ -n "${BASH_REMATCH[2]}" ] && [ "v${arg#v}" != "$K8S_VERSION" ]; then
     echo "$K8S_MOD/go.mod pins $K8S_VERSION, not $arg (k8s/gen.sh v${arg#v} to change it)" >&2; return 2
   fi
-  K8S_BIN=$repo/target/k8s/$K8S_VERSION
+  local key
+  key=$(build_key "$K8S_MOD/go.mod" "$K8S_MOD/go.sum" "$K8S_MOD/main.go" "$here/build.sh") || return 1
+  K8S_BIN=$repo/target/k8s/$K8S_VERSION-$key
+}
+
+# build_key FILE...: 12 hex digits of a hash of the files' contents and `go version`
+# (${GO:-go}): the key of a binary built by `go build` from them.
+build_key() {
+  local gov
+  gov=$("${GO:-go}" version) || { echo "build_key: '${GO:-go} version' failed" >&2; return 1; }
+  { cat "$@" || return 1; echo "$gov"; } | sha256sum | cut -c1-12
 }
 
 # disk_headroom DIR: fails, saying why, unless DIR's filesystem has room for a cluster
@@ -96,12 +108,44 @@ mkimage() {
 }
 
 # free_port: a random TCP port below the kernel's ephemeral range (so that no outgoing
-# connection takes it before the listener binds), 10000 or above; callers check `ss`.
+# connection takes it before the listener binds), 10000 or above; reserve_port checks it.
 free_port() {
   local lo
   lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
   [ "$lo" -gt 12000 ] || lo=32768
   echo $((10000 + RANDOM % (lo - 10000)))
+}
+
+# reserve_port DIR: prints a port for DIR's cluster that is free now (free_port, not in
+# `ss`) and that no other cluster of this machine holds: each cluster picks its ports at
+# random and binds them later, so two clusters started at once (CI runs several) could
+# pick the same one. A reservation is a file <registry>/<port> naming DIR, created with
+# noclobber (one caller wins); it is given back by release_ports (down.sh), and taken
+# over once DIR is gone. Registry: $TESSERA_CLUSTER_PORTS (default /run/tessera-cluster-ports).
+reserve_port() {
+  local dir=$1 reg=${TESSERA_CLUSTER_PORTS:-/run/tessera-cluster-ports} inuse p owner
+  mkdir -p "$reg"
+  inuse=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
+  while :; do
+    p=$(free_port)
+    [[ $inuse == *" $p "* ]] && continue
+    if (set -o noclobber; echo "$dir" >"$reg/$p") 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+    # Held: taken over only when its cluster's DIR is gone (an empty file is a
+    # reservation being written).
+    owner=$(cat "$reg/$p" 2>/dev/null) || continue
+    [ -n "$owner" ] && [ ! -d "$owner" ] && rm -f "$reg/$p"
+  done
+}
+# release_ports DIR: gives back every port reserve_port gave DIR.
+release_ports() {
+  local reg=${TESSERA_CLUSTER_PORTS:-/run/tessera-cluster-ports} f
+  for f in "$reg"/*; do
+    [ -f "$f" ] && [ "$(cat "$f" 2>/dev/null)" = "$1" ] && rm -f "$f"
+  done
+  return 0
 }
 
 # For the end-to-end scripts (tessera-e2e.sh, tessera-helm-e2e.sh), which set `here`,

@@ -75,9 +75,8 @@ grep -qx localhost/tessera/tessera:dev <<<"$(ctr_ images ls -q)" || die "localho
 log "simulated node, image localhost/tessera/tessera:dev imported, node labelled"
 
 # ---------- this cluster's values ----------
-used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
-while :; do METRICS_PORT=$(free_port); [[ $used == *" $METRICS_PORT "* ]] || break; done
-while :; do METRICS_PORT2=$(free_port); [[ $used == *" $METRICS_PORT2 "* ]] || [ "$METRICS_PORT2" = "$METRICS_PORT" ] || break; done
+METRICS_PORT=$(reserve_port "$DIR")
+METRICS_PORT2=$(reserve_port "$DIR")
 ext=nvidia.com/gpu
 if ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates" && [ "$(cut -d. -f2 <<<"$K8S_VERSION")" -lt 37 ]; then
   ext=""   # as deploy/overlays/k8s-1.34: the API server would drop the field

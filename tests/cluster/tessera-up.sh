@@ -54,8 +54,7 @@ k label node "$NODE_NAME" feature.node.kubernetes.io/pci-10de.present=true --ove
 REGISTRY=$KUBELET_ROOT_DIR/plugins_registry
 
 # ---------- this cluster's layer: kubelet root dir, CDI dir, node root, API port ----------
-used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
-while :; do METRICS_PORT=$(free_port); [[ $used == *" $METRICS_PORT "* ]] || break; done
+METRICS_PORT=$(reserve_port "$DIR")
 D=$DIR/tessera-deploy
 mkdir -p "$D"
 cat >"$D/kustomization.yaml" <<EOF

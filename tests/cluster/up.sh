@@ -95,14 +95,9 @@ mount --bind "$DIR/var-log" /var/log
 # Below the kernel's ephemeral range (ip_local_port_range, 32768-60999 here): a port in
 # it may become some outgoing connection's local port between this check and the bind
 # (seen once: the kubelet's "bind: address already in use").
-used=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
-port() {
-  local p
-  while :; do
-    p=$(free_port)
-    [[ $used == *" $p "* ]] || { used+="$p "; echo "$p"; return; }
-  done
-}
+# reserve_port (lib.sh): free now, and held for this cluster against any other cluster
+# started at the same time (down.sh gives them back).
+port() { reserve_port "$DIR"; }
 ETCD_PORT=$(port) ETCD_PEER_PORT=$(port) API_PORT=$(port) KCM_PORT=$(port) SCHED_PORT=$(port)
 KUBELET_PORT=$(port) KUBELET_HEALTHZ_PORT=$(port)
 BRIDGE=tessera$(printf '%05d' $((RANDOM % 100000)))

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Builds the `helm` CLI of one pinned Helm 3 release from its Go module
 # (helm.sh/helm/v3/cmd/helm, pinned by the `tool` line and require of ./go.mod) into
-# <repo>/target/helm/<version>/helm, as the harness builds Kubernetes (../build.sh): from the
-# module proxy, never a prebuilt binary. Skips the build when the binary is there, and
-# waits for a build under way (a lock beside its directory).
+# <repo>/target/helm/<version>-<key>/helm, as the harness builds Kubernetes (../build.sh):
+# from the module proxy, never a prebuilt binary. The key hashes the build's inputs
+# (go.mod, go.sum, this script, `go version`; ../lib.sh build_key), so a binary built
+# from others is never used from a target/ kept between CI runs. Skips the build when
+# the binary is there, and waits for a build under way (a lock beside its directory).
 # Prints the path of the binary on the last line of stdout; the build time on stderr.
 # Why: the chart (deploy/helm/tessera) is linted, rendered and installed by this helm in
 # tests/helm_chart.rs and tests/cluster/scenario-helm.sh.
-# Usage: build.sh            Env: GO (default: go). The build runs under `nice -n 19`.
+# Usage: build.sh [--path]   --path: print the binary's path only, build nothing.
+# Env: GO (default: go); TESSERA_GO_NICE, the compiler's
+# niceness (default 19; CI: 0).
 # To bump: go get -tool helm.sh/helm/v3/cmd/helm@vX.Y.Z in this directory, then go mod tidy.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,7 +19,14 @@ repo=$(cd "$here/../../.." && pwd)
 GO=${GO:-go}
 version=$(sed -n 's/^\thelm\.sh\/helm\/v3 \(v[0-9.]*\)\( \/\/ indirect\)\?$/\1/p' "$here/go.mod")
 [ -n "$version" ] || { echo "no helm.sh/helm/v3 require in $here/go.mod" >&2; exit 1; }
-out=$repo/target/helm/$version
+. "$here/../lib.sh"
+key=$(build_key "$here/go.mod" "$here/go.sum" "$0")
+out=$repo/target/helm/$version-$key
+# --path: where the binary is (or would be), without building it.
+if [ "${1:-}" = --path ]; then
+  echo "$out/helm"
+  exit 0
+fi
 if [ -x "$out/helm" ]; then
   echo "helm $version: cached in $out" >&2
   echo "$out/helm"
@@ -48,7 +59,7 @@ for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$kmin"
 done
 echo "helm $version: building with $("$GO" version 9>&- | cut -d' ' -f3) (client-go $cgo) into $out" >&2
-(cd "$here" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -ldflags "$ld" \
+(cd "$here" && CGO_ENABLED=0 nice -n "${TESSERA_GO_NICE:-19}" "$GO" build -trimpath -ldflags "$ld" \
   -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm 9>&-)
 mv "$out/helm.tmp" "$out/helm"
 "$out/helm" version --short >&2 9>&-

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Runs every fuzz target of fuzz/ (cargo-afl, AFL++) for a short while from its
-# committed seed corpus, and fails if any target finds a crash or a hang.
+# Fuzzing campaigns: runs every fuzz target of fuzz/ (cargo-afl, AFL++) from its
+# committed seed corpus for TESSERA_FUZZ_SECONDS each, and fails if any target finds a
+# crash or a hang. Not part of CI (its instrumented build alone costs CI about 16
+# minutes of both cores): CI replays every seed and regression input in `cargo test`
+# (fuzz/tests/corpus.rs). Campaigns are run by hand and recorded in fuzz/RESULTS.md
+# (which calls this script by its former name, .ci/fuzz-quick.sh).
 #
 # Installs cargo-afl (pinned, built from crates.io source) and builds AFL++ from the
 # source cargo-afl bundles (`cargo afl config --build`: the system cc and make), then
@@ -10,11 +14,11 @@
 # edges covered, corpus size, crashes and hangs; then the times.
 #
 # Works as root on a fresh Debian machine with a stable Rust toolchain: no nightly, no
-# LLVM plugins. AFL's machine checks are relaxed for CI: AFL_SKIP_CPUFREQ (no CPU
+# LLVM plugins. AFL's machine checks are relaxed for containers: AFL_SKIP_CPUFREQ (no CPU
 # governor to set), AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES (a core_pattern piped to a
 # handler), AFL_NO_UI (plain status lines), AFL_NO_AFFINITY (no CPU pinning).
 #
-# Usage: .ci/fuzz-quick.sh [target...]   (default: every target)
+# Usage: fuzz/run.sh [target...]   (default: every target)
 #   TESSERA_FUZZ_SECONDS=N   run time per target (default 60)
 #   TESSERA_FUZZ_OUT=DIR     AFL output directory (default target/fuzz-out; replaced)
 #   TESSERA_FUZZ_JOBS=N      targets fuzzed at once (default 2, one per core here)
@@ -137,7 +141,7 @@ for t in "${TARGETS[@]}"; do
 done
 echo "== fuzz results (${SECONDS_PER_TARGET}s per target)"
 printf '%s\n' "${results[@]}"
-echo "install ${install_time}s, build ${build_time}s; fuzz-quick finished in $(( $(date +%s) - start ))s"
+echo "install ${install_time}s, build ${build_time}s; fuzz/run.sh finished in $(( $(date +%s) - start ))s"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "findings or failures: ${failed[*]} (inputs under $OUT; replay one with target/afl/release/<target> < file)" >&2
   exit 1

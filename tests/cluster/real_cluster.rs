@@ -10,27 +10,72 @@
 //! allocations the real scheduler makes agree with `tessera plan`. `tests/cluster/tessera-helm-e2e.sh` does
 //! the same with the Helm chart (`deploy/helm/tessera`), on a cluster of its own.
 //!
-//! One test per release, one cluster at a time. Prerequisites (`.ci/run` installs and
+//! One test per suite. Each cluster has its own ports (reserved machine-wide by
+//! `lib.sh`), bridge, cgroup root and directory, so several run at once:
+//! `TESSERA_CLUSTERS` of them (default 1, which gives each the whole machine; CI runs
+//! 3, with `--test-threads` at least that). A test waits for its release's build before
+//! it takes a cluster slot, so a suite whose binaries are ready never queues behind one
+//! whose are still compiling. Prerequisites (`.ci/run` installs and
 //! builds them): root, Go, debootstrap, openssl, curl, unshare, nsenter, python3 and
 //! the Debian mirror; the first run builds the Kubernetes binaries (about 6 min a
-//! release on 2 idle cores, cached under `target/k8s/<version>/`; a build under way,
-//! such as CI's in the background, is waited for) and the chroot.
+//! release on 2 idle cores, cached under `target/k8s/<version>-<key>/`; a build under
+//! way, such as CI's in the background, is waited for) and the chroot.
 //! Without them the tests are skipped, unless `CI` is set. The image's artifacts are
 //! built first (`cargo build --release -p tessera -p tessera-cuda`).
+//!
+//! A crate of its own (`tests/cluster/Cargo.toml`, depending on nothing of Tessera's):
+//! it builds in seconds, so CI starts the clusters as soon as the release artifacts
+//! and a release's binaries are there, beside the rest of the test build and suite.
 
-#[path = "support/e2e.rs"]
+#[path = "../support/prereq.rs"]
 mod e2e;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-/// One cluster at a time: two would halve each one's share of the machine.
-static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+/// How many clusters run at once: `TESSERA_CLUSTERS` (default 1).
+fn cluster_slots() -> usize {
+    match std::env::var("TESSERA_CLUSTERS") {
+        Err(_) => 1,
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("TESSERA_CLUSTERS must be a positive number, not '{v}'")),
+    }
+}
 
+/// Clusters running now, against `cluster_slots()`.
+static RUNNING: Mutex<usize> = Mutex::new(0);
+static SLOT_FREED: Condvar = Condvar::new();
+
+/// A cluster slot, held while a suite's cluster is up; given back on drop (a panic too).
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let slots = cluster_slots();
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        while *running >= slots {
+            running = SLOT_FREED.wait(running).unwrap_or_else(|e| e.into_inner());
+        }
+        *running += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        SLOT_FREED.notify_one();
+    }
+}
+
+/// The repository root (this crate is `tests/cluster`).
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Runs `cmd` with its output on the test's terminal (minutes of progress a person
@@ -118,13 +163,21 @@ fn e2e_with(script: &str, version: &str, env: &[(&str, &str)]) {
     {
         return;
     }
-    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = repo().join("tests/cluster");
     build_release();
+    // The release's binaries (or the wait for the build under way) before a slot: a
+    // suite waiting for its compiler holds no slot that a ready one could use.
     run(
         Command::new(cluster.join("build.sh")).arg(version),
         &format!("tests/cluster/build.sh {version}"),
     );
+    let waited = Instant::now();
+    let _slot = Slot::take();
+    e2e::report(format_args!(
+        "{suite}: a cluster slot after {:.0?} ({} at once)",
+        waited.elapsed(),
+        cluster_slots()
+    ));
     // Short: the kubelet's plugin sockets live under it (a Unix socket path has 107
     // bytes at most).
     let tmp = tempfile::Builder::new()
