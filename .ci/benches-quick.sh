@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every benchmark of the workspace in quick mode (TESSERA_BENCH_QUICK=1: a few
-# iterations, figures printed, no target judged), so that a benchmark the README names
+# iterations, figures printed, no target judged), so that a benchmark docs/testing.md names
 # cannot break unnoticed. Each bench's time is printed, then a table of them.
 #
 # The benches are listed here one by one, and the script first checks that list

@@ -750,7 +750,7 @@ async fn podman_enforces_shared_budgets() {
 }
 
 /// Tenant code and private roots, in a real container of a 20 GiB share: what holds,
-/// and what is the watchdog's (ARCHITECTURE.md, threat model). Held: the real driver
+/// and what is the watchdog's (docs/security.md, threat model). Held: the real driver
 /// file opened by path, an `LD_AUDIT` module that points ld.so's search for
 /// `libcuda.so.1` at the real file (the front is loaded and hooks both), and the real
 /// file in a new link-map namespace with `dlmopen` (the program's `dlsym` is the

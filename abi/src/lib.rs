@@ -10,7 +10,7 @@
 //!   usage, the claim's token bucket and launch counters per GPU, and one slot per
 //!   process identified by a random token and an OFD lock.
 //!
-//! The byte layouts are documented (as tables) in ARCHITECTURE.md and pinned by
+//! The byte layouts are documented (as tables) in docs/design.md and pinned by
 //! golden-file tests. What `control` and `region` share (the bounds below, the
 //! little-endian fields and UUID fields of `bytes`) lives here, so that neither file's
 //! module depends on the other. Only std and libc: the interception library links this

@@ -26,7 +26,7 @@
 //!
 //! Sizes in the header let version N+1 append fields to the header, GPU entries and
 //! slots: a version-N reader uses the sizes it finds, so it still reads N's fields.
-//! See ARCHITECTURE.md for the table.
+//! See docs/design.md, section 15, for the table.
 #![forbid(unsafe_code)]
 
 use std::fs::File;
@@ -372,7 +372,7 @@ pub const MAX_READ: u64 = 1 << 20;
 /// ([`crate::untrusted::read_bounded`]: no FIFO, no symlink, at most [`MAX_READ`]
 /// bytes, with `read(2)` and never through a mapping a tenant could shrink under the
 /// reader). The plugin's safe way to read a region it does not trust (see
-/// ARCHITECTURE.md's threat model); [`Region::gpu_stats`] is the in-place reader for
+/// docs/security.md, threat model); [`Region::gpu_stats`] is the in-place reader for
 /// mappings.
 pub fn read_gpu_stats(path: &std::path::Path) -> Result<Vec<GpuStats>, AbiError> {
     let (_, b) = crate::untrusted::read_bounded(path, MAX_READ)?;

@@ -1,4 +1,4 @@
-//! ARCHITECTURE.md documents the `region` and `control` layouts as tables; this test
+//! docs/design.md documents the `region` and `control` layouts as tables; this test
 //! reads those tables and checks every offset and size against the code, so the
 //! document cannot drift from the ABI.
 
@@ -8,7 +8,7 @@ use tessera_abi::{control, region};
 fn table(doc: &str, heading: &str) -> Vec<(String, usize, String)> {
     let start = doc
         .find(heading)
-        .unwrap_or_else(|| panic!("ARCHITECTURE.md has no {heading:?}"));
+        .unwrap_or_else(|| panic!("docs/design.md has no {heading:?}"));
     doc[start..]
         .lines()
         .skip_while(|l| !l.starts_with('|'))
@@ -26,8 +26,8 @@ fn table(doc: &str, heading: &str) -> Vec<(String, usize, String)> {
 }
 
 fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../ARCHITECTURE.md"))
-        .expect("ARCHITECTURE.md beside the workspace")
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/design.md"))
+        .expect("docs/design.md in the workspace")
 }
 
 #[test]

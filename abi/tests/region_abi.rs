@@ -1,5 +1,5 @@
 //! The region and control ABI as a specification: golden bytes written by hand from
-//! the ARCHITECTURE.md table (not by the crate) must parse, newer layouts must stay
+//! the docs/design.md table (not by the crate) must parse, newer layouts must stay
 //! readable, reservations never exceed a budget, and a dead process's slot is
 //! reclaimed through its dropped OFD lock.
 

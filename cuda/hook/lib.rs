@@ -8,7 +8,7 @@
 //! `/etc/ld.so.preload`, and with it Tessera's front library) or a directory above the
 //! front or the driver's real files. Without this, renaming `/etc` and preloading the
 //! real driver file by path bypassed the budget with configuration alone
-//! (ARCHITECTURE.md, threat model).
+//! (docs/security.md, threat model).
 //!
 //! The runtime runs the hook in the container's mount namespace after its mounts and
 //! before `pivot_root`, with the OCI state on stdin; the root file system is

@@ -537,7 +537,7 @@ fn with_the_preload_skipped_environment_tricks_keep_the_limit() {
 }
 
 /// A container holding only whole-GPU claims gets the same shims at the driver's
-/// sonames (section 9 of ARCHITECTURE.md: every spec mounts them) and no
+/// sonames (section 9 of docs/design.md: every spec mounts them) and no
 /// `ld.so.preload`: the shim loads the interception library, which finds no claim and
 /// forwards, by every lookup path and when linked.
 #[test]

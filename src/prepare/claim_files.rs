@@ -1,5 +1,5 @@
 //! The per-claim files of shared-GPU claims under `<run-dir>/claims/<uid>/`: `limits`,
-//! `control` and `region` (formats in the `tessera-abi` crate and ARCHITECTURE.md).
+//! `control` and `region` (formats in the `tessera-abi` crate and docs/design.md).
 //! Rendering is pure; creating and removing the directory are atomic:
 //!
 //! * create: write the three files into `claims/.<uid>.tmp/` (each fsynced, at full

@@ -7,7 +7,7 @@
 # build of the same release under way (a lock beside the directory).
 # Usage: build.sh [--dir] VERSION      VERSION: 1.34 | v1.34 | v1.34.4 (the pinned patch)
 #   --dir: print the binaries' directory only, build nothing.
-# Env: GO (default: go). TESSERA_GO_NICE: the compiler's niceness (default 19: a
+# Env: GO (default: go). TESSERA_BUILD_NICE: the compiler's niceness (default 19: a
 # developer's machine is shared; CI's builds are its critical path and run at 0).
 set -euo pipefail
 print_dir=""
@@ -51,7 +51,7 @@ echo "k8s $version: building hyperkube ($components) with $("$GO" version 9>&- |
 # As upstream's release builds (hack/lib/golang.sh): static (CGO off, as for every server
 # binary but the kubelet, which works without cgo too), -trimpath, -s -w, tags
 # selinux,notest,grpcnotrace.
-(cd "$mod" && CGO_ENABLED=0 nice -n "${TESSERA_GO_NICE:-19}" "$GO" build -trimpath \
+(cd "$mod" && CGO_ENABLED=0 nice -n "${TESSERA_BUILD_NICE:-19}" "$GO" build -trimpath \
   -tags selinux,notest,grpcnotrace -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" . 9>&-)
 mv "$out/hyperkube.tmp" "$out/hyperkube"
 for c in $components; do ln -sfn hyperkube "$out/$c"; done

@@ -1,5 +1,5 @@
 /* tests/cluster: a tenant that gets around the interception library with code of its
- * own (ARCHITECTURE.md, threat model: the watchdog's job). Linked statically with the
+ * own (docs/security.md, threat model: the watchdog's job). Linked statically with the
  * fake driver (cuda/tests/fakes/fake_cuda.c) inside it, it has no ld.so, so neither
  * /etc/ld.so.preload's front nor the soname shims ever load: it talks to the "GPU" as
  * a program making raw ioctls on the device nodes would, and only the driver's own

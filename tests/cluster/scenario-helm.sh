@@ -202,7 +202,7 @@ h get manifest tessera -n "$NS" >"$DIR/tessera/rendered.yaml"
 printf 'TESSERA_POD=%s\nMETRICS_PORT=%s\n' "$pod" "$METRICS_PORT" >"$DIR/tessera/env"
 k get resourceslices -o yaml >"$DIR/tessera/resourceslices.yaml"
 log "installed: pod $pod"
-# `tessera doctor` in the plugin's pod, as the README's "When a pod does not start" runs
+# `tessera doctor` in the plugin's pod, as docs/operating.md's "When a pod does not start" runs
 # it: with no flags it takes the plugin's; exit 0 (no check fails; warnings allowed).
 if k -n "$NS" exec "$pod" -- tessera doctor >"$OUT/doctor.txt" 2>"$OUT/doctor.err"; then
   pass "tessera doctor in $pod: exit 0 ($(tail -1 "$OUT/doctor.txt"))"

@@ -10,7 +10,7 @@
 # Why: the chart (deploy/helm/tessera) is linted, rendered and installed by this helm in
 # tests/helm_chart.rs and tests/cluster/scenario-helm.sh.
 # Usage: build.sh [--path]   --path: print the binary's path only, build nothing.
-# Env: GO (default: go); TESSERA_GO_NICE, the compiler's
+# Env: GO (default: go); TESSERA_BUILD_NICE, the compiler's
 # niceness (default 19; CI: 0).
 # To bump: go get -tool helm.sh/helm/v3/cmd/helm@vX.Y.Z in this directory, then go mod tidy.
 set -euo pipefail
@@ -59,7 +59,7 @@ for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$kmin"
 done
 echo "helm $version: building with $("$GO" version 9>&- | cut -d' ' -f3) (client-go $cgo) into $out" >&2
-(cd "$here" && CGO_ENABLED=0 nice -n "${TESSERA_GO_NICE:-19}" "$GO" build -trimpath -ldflags "$ld" \
+(cd "$here" && CGO_ENABLED=0 nice -n "${TESSERA_BUILD_NICE:-19}" "$GO" build -trimpath -ldflags "$ld" \
   -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm 9>&-)
 mv "$out/helm.tmp" "$out/helm"
 "$out/helm" version --short >&2 9>&-
