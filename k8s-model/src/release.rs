@@ -275,9 +275,6 @@ impl FeatureGates {
     pub fn binding_conditions(&self) -> bool {
         self.enabled("DRADeviceBindingConditions")
     }
-    pub fn list_type_attributes(&self) -> bool {
-        self.enabled("DRAListTypeAttributes")
-    }
 }
 
 #[cfg(test)]

@@ -404,23 +404,6 @@ pub fn packing_order(model: &GpuModel, p: &MigProfile) -> Vec<u32> {
     starts
 }
 
-/// One MIG partition device (`type: mig`), optionally consuming the GPU's counters.
-pub fn mig_device(
-    gpu: &GpuInfo,
-    inv: &NodeInventory,
-    p: &MigProfile,
-    start: u32,
-    with_counters: bool,
-) -> Device {
-    mig_device_with(
-        &mig_parent_attributes(gpu, inv),
-        gpu,
-        p,
-        start,
-        with_counters,
-    )
-}
-
 /// The attributes every partition of `gpu` shares (computed once per GPU: building
 /// them normalizes three version strings).
 fn mig_parent_attributes(gpu: &GpuInfo, inv: &NodeInventory) -> BTreeMap<String, DeviceAttribute> {
@@ -434,6 +417,7 @@ fn mig_parent_attributes(gpu: &GpuInfo, inv: &NodeInventory) -> BTreeMap<String,
     attrs
 }
 
+/// One MIG partition device (`type: mig`), optionally consuming the GPU's counters.
 fn mig_device_with(
     parent: &BTreeMap<String, DeviceAttribute>,
     gpu: &GpuInfo,
