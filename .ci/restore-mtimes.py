@@ -41,6 +41,14 @@ def tracked():
         yield os.fsdecode(path), blob.decode()
 
 
+def dirty():
+    """Tracked files whose working copy differs from the index (never restored: the
+    index's blob is not their content)."""
+    subprocess.run(["git", "update-index", "-q", "--refresh"], capture_output=True)
+    out = subprocess.run(["git", "diff-files", "--name-only", "-z"], check=True, capture_output=True).stdout
+    return {os.fsdecode(p) for p in out.split(b"\0") if p}
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: restore-mtimes.py MANIFEST")
@@ -54,10 +62,18 @@ def main():
         # Unreadable: treat every file as new (a full rebuild of the workspace crates).
         print(f"restore-mtimes: {manifest_path} unreadable ({e}); every file counts as changed")
         old = {}
-    now_ns = time.time_ns()
+    # "Now" is after every recorded time, even if the clock went back since.
+    newest = max((int(e[1]) for e in old.values() if isinstance(e, list) and len(e) == 2), default=0)
+    now_ns = max(time.time_ns(), newest + 1_000_000_000)
+    modified = dirty()
     new, kept, changed = {}, 0, 0
     for path, blob in tracked():
         if not os.path.lexists(path):
+            continue
+        if path in modified:
+            # Its content is not the blob's: new now, and not recorded.
+            os.utime(path, ns=(now_ns, now_ns), follow_symlinks=False)
+            changed += 1
             continue
         entry = old.get(path)
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == blob:

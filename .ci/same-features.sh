@@ -13,8 +13,12 @@ import json, sys
 m = json.load(sys.stdin)
 names = {p["id"]: p["name"] for p in m["packages"]}
 print(" ".join("-p " + names[i] for i in m["workspace_default_members"]))')
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tree -p tessera -p tessera-cuda >"$tmp/plugin"
 # shellcheck disable=SC2086
-python3 - <(tree -p tessera -p tessera-cuda) <(tree $members) <<'PY'
+tree $members >"$tmp/main"
+python3 - "$tmp/plugin" "$tmp/main" <<'PY'
 import sys
 def load(path):
     out = {}
@@ -23,6 +27,10 @@ def load(path):
         out.setdefault(pkg, set()).add(feats.rstrip("]"))
     return out
 plugin, main = load(sys.argv[1]), load(sys.argv[2])
+# An empty or partial tree would compare nothing: both roots must be there.
+for root in ("tessera-cuda v", "tessera v"):
+    if not any(p.startswith(root) for p in plugin) or not any(p.startswith(root) for p in main):
+        sys.exit(f"cargo tree did not list {root.split()[0]} in both selections")
 bad = [f"  {p}: plugin-only {sorted(plugin[p])}, main job {sorted(main.get(p, set()))}"
        for p in sorted(plugin) if plugin[p] != main.get(p)]
 if bad:

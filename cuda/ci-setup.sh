@@ -13,6 +13,13 @@
 set -eu
 DEST=${1:-${TESSERA_CUDA_TEST_PY:-target/tessera-cuda-py}}
 mkdir -p "$DEST"
+# DEST may be kept between CI runs: the venv and the clients' compiled extensions are
+# the Python's that made them, so another Python starts them over.
+pyver=$(${PYTHON:-python3} -c 'import sys; print(sys.version)')
+if [ "$(cat "$DEST/python-version" 2>/dev/null)" != "$pyver" ]; then
+    rm -rf "$DEST/venv" "$DEST"/cuda-bindings-* "$DEST"/nvidia-ml-py-*
+    printf '%s\n' "$pyver" >"$DEST/python-version"
+fi
 [ -x "$DEST/venv/bin/python" ] || ${PYTHON:-python3} -m venv "$DEST/venv"
 PY="$DEST/venv/bin/python"
 for v in 12.9.4 13.0.3 13.5.0; do

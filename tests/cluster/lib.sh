@@ -119,25 +119,34 @@ free_port() {
 # reserve_port DIR: prints a port for DIR's cluster that is free now (free_port, not in
 # `ss`) and that no other cluster of this machine holds: each cluster picks its ports at
 # random and binds them later, so two clusters started at once (CI runs several) could
-# pick the same one. A reservation is a file <registry>/<port> naming DIR, created with
-# noclobber (one caller wins); it is given back by release_ports (down.sh), and taken
+# pick the same one. A reservation is a file <registry>/<port> naming DIR, written under
+# a lock (one caller at a time); it is given back by release_ports (down.sh), and taken
 # over once DIR is gone. Registry: $TESSERA_CLUSTER_PORTS (default /run/tessera-cluster-ports).
 reserve_port() {
-  local dir=$1 reg=${TESSERA_CLUSTER_PORTS:-/run/tessera-cluster-ports} inuse p owner
-  mkdir -p "$reg"
+  local dir=$1 reg=${TESSERA_CLUSTER_PORTS:-/run/tessera-cluster-ports} inuse p owner try lock
+  mkdir -p "$reg" || return 1
+  # One reservation at a time on this machine: a stale one is taken over only under the
+  # lock, so a fresh one is never removed by a caller that read its stale owner earlier.
+  exec {lock}>"$reg/.lock" || return 1
+  flock "$lock"
   inuse=" $(ss -Htan | awk '{print $4}' | sed 's/.*://' | tr '\n' ' ') "
-  while :; do
+  for try in $(seq 1000); do
     p=$(free_port)
     [[ $inuse == *" $p "* ]] && continue
-    if (set -o noclobber; echo "$dir" >"$reg/$p") 2>/dev/null; then
+    if [ -e "$reg/$p" ]; then
+      # Held: taken over only when its cluster's DIR is gone.
+      owner=$(cat "$reg/$p" 2>/dev/null) || continue
+      [ -n "$owner" ] && [ ! -d "$owner" ] || continue
+    fi
+    if echo "$dir" >"$reg/$p.tmp" && mv -f "$reg/$p.tmp" "$reg/$p"; then
+      exec {lock}>&-
       echo "$p"
       return 0
     fi
-    # Held: taken over only when its cluster's DIR is gone (an empty file is a
-    # reservation being written).
-    owner=$(cat "$reg/$p" 2>/dev/null) || continue
-    [ -n "$owner" ] && [ ! -d "$owner" ] && rm -f "$reg/$p"
   done
+  exec {lock}>&-
+  echo "reserve_port: no free port after $try tries (registry $reg)" >&2
+  return 1
 }
 # release_ports DIR: gives back every port reserve_port gave DIR.
 release_ports() {

@@ -100,7 +100,10 @@ mount --bind "$DIR/var-log" /var/log
 port() { reserve_port "$DIR"; }
 ETCD_PORT=$(port) ETCD_PEER_PORT=$(port) API_PORT=$(port) KCM_PORT=$(port) SCHED_PORT=$(port)
 KUBELET_PORT=$(port) KUBELET_HEALTHZ_PORT=$(port)
-BRIDGE=tessera$(printf '%05d' $((RANDOM % 100000)))
+# Named from DIR's hash, as the cgroup root below (15 characters, the kernel's limit):
+# clusters running at once never share a bridge (their pods have the same POD_CIDR).
+BRIDGE=tessera$(printf %s "$DIR" | sha256sum | cut -c1-8)
+! ip link show "$BRIDGE" >/dev/null 2>&1 || fail "bridge $BRIDGE exists already (another cluster in $DIR?)"
 POD_CIDR=10.244.0.0/24
 # The apiserver must be given a Service range, but nothing here may send traffic to it:
 # no kube-proxy runs, the pods' bridge has no route to it, the `kubernetes` Service has no
