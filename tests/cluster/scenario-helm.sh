@@ -184,8 +184,18 @@ eq "helm status" "$(h status tessera -n "$NS" -o json | jq -r .info.status)" dep
 # helm's --wait counts a DaemonSet ready when desired - maxUnavailable pods are: with the
 # host network's replace strategy (maxUnavailable 1) on one node, at once. Wait here.
 k -n "$NS" rollout status ds/tessera-plugin --timeout=180s >/dev/null || die "the DaemonSet did not roll out in 180s"
+# rollout status can return before the DaemonSet controller has counted the new pod
+# (seen once, with three clusters at once: the pod not Ready yet when it returned), so
+# the pod itself is waited for; a pod not Ready within 180 s fails the check below.
+pod=""
+for i in $(seq 300); do
+  pod=$(k -n "$NS" get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
+  [ -n "$pod" ] && break
+  sleep 0.2
+done
+[ -n "$pod" ] || die "no plugin pod 60s after the rollout"
+k -n "$NS" wait --for=condition=Ready "pod/$pod" --timeout=180s >/dev/null 2>&1 || true
 t_ready=$(since "$t_install")
-pod=$(k -n "$NS" get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}')
 eq "plugin pod Ready ${t_ready}s after helm install (helm install --wait returned after ${t_helm}s)" "$(k -n "$NS" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" True
 plog() { k -n "$NS" logs "$1" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
 slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o name; }
