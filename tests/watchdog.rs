@@ -355,12 +355,12 @@ fn bypass_over_budget_is_reported_or_killed() {
 
             // Enforce, through the plugin's loop.
             let rt = tokio::runtime::Runtime::new().unwrap();
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let stop = tokio_util::sync::CancellationToken::new();
             let wd = n.watchdog(Mode::Enforce, &events);
-            let task = rt.spawn(wd.run(stop_rx));
+            let task = rt.spawn(wd.run(stop.clone()));
             let took = killed_by_the_loop(&mut bypass);
             println!("bypass killed {took:?} after the watchdog started");
-            let _ = stop_tx.send(true);
+            stop.cancel();
             rt.block_on(task).unwrap();
             assert_eq!(events.0.lock().unwrap().len(), 2);
             n.vanish(pid);
@@ -566,11 +566,11 @@ fn hostile_preload_over_budget_is_reported_or_killed() {
             let (mut tenant, seen) = n.tenant(POD_A, &[&hostile, &library], "dlsym", 2 * GIB);
             assert!(seen.iter().any(|l| l.starts_with("ok ")), "{seen:?}");
             let rt = tokio::runtime::Runtime::new().unwrap();
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let task = rt.spawn(n.watchdog(Mode::Enforce, &events).run(stop_rx));
+            let stop = tokio_util::sync::CancellationToken::new();
+            let task = rt.spawn(n.watchdog(Mode::Enforce, &events).run(stop.clone()));
             let took = killed_by_the_loop(&mut tenant);
             println!("hostile tenant killed {took:?} after the watchdog started");
-            let _ = stop_tx.send(true);
+            stop.cancel();
             rt.block_on(task).unwrap();
             n.vanish(tenant.id());
         },
@@ -805,14 +805,14 @@ fn a_pod_joining_a_prepared_claim_later_is_killed_over_budget() {
             );
 
             // Enforce, through the plugin's loop.
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let stop = tokio_util::sync::CancellationToken::new();
             let task = c.rt.spawn(
                 c.watchdog(Mode::Enforce, Box::new(events.clone()))
-                    .run(stop_rx),
+                    .run(stop.clone()),
             );
             let took = killed_by_the_loop(&mut late);
             println!("late pod's process killed {took:?} after the watchdog started");
-            let _ = stop_tx.send(true);
+            stop.cancel();
             c.rt.block_on(task).unwrap();
             c.node.vanish(pid);
         },

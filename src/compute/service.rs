@@ -307,7 +307,7 @@ impl ComputeService {
 pub async fn run(
     mut svc: ComputeService,
     state: Arc<crate::prepare::state::DeviceState>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let mut iv = tokio::time::interval(INTERVAL);
     iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -338,7 +338,7 @@ pub async fn run(
                     }
                 };
             }
-            _ = stop.changed() => if *stop.borrow() { return },
+            () = stop.cancelled() => return,
         }
     }
 }

@@ -338,14 +338,14 @@ impl HealthWatcher {
         Ok(self.expire(now.mono) || changed)
     }
 
-    /// Polls every `interval` until `stop` turns true; on each change sends the new
+    /// Polls every `interval` until `stop` is cancelled; on each change sends the new
     /// pool and device list. Ends (dropping both senders) on stop.
     pub async fn run(
         mut self,
         interval: Duration,
         slices_tx: watch::Sender<Vec<ResourceSlice>>,
         devices_tx: watch::Sender<Vec<pb::DeviceHealth>>,
-        mut stop: watch::Receiver<bool>,
+        stop: tokio_util::sync::CancellationToken,
     ) {
         let mut failing = false;
         loop {
@@ -369,7 +369,7 @@ impl HealthWatcher {
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = stop.wait_for(|s| *s) => return,
+                () = stop.cancelled() => return,
             }
         }
     }

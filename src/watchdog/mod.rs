@@ -453,10 +453,11 @@ impl Watchdog {
         }
     }
 
-    /// Ticks every `interval` until `stop` turns true.
-    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    /// Ticks every `interval` until `stop` is cancelled.
+    pub async fn run(mut self, stop: tokio_util::sync::CancellationToken) {
         if self.cfg.mode == Mode::Off {
-            return;
+            // Nothing to watch; a supervised service still ends only when stopped.
+            return stop.cancelled().await;
         }
         info!(mode = ?self.cfg.mode, tolerance = self.cfg.tolerance, "watchdog running");
         let mut iv = tokio::time::interval(self.cfg.interval);
@@ -469,7 +470,7 @@ impl Watchdog {
                         Err(e) => { warn!(error = %e, "watchdog tick failed"); return; }
                     };
                 }
-                _ = stop.changed() => if *stop.borrow() { return },
+                () = stop.cancelled() => return,
             }
         }
     }
