@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 
 import yaml
 
@@ -33,7 +32,7 @@ QUICK = os.environ.get("TESSERA_BENCH_QUICK") == "1" or "--quick" in sys.argv[1:
 sys.argv = [a for a in sys.argv if a != "--quick"]
 
 import scenario_lib as lib  # noqa: E402 (reads DIR from sys.argv)
-from scenario_lib import (DIR, ENV, build_image, claim_doc, client, expect, k, kj, pod_doc,  # noqa: E402
+from scenario_lib import (DIR, ENV, build_image, claim_doc, client, expect, k, kj, metrics_text, pod_doc,  # noqa: E402
                           simulated_node_config, wait)
 
 N = 3 if QUICK else 20
@@ -50,14 +49,14 @@ KINDS = {
 }
 
 
-def docs(name, kind_req, labels=None):
+def objects(name, kind_req, labels=None):
     pod = pod_doc(NS, name, name if kind_req is not None else None, grace=1, labels=labels or {"bench": "startup"})
     return ([claim_doc(NS, name, kind_req)] if kind_req is not None else []) + [pod]
 
 
 def histogram(name):
     """{kind: (count, sum, {le: cumulative count})} of a histogram of the plugin."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
+    text = metrics_text()
     h = {}
     for line in text.splitlines():
         if not line.startswith(name):
@@ -83,7 +82,7 @@ def pct(xs, p):
 
 def one(kind, i):
     name = f"{kind}-{i}"
-    k("apply", "-f", "-", stdin=yaml.safe_dump_all(docs(name, KINDS[kind])))
+    k("apply", "-f", "-", stdin=yaml.safe_dump_all(objects(name, KINDS[kind])))
     t0 = time.monotonic()
     running = wait(name, lambda: k("-n", NS, "get", "pod", name, "-o", "jsonpath={.status.phase}",
                                    check=False) == "Running", timeout=120, step=0.05)
@@ -146,7 +145,7 @@ def sequential():
 
 def at_once():
     req = {"deviceClassName": "shared.tessera.dev", "capacity": {"requests": {"memory": "512Mi", "compute": "1"}}}
-    all_docs = [d for i in range(M) for d in docs(f"many-{i}", req, {"bench": "many"})]
+    all_docs = [d for i in range(M) for d in objects(f"many-{i}", req, {"bench": "many"})]
     t0 = time.monotonic()
     k("apply", "-f", "-", stdin=yaml.safe_dump_all(all_docs))
     created = time.monotonic() - t0

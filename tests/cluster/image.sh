@@ -76,8 +76,7 @@ if [ -n "${1:-}" ]; then
   # ctr runs in containerd's mount namespace (the chroot), which sees DIR, not target/.
   mkdir -p "$DIR/images"
   cp "$archive" "$DIR/images/tessera.tar"
-  nsenter --mount --target "$(cat "$DIR/pids/containerd")" \
-    ctr --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$DIR/images/tessera.tar" >&2
+  kctr images import "$DIR/images/tessera.tar" >&2
   echo "image.sh: $tag imported into $DIR's containerd" >&2
 fi
 echo "$archive"

@@ -1,4 +1,10 @@
-# Shared by build.sh, up.sh, down.sh and smoke.sh (sourced, not run).
+# shellcheck shell=bash
+# The shell helpers of tests/cluster, sourced (not run) by every script there: the one
+# definition of each. Sections: building (resolve_version, build_key), the machine
+# (disk, ports, cgroups, processes, images), a running cluster (cluster_env, k, kctr,
+# the plugin pod's waits), a scenario's checks (pass, bad, eq, check, die) and the
+# end-to-end scripts (e2e_step, e2e_stop). Editing this file changes the image's input
+# hash (image.sh), not the Kubernetes or helm build keys.
 
 # resolve_version ARG: sets K8S_MOD (the module dir), K8S_VERSION (the pinned release,
 # vX.Y.Z), K8S_MINOR and K8S_BIN (<repo>/target/k8s/<version>-<key>) for ARG = 1.34 |
@@ -58,18 +64,22 @@ node_pressure() {
 # exec_retry CMD...: runs a `kubectl exec` command; when runc fails to start the exec
 # ("OCI runtime exec failed": a transient of runc under load, e.g. "read init-p:
 # connection reset by peer", seen once in CI), tries again, at most 3 times, saying so.
-# Any other failure, and the command's own exit status, are the caller's.
+# Its stdout and stderr stay apart (a caller may write stdout to a JSON file). Any other
+# failure, and the command's own exit status, are the caller's.
 exec_retry() {
-  local attempt out rc
+  local attempt out rc err
+  err=$(mktemp)
   for attempt in 1 2 3; do
     rc=0
-    out=$("$@" 2>&1) || rc=$?
-    if [ "$rc" != 0 ] && [[ $out == *"OCI runtime exec failed"* ]] && [ "$attempt" -lt 3 ]; then
-      echo "  (runc could not start the exec, attempt $attempt: ${out##*$'\n'}; again)" >&2
+    out=$("$@" 2>"$err") || rc=$?
+    if [ "$rc" != 0 ] && grep -q "OCI runtime exec failed" "$err" && [ "$attempt" -lt 3 ]; then
+      echo "  (runc could not start the exec, attempt $attempt: $(tail -1 "$err"); again)" >&2
       sleep 1
       continue
     fi
     printf '%s\n' "$out"
+    cat "$err" >&2
+    rm -f "$err"
     return "$rc"
   done
 }
@@ -78,6 +88,8 @@ exec_retry() {
 now() { date +%s.%3N; }
 # since T0: seconds elapsed since T0 (one decimal).
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# log MESSAGE...: MESSAGE after the seconds since $T0 (the script's start).
+log() { echo "[$(since "$T0")s] $*"; }
 
 # kill_pid PID [NAME]: SIGTERM, up to 10 s, then SIGKILL; waits until it is gone.
 kill_pid() {
@@ -157,9 +169,111 @@ release_ports() {
   return 0
 }
 
-# For the end-to-end scripts (tessera-e2e.sh, tessera-helm-e2e.sh), which set `here`,
-# `DIR` and `status`. e2e_stop (their EXIT trap): the cluster is stopped whatever
-# happened, unless a failed run is to be kept (TESSERA_CLUSTER_KEEP=1).
+# ---------- a running cluster (after up.sh VERSION DIR) ----------
+
+# cluster_env [tessera]: for a script run against the cluster in $DIR (the caller sets
+# DIR): reads DIR/env (KUBECONFIG, exported; K8S_VERSION, K8S_BIN, the ports, paths,
+# CONTAINERD_SOCKET, NODE_NAME), sets K8S_MINOR (34 for v1.34.4) and GATES (the
+# feature gates the cluster runs with); with `tessera`, also DIR/tessera/env, which an
+# install wrote (TESSERA_POD, METRICS_PORT).
+cluster_env() {
+  . "$DIR/env"
+  export KUBECONFIG
+  K8S_MINOR=$(cut -d. -f2 <<<"$K8S_VERSION")
+  GATES=$(cat "$DIR/feature-gates")
+  [ "${1:-}" != tessera ] || . "$DIR/tessera/env"
+}
+# k ARGS...: the cluster's kubectl.
+k() { "$K8S_BIN/kubectl" "$@"; }
+# kctr ARGS...: ctr in the cluster's containerd (its mount namespace, whose root is the
+# chroot; namespace k8s.io, the kubelet's). Needs DIR and CONTAINERD_SOCKET.
+kctr() { nsenter --mount --target "$(cat "$DIR/pids/containerd")" ctr --address "$CONTAINERD_SOCKET" --namespace k8s.io "$@"; }
+# default_sa [NS]: waits up to 30 s for NS's (default: default's) ServiceAccount
+# "default": pods are refused until the service-account controller has made it.
+default_sa() {
+  local i
+  for i in $(seq 150); do k ${1:+-n "$1"} get serviceaccount default >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+# plog POD: the log of the plugin pod POD (namespace tessera-system), its ANSI colours
+# stripped (tracing's default).
+plog() { k -n tessera-system logs "$1" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
+# plugin_state: the plugin's pods and the end of their logs (for a failure message).
+plugin_state() {
+  k -n tessera-system get pods -o wide || true
+  k -n tessera-system logs -l app.kubernetes.io/name=tessera --tail=30 || true
+}
+# plugin_pod_ready [OLD_POD]: the one wait for the plugin pod, after an install, an
+# upgrade or a deleted pod: the DaemonSet tessera-plugin rolled out (180 s), then its pod
+# (not OLD_POD, not terminating) exists (60 s) and is Ready (180 s); prints its name.
+# Why more than `rollout status`: it returned once before the DaemonSet controller had
+# counted the new pod (three clusters at once), the pod not Ready yet or not made.
+# Fails, saying which wait ran out.
+plugin_pod_ready() {
+  local old=${1:-} pod="" i
+  k -n tessera-system rollout status ds/tessera-plugin --timeout=180s >/dev/null ||
+    { echo "the DaemonSet tessera-plugin did not roll out in 180s" >&2; return 1; }
+  for i in $(seq 300); do
+    pod=$(k -n tessera-system get pods -l app.kubernetes.io/name=tessera \
+      -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' 2>/dev/null |
+      awk -v old="$old" 'NF == 1 && $1 != old { print $1; exit }') || true
+    [ -n "$pod" ] && break
+    sleep 0.2
+  done
+  [ -n "$pod" ] || { echo "no plugin pod${old:+ other than $old} 60s after the rollout" >&2; return 1; }
+  k -n tessera-system wait --for=condition=Ready "pod/$pod" --timeout=180s >/dev/null ||
+    { echo "plugin pod $pod not Ready 180s after the rollout" >&2; return 1; }
+  echo "$pod"
+}
+# plugin_registered POD: waits up to 30 s for "registered with the kubelet" in POD's log.
+plugin_registered() {
+  local i
+  for i in $(seq 150); do grep -q "registered with the kubelet" <<<"$(plog "$1")" && return 0; sleep 0.2; done
+  return 1
+}
+# node_slices: the names of the ResourceSlices of gpu.tessera.dev for this node.
+node_slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o name; }
+# tessera_inventory POD: `tessera inventory -o json` in POD's plugin container (its
+# binary, mock node, node config, state dir and node name), for the cluster's release
+# and gates: the slices the plugin publishes.
+tessera_inventory() {
+  exec_retry k -n tessera-system exec "$1" -c plugin -- tessera inventory \
+    --backend mock:/etc/tessera-mock/mock-node.yaml --k8s-version "1.$K8S_MINOR" --gates "$GATES" -o json
+}
+# compare_slices INVENTORY.json STORED.json: compare-slices.py for this node's
+# gpu.tessera.dev slices (the differences printed; exit 1 on any).
+compare_slices() {
+  python3 "$(dirname "${BASH_SOURCE[0]}")/compare-slices.py" "$1" "$2" gpu.tessera.dev "$NODE_NAME" \
+    "$(k get node "$NODE_NAME" -o jsonpath='{.metadata.uid}')"
+}
+
+# ---------- a scenario's checks ----------
+# Each check prints "  ok   WHAT" or "  FAIL WHAT" (stderr); a failure counts in
+# `errors`, which the scenario reads at its end (a check in a subshell counts nowhere).
+errors=0
+pass() { echo "  ok   $*"; }
+bad() { echo "  FAIL $*" >&2; errors=$((errors + 1)); }
+# eq WHAT ACTUAL EXPECTED
+eq() { if [ "$2" = "$3" ]; then pass "$1: $2"; else bad "$1: got '$2', want '$3'"; fi; }
+# check WHAT CMD...: CMD (its output discarded) must succeed; `check WHAT not CMD...`
+# must fail.
+check() {
+  local what=$1
+  shift
+  if "$@" >/dev/null 2>&1; then pass "$what"; else bad "$what"; fi
+}
+not() { ! "$@"; }
+# die MESSAGE: "<script>: FAILED: MESSAGE", then what the command in DIE_CONTEXT prints
+# when the script set one (e.g. plugin_state); exit 1.
+die() {
+  echo "${0##*/}: FAILED: $*" >&2
+  if [ -n "${DIE_CONTEXT:-}" ]; then $DIE_CONTEXT >&2 2>&1 || true; fi
+  exit 1
+}
+
+# ---------- the end-to-end scripts (tessera-e2e.sh, tessera-helm-e2e.sh) ----------
+# They set `here`, `DIR` and `status`. e2e_stop (their EXIT trap): the cluster is stopped
+# whatever happened, unless a failed run is to be kept (TESSERA_CLUSTER_KEEP=1).
 e2e_stop() {
   if [ "$status" != 0 ] && [ "${TESSERA_CLUSTER_KEEP:-}" = 1 ]; then
     echo "left running for inspection: $here/down.sh $DIR" >&2

@@ -40,37 +40,16 @@ Agreement (the rule, per claim, in file order):
     entries (source, requests, opaque).
 """
 import json
-import re
 import sys
-from fractions import Fraction
 
 import yaml
 
-SUFFIX = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}
-
-
-def quantity(s):
-    """A Kubernetes quantity string as an exact number."""
-    m = re.fullmatch(r"([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)", str(s).strip())
-    if not m:
-        raise ValueError(f"not a quantity: {s!r}")
-    v = Fraction(m.group(1))
-    if m.group(2):
-        v *= Fraction(10) ** int(m.group(2)[1:])
-    return v * SUFFIX[m.group(3) or ""]
-
-
-def docs(path):
-    with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d]
+# (scenario_lib reads the cluster's DIR only when DIR, ENV or KUBECTL is used.)
+from scenario_lib import load_docs, quantity
 
 
 def steps(path, ns, outdir):
-    for d in docs(path):
+    for d in load_docs(path):
         kind = d.get("kind")
         if kind == "ResourceClaim":
             name = d["metadata"]["name"]
@@ -175,11 +154,11 @@ def compare_request(sched, plan, problems):
 def compare(path, sched_dir, plan_path, table_path, config):
     fname = path.rsplit("/", 1)[-1]
     plan = {}
-    for d in docs(plan_path):
+    for d in load_docs(plan_path):
         plan[d["metadata"]["name"]] = d
     rows = []
     disagreements = 0
-    for d in docs(path):
+    for d in load_docs(path):
         if d.get("kind") == "Release":
             rows.append([fname, "-", "-", "released " + ",".join(c.split("/")[-1] for c in d.get("claims", [])), "", ""])
             continue

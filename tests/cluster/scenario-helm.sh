@@ -36,9 +36,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 DIR=$(cd "${1:?usage: scenario-helm.sh DIR}" && pwd)
-. "$DIR/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@"; }
+cluster_env
+DIE_CONTEXT=plugin_state
 chart=$repo/deploy/helm/tessera
 NS=tessera-system
 NODE_ROOT=$DIR/tessera-node
@@ -51,17 +50,6 @@ h() { "$HELM" "$@"; }
 UPGRADE=${TESSERA_HELM_UPGRADE:-surge}
 [[ $UPGRADE == surge || $UPGRADE == replace ]] || { echo "TESSERA_HELM_UPGRADE: surge or replace, not $UPGRADE" >&2; exit 2; }
 T0=$(now)
-errors=0
-log() { echo "[$(since "$T0")s] $*"; }
-pass() { echo "  ok   $*"; }
-bad() { echo "  FAIL $*" >&2; errors=$((errors + 1)); }
-eq() { if [ "$2" = "$3" ]; then pass "$1: $2"; else bad "$1: got '$2', want '$3'"; fi; }
-die() {
-  echo "scenario-helm: FAILED: $*" >&2
-  k -n "$NS" get pods -o wide >&2 2>/dev/null || true
-  k -n "$NS" logs -l app.kubernetes.io/name=tessera --tail=30 >&2 2>/dev/null || true
-  exit 1
-}
 echo "scenario helm ($K8S_VERSION): $(h version --short), chart $(sed -n 's/^version: //p' "$chart/Chart.yaml")"
 
 # ---------- 0. a cluster without Tessera ----------
@@ -70,15 +58,14 @@ echo "scenario helm ($K8S_VERSION): $(h version --short), chart $(sed -n 's/^ver
 "$here/mock-node-root.sh" "$DIR" | sed 's/^/  /'
 "$here/image.sh" "$DIR" >/dev/null 2>&1 || die "image.sh $DIR"
 k label node "$NODE_NAME" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
-ctr_() { nsenter --mount --target "$(cat "$DIR/pids/containerd")" ctr --address "$CONTAINERD_SOCKET" --namespace k8s.io "$@"; }
-grep -qx localhost/tessera/tessera:dev <<<"$(ctr_ images ls -q)" || die "localhost/tessera/tessera:dev not in the cluster's containerd"
+grep -qx localhost/tessera/tessera:dev <<<"$(kctr images ls -q)" || die "localhost/tessera/tessera:dev not in the cluster's containerd"
 log "simulated node, image localhost/tessera/tessera:dev imported, node labelled"
 
 # ---------- this cluster's values ----------
 METRICS_PORT=$(reserve_port "$DIR")
 METRICS_PORT2=$(reserve_port "$DIR")
 ext=nvidia.com/gpu
-if ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates" && [ "$(cut -d. -f2 <<<"$K8S_VERSION")" -lt 37 ]; then
+if ! grep -q 'DRAExtendedResource=true' <<<"$GATES" && [ "$K8S_MINOR" -lt 37 ]; then
   ext=""   # as deploy/overlays/k8s-1.34: the API server would drop the field
 fi
 cat >"$OUT/values.yaml" <<EOF
@@ -183,26 +170,16 @@ sed -n '/^NOTES:/,$p' "$OUT/install.out" | head -12 | sed 's/^/  | /'
 eq "helm status" "$(h status tessera -n "$NS" -o json | jq -r .info.status)" deployed
 # helm's --wait counts a DaemonSet ready when desired - maxUnavailable pods are: with the
 # host network's replace strategy (maxUnavailable 1) on one node, at once. Wait here.
-k -n "$NS" rollout status ds/tessera-plugin --timeout=180s >/dev/null || die "the DaemonSet did not roll out in 180s"
-# rollout status can return before the DaemonSet controller has counted the new pod
-# (seen once, with three clusters at once: the pod not Ready yet when it returned), so
-# the pod itself is waited for; a pod not Ready within 180 s fails the check below.
-pod=""
-for i in $(seq 300); do
-  pod=$(k -n "$NS" get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
-  [ -n "$pod" ] && break
-  sleep 0.2
-done
-[ -n "$pod" ] || die "no plugin pod 60s after the rollout"
-k -n "$NS" wait --for=condition=Ready "pod/$pod" --timeout=180s >/dev/null 2>&1 || true
+# (lib.sh plugin_pod_ready: the rollout, then the pod itself; a pod not Ready within
+# 180 s fails the check below.)
+pod=$(plugin_pod_ready) || true
+[ -n "$pod" ] || pod=$(k -n "$NS" get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
+[ -n "$pod" ] || die "no plugin pod after helm install"
 t_ready=$(since "$t_install")
 eq "plugin pod Ready ${t_ready}s after helm install (helm install --wait returned after ${t_helm}s)" "$(k -n "$NS" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" True
-plog() { k -n "$NS" logs "$1" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
-slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o name; }
-for i in $(seq 150); do [ -n "$(slices)" ] && break; sleep 0.2; done
-[ -n "$(slices)" ] && pass "ResourceSlices published: $(slices | wc -l) ($(since "$t_install")s after helm install)" || bad "no ResourceSlices of gpu.tessera.dev for $NODE_NAME"
-for i in $(seq 150); do grep -q "registered with the kubelet" <<<"$(plog "$pod")" && break; sleep 0.2; done
-grep -q "registered with the kubelet" <<<"$(plog "$pod")" && pass "the plugin registered with the kubelet" || bad "no registration with the kubelet in the plugin's log"
+for i in $(seq 150); do [ -n "$(node_slices)" ] && break; sleep 0.2; done
+[ -n "$(node_slices)" ] && pass "ResourceSlices published: $(node_slices | wc -l) ($(since "$t_install")s after helm install)" || bad "no ResourceSlices of gpu.tessera.dev for $NODE_NAME"
+plugin_registered "$pod" && pass "the plugin registered with the kubelet" || bad "no registration with the kubelet in the plugin's log"
 reg=$(ls "$KUBELET_ROOT_DIR/plugins_registry/")
 [[ $reg == gpu.tessera.dev-*reg.sock ]] && pass "registration socket: $reg" || bad "registration socket: '$reg'"
 eq "DeviceClasses (labelled by the chart)" "$(k get deviceclasses -l app.kubernetes.io/instance=tessera -o name | sort | tr '\n' ' ')" \
@@ -226,9 +203,9 @@ done
 
 # ---------- 3. helm upgrade to a new image tag, pods created meanwhile ----------
 echo "step 3: helm upgrade (image tag dev -> dev2, $UPGRADE) with GPU pods created during it"
-ctr_ images rm localhost/tessera/tessera:dev2 >/dev/null 2>&1 || true
-ctr_ images tag localhost/tessera/tessera:dev localhost/tessera/tessera:dev2 >/dev/null
-grep -qx localhost/tessera/tessera:dev2 <<<"$(ctr_ images ls -q)" && pass "localhost/tessera/tessera:dev2 tagged in the cluster's containerd" || die "ctr images tag"
+kctr images rm localhost/tessera/tessera:dev2 >/dev/null 2>&1 || true
+kctr images tag localhost/tessera/tessera:dev localhost/tessera/tessera:dev2 >/dev/null
+grep -qx localhost/tessera/tessera:dev2 <<<"$(kctr images ls -q)" && pass "localhost/tessera/tessera:dev2 tagged in the cluster's containerd" || die "ctr images tag"
 example=$repo/examples/workloads/01-one-gpu.yaml
 # The example's ResourceClaimTemplate; pods like the example's, one claim each.
 python3 - "$example" "$OUT/churn-template.yaml" <<'PY'
@@ -299,7 +276,7 @@ fi
 h upgrade tessera "$chart" -n "$NS" --reuse-values --set image.tag=dev2 "${up_args[@]}" \
   --wait --timeout 180s >"$OUT/upgrade.out" 2>&1 || upgrade_ok=0
 # (With replace, helm's --wait returns at once: see step 2.)
-k -n "$NS" rollout status ds/tessera-plugin --timeout=180s >/dev/null || upgrade_ok=0
+new_pod=$(plugin_pod_ready "$pod") || upgrade_ok=0
 t_up_end=$(now)
 # Keep creating pods a little after the rollout (the old pod's exit, the kubelet's switch).
 sleep 5
@@ -310,10 +287,9 @@ up_s=$(since "$t_up")
 eq "helm revision" "$(h status tessera -n "$NS" -o json | jq -r .version)" 2
 pods=$(k -n "$NS" get pods -l app.kubernetes.io/name=tessera -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.uid} {.spec.containers[0].image}{"\n"}{end}')
 eq "plugin pods after the upgrade" "$(wc -l <<<"$pods") $(awk '{print $3}' <<<"$pods")" "1 localhost/tessera/tessera:dev2"
-new_pod=$(awk '{print $1}' <<<"$pods")
+[ -n "$new_pod" ] || new_pod=$(awk '{print $1}' <<<"$pods")
 [ "$(awk '{print $2}' <<<"$pods")" != "$old_uid" ] && pass "the plugin pod was replaced ($pod -> $new_pod)" || bad "the plugin pod was not replaced"
-for i in $(seq 150); do grep -q "registered with the kubelet" <<<"$(plog "$new_pod")" && break; sleep 0.2; done
-grep -q "registered with the kubelet" <<<"$(plog "$new_pod")" && pass "the new plugin pod registered with the kubelet" || bad "the new plugin pod did not register"
+plugin_registered "$new_pod" && pass "the new plugin pod registered with the kubelet" || bad "the new plugin pod did not register"
 # The old pod's sockets are gone: one registration socket (the new pod's) and one DRA
 # socket, the new pod's (dra-<pod UID>.sock).
 new_uid=$(awk '{print $2}' <<<"$pods")

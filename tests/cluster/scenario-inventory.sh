@@ -10,27 +10,17 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 DIR=$(cd "${1:?usage: scenario-inventory.sh DIR}" && pwd)
-. "$DIR/env"
-. "$DIR/tessera/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@"; }
+cluster_env tessera
 OUT=$DIR/tessera/inventory
 mkdir -p "$OUT"
-minor=$(cut -d. -f2 <<<"$K8S_VERSION")
-gates=$(cat "$DIR/feature-gates")
-echo "scenario inventory ($K8S_VERSION): tessera inventory --k8s-version 1.$minor --gates $gates"
-k -n tessera-system exec "$TESSERA_POD" -c plugin -- tessera inventory \
-  --backend mock:/etc/tessera-mock/mock-node.yaml --k8s-version "1.$minor" --gates "$gates" -o json \
-  >"$OUT/inventory.json" 2>"$OUT/inventory.err" || { cat "$OUT/inventory.err" >&2; echo "tessera inventory failed" >&2; exit 1; }
+echo "scenario inventory ($K8S_VERSION): tessera inventory --k8s-version 1.$K8S_MINOR --gates $GATES"
+tessera_inventory "$TESSERA_POD" >"$OUT/inventory.json" 2>"$OUT/inventory.err" ||
+  { cat "$OUT/inventory.err" >&2; die "tessera inventory failed"; }
 k get resourceslices -o json >"$OUT/stored.json"
-node_uid=$(k get node "$NODE_NAME" -o jsonpath='{.metadata.uid}')
-status=0
-if ! python3 "$here/compare-slices.py" "$OUT/inventory.json" "$OUT/stored.json" gpu.tessera.dev "$NODE_NAME" "$node_uid"; then
-  echo "  FAIL inventory differs from the stored slices (inventory: $OUT/inventory.json, stored: $OUT/stored.json)" >&2
-  status=1
-fi
+compare_slices "$OUT/inventory.json" "$OUT/stored.json" ||
+  bad "inventory differs from the stored slices (inventory: $OUT/inventory.json, stored: $OUT/stored.json)"
 k get deviceclasses -o json >"$OUT/deviceclasses.json"
-python3 - "$DIR/tessera/rendered.yaml" "$OUT/deviceclasses.json" <<'EOF' || status=1
+python3 - "$DIR/tessera/rendered.yaml" "$OUT/deviceclasses.json" <<'EOF' || errors=$((errors + 1))   # (its FAIL lines printed)
 import json, sys, yaml
 applied = {d["metadata"]["name"]: d["spec"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DeviceClass"}
 stored = {d["metadata"]["name"]: d["spec"] for d in json.load(open(sys.argv[2]))["items"]}
@@ -43,7 +33,7 @@ for name, spec in sorted(applied.items()):
         print(f"  FAIL DeviceClass {name}: applied {json.dumps(spec, sort_keys=True)}\n       stored  {json.dumps(stored.get(name), sort_keys=True)}")
 sys.exit(1 if bad else 0)
 EOF
-if [ "$status" = 0 ]; then
+if [ "$errors" = 0 ]; then
   echo "scenario inventory ($K8S_VERSION): passed (inventory equals the stored slices; DeviceClasses stored as applied)"
 else
   echo "scenario inventory ($K8S_VERSION): FAILED" >&2

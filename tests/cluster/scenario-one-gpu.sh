@@ -15,23 +15,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 DIR=$(cd "${1:?usage: scenario-one-gpu.sh DIR}" && pwd)
-. "$DIR/env"
-. "$DIR/tessera/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@"; }
+cluster_env tessera
+DIE_CONTEXT="k describe pod one-gpu"
 OUT=$DIR/tessera/one-gpu
 mkdir -p "$OUT"
 example=$repo/examples/workloads/01-one-gpu.yaml
-errors=0
-check() { # check DESCRIPTION COMMAND...: runs COMMAND, prints ok/FAIL
-  local what=$1; shift
-  if "$@"; then echo "  ok   $what"; else echo "  FAIL $what" >&2; errors=$((errors + 1)); fi
-}
-ok() { local what=$1; shift; if "$@" >/dev/null 2>&1; then echo "  ok   $what"; else echo "  FAIL $what" >&2; errors=$((errors + 1)); fi; }
-eq() { # eq WHAT ACTUAL EXPECTED
-  if [ "$2" = "$3" ]; then echo "  ok   $1: $2"; else echo "  FAIL $1: got '$2', want '$3'" >&2; errors=$((errors + 1)); fi
-}
-die() { echo "scenario-one-gpu: FAILED: $*" >&2; k describe pod one-gpu >&2 2>/dev/null || true; exit 1; }
 
 # The example, with only its image replaced.
 image=$(sed -n 's/^ *image: *//p' "$example")
@@ -41,7 +29,7 @@ diff "$example" "$OUT/workload.yaml" | sed 's/^/  workload diff: /' || true
 expect_device=$(sed -n 's/^# expect: one-gpu: *//p' "$example")
 echo "scenario one-gpu ($K8S_VERSION): $example, image $image -> localhost/tessera/busybox:1, expect device $expect_device"
 
-for i in $(seq 150); do k get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+default_sa || true
 t0=$(now)
 k apply -f "$OUT/workload.yaml" 2>&1 | sed 's/^/  apply: /'
 phase=""
@@ -83,7 +71,7 @@ eq "pod scheduled on" "$(k get pod one-gpu -o jsonpath='{.spec.nodeName}')" "$NO
 
 # ---------- the node: CDI spec and checkpoint ----------
 spec=$CDI_DIR/tessera.dev-gpu-$uid.json
-ok "CDI spec $spec written" test -f "$spec"
+check "CDI spec $spec written" test -f "$spec"
 cp "$spec" "$OUT/cdi-spec.json" 2>/dev/null || true
 minor=${expect_device#gpu-}
 major=$(python3 -c 'import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))["charDevices"]["nvidia"])' "$repo/deploy/overlays/test-cluster/mock-node.yaml")
@@ -91,7 +79,7 @@ eq "CDI spec kind" "$(jq -r .kind "$spec")" tessera.dev/gpu
 eq "CDI device nodes of the claim's device" "$(jq -r '[.devices[].containerEdits.deviceNodes[] | "\(.path)=\(.hostPath) \(.major):\(.minor)"] | join(",")' "$spec")" \
   "/dev/nvidia$minor=$DIR/tessera-node/dev/nvidia$minor $major:$minor"
 eq "CDI device name" "$(jq -r '[.devices[].name] | join(",")' "$spec")" "$uid-$expect_device"
-ok "checkpoint has the claim PrepareCompleted" grep -q "$uid" "$DIR"/tessera-node/state/*
+check "checkpoint has the claim PrepareCompleted" grep -q "$uid" "$DIR"/tessera-node/state/*
 
 # ---------- inside the container ----------
 logs=""
@@ -113,13 +101,13 @@ k delete pod one-gpu --wait=true >/dev/null
 t_deleted=$(since "$t1")
 for i in $(seq 300); do [ -e "$spec" ] || break; sleep 0.1; done
 t_spec=$(since "$t1")
-ok "CDI spec removed after the pod's deletion (${t_spec}s; pod gone after ${t_deleted}s)" test ! -e "$spec"
-for i in $(seq 100); do k -n tessera-system logs "$TESSERA_POD" | grep -q "unprepared.*$uid" && break; sleep 0.2; done
-check "plugin logged the unprepare of $uid" sh -c "'$K8S_BIN/kubectl' -n tessera-system logs '$TESSERA_POD' | grep -q 'unprepared.*$uid'"
-k -n tessera-system logs "$TESSERA_POD" | sed 's/\x1b\[[0-9;]*m//g' | grep "$uid" | sed 's/^/    plugin: /'
-ok "checkpoint no longer names the claim" sh -c "! grep -q '$uid' '$DIR'/tessera-node/state/*"
+check "CDI spec removed after the pod's deletion (${t_spec}s; pod gone after ${t_deleted}s)" test ! -e "$spec"
+for i in $(seq 100); do grep -q "unprepared.*$uid" <<<"$(plog "$TESSERA_POD")" && break; sleep 0.2; done
+check "plugin logged the unprepare of $uid" grep -q "unprepared.*$uid" <<<"$(plog "$TESSERA_POD")"
+plog "$TESSERA_POD" | grep "$uid" | sed 's/^/    plugin: /' || true
+check "checkpoint no longer names the claim" not grep -q "$uid" "$DIR"/tessera-node/state/*
 for i in $(seq 100); do k get resourceclaim "$claim" >/dev/null 2>&1 || break; sleep 0.2; done
-ok "the generated claim $claim deleted by the resourceclaim controller" sh -c "! '$K8S_BIN/kubectl' get resourceclaim '$claim' 2>/dev/null"
+check "the generated claim $claim deleted by the resourceclaim controller" not k get resourceclaim "$claim"
 k delete -f "$OUT/workload.yaml" --ignore-not-found >/dev/null
 echo "TIME_DELETE_TO_SPEC_REMOVED=$t_spec" >>"$OUT/times"
 if [ "$errors" -gt 0 ]; then echo "scenario one-gpu ($K8S_VERSION): $errors check(s) FAILED" >&2; exit 1; fi

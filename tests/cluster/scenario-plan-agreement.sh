@@ -41,23 +41,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 DIR=$(cd "${1:?usage: scenario-plan-agreement.sh DIR}" && pwd)
-. "$DIR/env"
-. "$DIR/tessera/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@" </dev/null; }
+cluster_env tessera
+# No kubectl here reads stdin (the steps are read from fd 3).
+exec </dev/null
 tessera=$repo/target/release/tessera
 OUT=$DIR/tessera/plan-agreement
 rm -rf "$OUT"
 mkdir -p "$OUT"
-minor=$(cut -d. -f2 <<<"$K8S_VERSION")
-gates=$(cat "$DIR/feature-gates")
 table=$OUT/table.tsv
 : >"$table"
-errors=0
 pinned_pods=0
 last_release=0
 T0=$(now)
-echo "scenario plan agreement ($K8S_VERSION): tessera plan --k8s-version 1.$minor --gates '$gates'"
+echo "scenario plan agreement ($K8S_VERSION): tessera plan --k8s-version 1.$K8S_MINOR --gates '$GATES'"
 
 slice_versions() { k get resourceslices -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}'; }
 has_allocation() { [ -n "$(k -n "$ns" get resourceclaim "$1" -o jsonpath='{.status.allocation}' 2>/dev/null)" ]; }
@@ -95,10 +91,9 @@ allocate() {
     fi
     sleep 0.1
   done
-  echo "  FAIL $name: neither allocated nor unschedulable 60s after apply (PodScheduled: $cond; node: $(node_pressure k))" >&2
+  bad "$name: neither allocated nor unschedulable 60s after apply (PodScheduled: $cond; node: $(node_pressure k))"
   k -n "$ns" get events --field-selector involvedObject.name="use-$name" -o custom-columns=REASON:.reason,MESSAGE:.message 2>/dev/null | sed 's/^/    event: /' >&2
   k -n "$ns" delete pod "use-$name" --wait=true >/dev/null
-  errors=$((errors + 1))
 }
 
 # pinned NAME: the pod of a shared claim starts (the kubelet and containerd ran the
@@ -112,19 +107,17 @@ pinned() {
     sleep 0.1
   done
   if [ "$phase" != Running ]; then
-    echo "  FAIL $name: the pod of a shared claim is not Running 60s after its allocation (phase '$phase')" >&2
+    bad "$name: the pod of a shared claim is not Running 60s after its allocation (phase '$phase')"
     k -n "$ns" get events --field-selector involvedObject.name="use-$name" -o custom-columns=REASON:.reason,MESSAGE:.message 2>/dev/null | sed 's/^/    event: /' >&2
-    errors=$((errors + 1))
     return 0
   fi
   out=$(exec_retry k -n "$ns" exec "use-$name" -- sh -c 'for d in /etc /usr /usr/local /usr/local/tessera; do if mv $d $d.x 2>/dev/null; then echo "renamed $d"; else echo "refused $d"; fi; done; head -1 /etc/ld.so.preload' 2>&1 || true)
   want=$(printf 'refused %s\n' /etc /usr /usr/local /usr/local/tessera; echo /usr/local/tessera/lib/libtessera_preload.so)
   if [ "$out" = "$want" ]; then
-    echo "  ok   $name: its pod is Running; /etc, /usr, /usr/local, /usr/local/tessera cannot be renamed in it (the CDI hook ran)"
+    pass "$name: its pod is Running; /etc, /usr, /usr/local, /usr/local/tessera cannot be renamed in it (the CDI hook ran)"
     pinned_pods=$((pinned_pods + 1))
   else
-    echo "  FAIL $name: in its pod: $(tr '\n' ';' <<<"$out")" >&2
-    errors=$((errors + 1))
+    bad "$name: in its pod: $(tr '\n' ';' <<<"$out")"
   fi
 }
 
@@ -138,8 +131,7 @@ release() {
   for name in "$@"; do
     for i in $(seq 600); do has_allocation "$name" || break; sleep 0.1; done
     if has_allocation "$name"; then
-      echo "  FAIL release $name: still allocated 60s after its pod's deletion" >&2
-      errors=$((errors + 1))
+      bad "release $name: still allocated 60s after its pod's deletion"
     fi
   done
   last_release=$(date +%s)
@@ -174,7 +166,7 @@ run_file() {
   tf=$(now)
   echo "--- $config: $file (namespace $ns)"
   k create namespace "$ns" >/dev/null
-  for i in $(seq 150); do k -n "$ns" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+  default_sa "$ns" || true
   k get resourceslices -o json >"$fo/slices.json"
   k get deviceclasses -o json >"$fo/deviceclasses.json"
   before=$(slice_versions)
@@ -199,25 +191,18 @@ run_file() {
     [ -z "$left" ] && break
     sleep 0.2
   done
-  if [ -n "$left" ]; then
-    echo "  FAIL claims still prepared on the node 60s after the namespace's deletion:$left" >&2
-    errors=$((errors + 1))
-  fi
+  [ -z "$left" ] || bad "claims still prepared on the node 60s after the namespace's deletion:$left"
   after=$(slice_versions)
-  if [ "$before" != "$after" ]; then
-    echo "  FAIL the ResourceSlices changed while the file ran (plan had the ones of its start): $before -> $after" >&2
-    errors=$((errors + 1))
-  fi
+  [ "$before" = "$after" ] || bad "the ResourceSlices changed while the file ran (plan had the ones of its start): $before -> $after"
 
   # ---------- tessera plan, and the comparison ----------
-  plan=("$tessera" plan --slices "$fo/slices.json" --classes "$fo/deviceclasses.json" --k8s-version "1.$minor" --gates "$gates")
-  "${plan[@]}" -o yaml "$file" >"$fo/plan.yaml" 2>"$fo/plan.err" || { cat "$fo/plan.err" >&2; echo "  FAIL tessera plan" >&2; errors=$((errors + 1)); return; }
+  plan=("$tessera" plan --slices "$fo/slices.json" --classes "$fo/deviceclasses.json" --k8s-version "1.$K8S_MINOR" --gates "$GATES")
+  "${plan[@]}" -o yaml "$file" >"$fo/plan.yaml" 2>"$fo/plan.err" || { cat "$fo/plan.err" >&2; bad "tessera plan"; return; }
   "${plan[@]}" -o table "$file" >"$fo/plan.txt" 2>&1 || true
   if python3 "$here/plan-agreement.py" compare "$file" "$fo/scheduler" "$fo/plan.yaml" "$table" "$config"; then
     echo "  $config/$base: scheduler and plan agree ($(since "$tf")s)"
   else
-    echo "  FAIL $config/$base: scheduler and plan disagree (plan: $fo/plan.txt; scheduler: $fo/scheduler/)" >&2
-    errors=$((errors + 1))
+    bad "$config/$base: scheduler and plan disagree (plan: $fo/plan.txt; scheduler: $fo/scheduler/)"
   fi
 }
 
@@ -225,7 +210,7 @@ for config in installed mock-node; do
   if [ "$config" = mock-node ]; then
     echo "--- node config mock-node: the simulated node's own config ($OUT/node-config.mock-node.yaml)"
     switched=1
-    use_node_config "$OUT/node-config.mock-node.yaml" || { errors=$((errors + 1)); break; }
+    use_node_config "$OUT/node-config.mock-node.yaml" || { bad "the plugin did not take the mock-node config"; break; }
   else
     echo "--- node config installed: the ConfigMap as installed ($OUT/node-config.installed.yaml)"
   fi
@@ -233,10 +218,10 @@ for config in installed mock-node; do
 done
 restore
 
-echo "agreement table ($K8S_VERSION; gates $gates):"
+echo "agreement table ($K8S_VERSION; gates $GATES):"
 python3 "$here/plan-agreement.py" table "$table"
 echo "pods of shared claims checked for the CDI hook's pinned directories: $pinned_pods"
-[ "$pinned_pods" -gt 0 ] || { echo "  FAIL no pod of a shared claim was checked" >&2; errors=$((errors + 1)); }
+[ "$pinned_pods" -gt 0 ] || bad "no pod of a shared claim was checked"
 echo "TIME_PLAN_AGREEMENT=$(since "$T0")" >"$OUT/times"
 if [ "$errors" -gt 0 ]; then
   echo "scenario plan agreement ($K8S_VERSION): $errors failure(s) ($(since "$T0")s)" >&2

@@ -312,10 +312,7 @@ def kill_plugin(share_class):
     p = plugin_pod()
     name, cid = p["metadata"]["name"], p["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
     restarts = p["status"]["containerStatuses"][0].get("restartCount", 0)
-    with open(f"{DIR}/pids/containerd") as f:
-        cpid = f.read().strip()
-    r = subprocess.run(["nsenter", "--mount", "--target", cpid, "ctr", "--address", ENV["CONTAINERD_SOCKET"],
-                        "--namespace", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", cid], capture_output=True, text=True)
+    r = lib.ctr("tasks", "kill", "--signal", "SIGKILL", cid)
     if not expect(r.returncode == 0, f"SIGKILL to the plugin container {cid[:12]} of {name}", r.stderr.strip()):
         return
     t0 = time.monotonic()

@@ -35,7 +35,7 @@ import yaml
 
 import scenario_lib as lib
 from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, claim_doc, client, expect, fail, k, kj, \
-    metric, ok, pod_doc, quantity, simulated_node_config, wait
+    load_docs, metric, ok, pod_doc, quantity, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/workloads"
 os.makedirs(OUT, exist_ok=True)
@@ -164,7 +164,7 @@ def check_budget(ns, pod, container, budget, what):
 def run_example(path, published, more_checks):
     name = os.path.basename(path)
     ns = "wl-" + name.split("-", 1)[0]
-    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    docs = load_docs(path)
     exp = expectations(path)
     print(f"--- {name} (namespace {ns})", flush=True)
     missing = sorted({d for devs in exp.values() for d in devs} - set(published))

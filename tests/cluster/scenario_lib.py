@@ -1,16 +1,21 @@
-"""Shared by the Python scripts of tests/cluster (scenario-workloads.py, bench-startup.py,
-scenario-rules.py): the cluster's environment (DIR/env, DIR/tessera/env; DIR is the
-script's first argument), kubectl, printed checks, polling, the CUDA client image and
-the plugin's node config.
+"""The Python helpers of tests/cluster, the one definition of each (lib.sh is the shell
+side): imported by scenario-workloads.py, scenario-rules.py, bench-startup.py and
+plan-agreement.py. Quantities and YAML files; the cluster's environment (DIR/env,
+DIR/tessera/env), read on first use of DIR, ENV or KUBECTL from the script's one
+argument, DIR; kubectl and ctr; printed checks; polling; the CUDA client image; the
+plugin's node config and metrics.
 """
 
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
+from fractions import Fraction
 
 import yaml
 
@@ -32,19 +37,62 @@ def read_env(path):
     return env
 
 
-if len(sys.argv) != 2:
-    sys.exit(f"usage: {os.path.basename(sys.argv[0])} DIR")
-DIR = os.path.abspath(sys.argv[1])
-ENV = read_env(f"{DIR}/env")
-ENV.update(read_env(f"{DIR}/tessera/env"))
-KUBECTL = [f"{ENV['K8S_BIN']}/kubectl", "--kubeconfig", ENV["KUBECONFIG"]]
+def load_cluster():
+    """Sets DIR (the script's one argument, absolute), ENV (DIR/env and DIR/tessera/env)
+    and KUBECTL; once. Exits with the usage unless there is exactly one argument."""
+    global DIR, ENV, KUBECTL
+    if "KUBECTL" in globals():
+        return
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {os.path.basename(sys.argv[0])} DIR")
+    DIR = os.path.abspath(sys.argv[1])
+    ENV = read_env(f"{DIR}/env")
+    ENV.update(read_env(f"{DIR}/tessera/env"))
+    KUBECTL = [f"{ENV['K8S_BIN']}/kubectl", "--kubeconfig", ENV["KUBECONFIG"]]
+
+
+def __getattr__(name):
+    """DIR, ENV and KUBECTL, read on first use (`from scenario_lib import DIR` too), so
+    that a script of another command line (plan-agreement.py) can import the rest."""
+    if name in ("DIR", "ENV", "KUBECTL"):
+        load_cluster()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # The number of failed checks so far (read it as scenario_lib.errors).
 errors = 0
+
+QUANTITY_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}
+
+
+def quantity(s):
+    """A Kubernetes quantity string as an exact number: an int when whole, else a
+    Fraction. ValueError when it is not a quantity."""
+    m = re.fullmatch(r"([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)", str(s).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {s!r}")
+    v = Fraction(m.group(1))
+    if m.group(2):
+        v *= Fraction(10) ** int(m.group(2)[1:])
+    v *= QUANTITY_SUFFIX[m.group(3) or ""]
+    return int(v) if v.denominator == 1 else v
+
+
+def load_docs(path):
+    """The documents of a YAML file, empty ones left out."""
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
 
 
 def run_kubectl(args, stdin=None):
     """kubectl ARGS; an exec that runc could not start ("OCI runtime exec failed", a
     transient of runc under load) is tried again, at most 3 times, saying so."""
+    load_cluster()
     for attempt in range(1, 4):
         r = subprocess.run(KUBECTL + list(args), input=stdin, capture_output=True, text=True)
         if r.returncode == 0 or "OCI runtime exec failed" not in r.stderr or attempt == 3:
@@ -97,11 +145,13 @@ def wait(what, fn, timeout=90, step=0.2):
 
 def reload_env():
     """DIR/tessera/env again (node-config.sh replaces the plugin pod and renames it)."""
+    load_cluster()
     ENV.update(read_env(f"{DIR}/tessera/env"))
 
 
 def node_config(*args):
     """node-config.sh DIR ARGS...: save, mock-node or use a node config."""
+    load_cluster()
     subprocess.run([f"{HERE}/node-config.sh", DIR] + list(args), check=True)
     reload_env()
 
@@ -135,21 +185,27 @@ def client(ns, pod, container, *cmds):
     return [l for l in r.stdout.splitlines() if l.startswith(("ok", "err", "holding"))], r
 
 
+def ctr(*args, check=False):
+    """ctr ARGS in the cluster's containerd (its mount namespace, namespace k8s.io), as
+    lib.sh kctr: the completed process, output captured."""
+    load_cluster()
+    with open(f"{DIR}/pids/containerd") as f:
+        pid = f.read().strip()
+    return subprocess.run(["nsenter", "--mount", "--target", pid, "ctr", "--address", ENV["CONTAINERD_SOCKET"],
+                           "--namespace", "k8s.io"] + list(args), capture_output=True, text=True, check=check)
+
+
+def metrics_text():
+    """The plugin's /metrics, as text."""
+    load_cluster()
+    return urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
+
+
 def metric(name):
     """A counter of the plugin's /metrics (the sum of its series)."""
-    import urllib.request
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ENV['METRICS_PORT']}/metrics", timeout=10).read().decode()
+    text = metrics_text()
     return sum(float(l.split()[-1]) for l in text.splitlines()
                if l.startswith(name) and (l[len(name)] in " {" or l[len(name):].startswith("_total")))
-
-
-def quantity(q):
-    """A Kubernetes quantity as a number (the suffixes the API server writes here)."""
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
-    for u, m in units.items():
-        if q.endswith(u):
-            return int(q[: -len(u)]) * m
-    return int(q)
 
 
 # ---------- the objects the scenarios create ----------
@@ -192,6 +248,7 @@ def build_image():
     `hold` (stays up, ignores its arguments), and the
     fake driver's environment: the mock node's GPUs in minor order, shown only where the
     container has their device node (FAKE_CUDA_DEVICE_NODES=1, as the real driver)."""
+    load_cluster()
     mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
     gpus = sorted(mock["gpus"], key=lambda g: g["minor"])
     assert [g["minor"] for g in gpus] == list(range(len(gpus))), "minors 0..n-1 (FAKE_CUDA_DEVICE_NODES)"
@@ -226,10 +283,7 @@ def build_image():
     env_items = f'"FAKE_CUDA_DEVICES={devices}","FAKE_CUDA_DEVICE_NODES=1"'
     subprocess.run(["bash", "-c", f'. "{HERE}/lib.sh"; mkimage "$1" "$2" "$3" "$4" "$5" "$6"', "-",
                     root, IMAGE, tar, "null", '["/usr/local/bin/hold"]', env_items], check=True)
-    with open(f"{DIR}/pids/containerd") as f:
-        pid = f.read().strip()
-    subprocess.run(["nsenter", "--mount", "--target", pid, "ctr", "--address", ENV["CONTAINERD_SOCKET"],
-                    "--namespace", "k8s.io", "images", "import", tar], check=True, capture_output=True)
+    ctr("images", "import", tar, check=True)
     print(f"image {IMAGE}: busybox, glibc, cuda_client, bypass; FAKE_CUDA_DEVICES={devices}", flush=True)
 
 

@@ -8,12 +8,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 DIR=$(cd "${1:?usage: smoke.sh DIR}" && pwd)
-. "$DIR/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@"; }
+cluster_env
 name=smoke-$RANDOM
-# Pods are refused until the service-account controller made the namespace's "default".
-for i in $(seq 150); do k get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+default_sa || true
 t0=$(now)
 k create -f - >/dev/null <<EOF
 apiVersion: v1

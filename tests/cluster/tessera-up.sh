@@ -16,21 +16,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 DIR=$(cd "${1:?usage: tessera-up.sh DIR}" && pwd)
-. "$DIR/env"
-export KUBECONFIG
-k() { "$K8S_BIN/kubectl" "$@"; }
+cluster_env
+DIE_CONTEXT=plugin_state
 overlay=$repo/deploy/overlays/test-cluster
 NODE_ROOT=$DIR/tessera-node
 OUT=$DIR/tessera
 mkdir -p "$OUT"
 T0=$(now)
-log() { echo "[$(since "$T0")s] $*"; }
-fail() {
-  echo "tessera-up.sh: FAILED: $*" >&2
-  k -n tessera-system get pods -o wide >&2 || true
-  k -n tessera-system logs -l app.kubernetes.io/name=tessera --tail=30 >&2 || true
-  exit 1
-}
 
 # Unix socket paths are limited to 107 bytes (sun_path): the kubelet must reach
 # <root-dir>/plugins_registry/gpu.tessera.dev-<pod UID>-reg.sock and
@@ -38,7 +30,7 @@ fail() {
 reg_sock=$KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-00000000-0000-0000-0000-000000000000-reg.sock
 longest=${#reg_sock}
 if [ "$longest" -gt 107 ]; then
-  fail "DIR too long for the plugin's sockets: $KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-<uid>-reg.sock would be $longest bytes (max 107)"
+  die "DIR too long for the plugin's sockets: $KUBELET_ROOT_DIR/plugins_registry/gpu.tessera.dev-<uid>-reg.sock would be $longest bytes (max 107)"
 fi
 
 # ---------- the simulated node's host side (mock-node-root.sh) ----------
@@ -127,8 +119,7 @@ patches:
 EOF
 # Before 1.37 with DRAExtendedResource off (its default there), users apply the
 # k8s-1.34 overlay's change: DeviceClass gpu.tessera.dev without extendedResourceName.
-minor=$(cut -d. -f2 <<<"$K8S_VERSION")
-if [ "$minor" -lt 37 ] && ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates"; then
+if [ "$K8S_MINOR" -lt 37 ] && ! grep -q 'DRAExtendedResource=true' "$DIR/feature-gates"; then
   cat >>"$D/kustomization.yaml" <<EOF
 # DRAExtendedResource is off: as deploy/overlays/k8s-1.34.
 - target: {group: resource.k8s.io, version: v1, kind: DeviceClass, name: gpu.tessera.dev}
@@ -140,7 +131,7 @@ EOF
 fi
 # 1.34 with DRAConsumableCapacity on: the k8s-1.34 overlay's one-share-per-request
 # policy (its scheduler panics on a request's second share; README finding 7).
-if [ "$minor" = 34 ] && grep -q 'DRAConsumableCapacity=true' "$DIR/feature-gates"; then
+if [ "$K8S_MINOR" = 34 ] && grep -q 'DRAConsumableCapacity=true' "$DIR/feature-gates"; then
   cp "$repo/deploy/overlays/k8s-1.34/admission-shares.yaml" "$D/"
   sed -i 's/^resources:$/resources:\n- admission-shares.yaml/' "$D/kustomization.yaml"
   log "DRAConsumableCapacity on 1.34: one share per request (as deploy/overlays/k8s-1.34)"
@@ -148,35 +139,29 @@ fi
 k kustomize "$D" >"$OUT/rendered.yaml"
 # Nothing of the rendered DaemonSet may still point at a production host path.
 if grep -nE 'path: (/var/lib/kubelet|/var/run/cdi|/run/tessera|/var/lib/tessera|/dev$|/var/lib/tessera-mock)' "$OUT/rendered.yaml"; then
-  fail "the rendered DaemonSet still has production host paths (above)"
+  die "the rendered DaemonSet still has production host paths (above)"
 fi
 
 # ---------- kubectl apply -k ----------
-# Pods are refused until the service-account controller made the namespace's "default".
-for i in $(seq 150); do k get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+default_sa || true
 t_apply=$(now)
-k apply -k "$D" >"$OUT/apply.out" 2>"$OUT/apply.err" || { cat "$OUT/apply.out" "$OUT/apply.err" >&2; fail "kubectl apply -k $D"; }
+k apply -k "$D" >"$OUT/apply.out" 2>"$OUT/apply.err" || { cat "$OUT/apply.out" "$OUT/apply.err" >&2; die "kubectl apply -k $D"; }
 sed 's/^/  apply: /' "$OUT/apply.out"
 [ -s "$OUT/apply.err" ] && sed 's/^/  apply (stderr): /' "$OUT/apply.err"
 log "kubectl apply -k $D"
 
 # ---------- the plugin pod: Ready, registered, slices published ----------
-k -n tessera-system rollout status ds/tessera-plugin --timeout=180s >/dev/null || fail "the DaemonSet did not roll out in 180s"
-pod=$(k -n tessera-system get pods -l app.kubernetes.io/name=tessera -o jsonpath='{.items[0].metadata.name}')
+pod=$(plugin_pod_ready) || die "the plugin pod is not Ready"
 t_ready=$(since "$t_apply")
 log "plugin pod $pod Ready ${t_ready}s after kubectl apply"
-# (The plugin's log has ANSI colours: stripped.)
-plog() { k -n tessera-system logs "$pod" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'; }
-slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o jsonpath='{.items[*].metadata.name}'; }
-for i in $(seq 150); do [ -n "$(slices)" ] && break; sleep 0.2; done
-[ -n "$(slices)" ] || fail "no ResourceSlices of gpu.tessera.dev for $NODE_NAME"
+for i in $(seq 150); do [ -n "$(node_slices)" ] && break; sleep 0.2; done
+[ -n "$(node_slices)" ] || die "no ResourceSlices of gpu.tessera.dev for $NODE_NAME"
 t_slices=$(since "$t_apply")
 k get resourceslices -o yaml >"$OUT/resourceslices.yaml"
 k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,POOL:.spec.pool.name,GEN:.spec.pool.generation,COUNT:.spec.pool.resourceSliceCount,DEVICES:.spec.devices[*].name' | sed 's/^/  /'
 log "ResourceSlices stored ${t_slices}s after kubectl apply (all of them: $OUT/resourceslices.yaml)"
-for i in $(seq 150); do plog | grep -q "registered with the kubelet" && break; sleep 0.2; done
 registered=1
-if ! plog | grep -q "registered with the kubelet"; then
+if ! plugin_registered "$pod"; then
   registered=0
   grep -E 'RegisterPlugin error' "$DIR/logs/kubelet.log" | tail -1 | sed 's/^/  kubelet: /' >&2
   echo "  FAIL the plugin logged no registration with the kubelet (30s); continuing without it" >&2
@@ -185,8 +170,8 @@ else
 fi
 for i in $(seq 50); do reg=$(ls "$KUBELET_ROOT_DIR/plugins_registry/"); [ -n "$reg" ] && break; sleep 0.1; done
 echo "  registration socket in the kubelet's plugin registry: $reg"
-[[ $reg == gpu.tessera.dev-*reg.sock ]] || fail "no gpu.tessera.dev registration socket in $KUBELET_ROOT_DIR/plugins_registry"
-plog >"$OUT/plugin.log"
+[[ $reg == gpu.tessera.dev-*reg.sock ]] || die "no gpu.tessera.dev registration socket in $KUBELET_ROOT_DIR/plugins_registry"
+plog "$pod" >"$OUT/plugin.log"
 if grep -E ' (WARN|ERROR) ' "$OUT/plugin.log"; then
   echo "  (warnings of the plugin above; full log $OUT/plugin.log)"
 fi

@@ -74,13 +74,12 @@ for h in $(cgroup_hierarchies); do
     [ -f "$h$f" ] && cat "$h$f" >"$h${CGROUP_ROOT#/}/$f"
   done
 done
-log() { echo "[$(since "$T0")s] $*"; }
-fail() {
-  echo "up.sh: $*" >&2
-  for f in "$DIR"/logs/*.log; do [ -s "$f" ] && { echo "--- tail $f" >&2; tail -15 "$f" >&2; }; done
-  echo "(cluster left running for inspection: $here/down.sh $DIR)" >&2
-  exit 1
+# A failure (lib.sh die) prints the end of every log.
+log_tails() {
+  for f in "$DIR"/logs/*.log; do [ -s "$f" ] && { echo "--- tail $f"; tail -15 "$f"; }; done
+  echo "(cluster left running for inspection: $here/down.sh $DIR)"
 }
+DIE_CONTEXT=log_tails
 
 # The cluster namespace's own view of a few host files.
 mount --bind "$DIR" "$DIR"
@@ -103,7 +102,7 @@ KUBELET_PORT=$(port) KUBELET_HEALTHZ_PORT=$(port)
 # Named from DIR's hash, as the cgroup root below (15 characters, the kernel's limit):
 # clusters running at once never share a bridge (their pods have the same POD_CIDR).
 BRIDGE=tessera$(printf %s "$DIR" | sha256sum | cut -c1-8)
-! ip link show "$BRIDGE" >/dev/null 2>&1 || fail "bridge $BRIDGE exists already (another cluster in $DIR?)"
+! ip link show "$BRIDGE" >/dev/null 2>&1 || die "bridge $BRIDGE exists already (another cluster in $DIR?)"
 POD_CIDR=10.244.0.0/24
 # The apiserver must be given a Service range, but nothing here may send traffic to it:
 # no kube-proxy runs, the pods' bridge has no route to it, the `kubernetes` Service has no
@@ -215,7 +214,7 @@ wait_for() {
   local what=$1 secs=$2 t; shift 2
   t=$(now)
   until "$@" >/dev/null 2>&1; do
-    awk -v a="$t" -v b="$(now)" -v s="$secs" 'BEGIN { exit !(b - a > s) }' && fail "$what not up after ${secs}s"
+    awk -v a="$t" -v b="$(now)" -v s="$secs" 'BEGIN { exit !(b - a > s) }' && die "$what not up after ${secs}s"
     sleep 0.2
   done
   log "$what up"
@@ -352,8 +351,7 @@ cd /
 exec /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root containerd --config "$CONF"
 ' sh "$R" "$C/config.toml" $shares
 wait_for containerd 30 test -S "$C/containerd.sock"
-# ctr in containerd's mount namespace (whose root is the chroot).
-ctr() { nsenter --mount --target "$(cat "$DIR/pids/containerd")" ctr --address "$C/containerd.sock" --namespace k8s.io "$@"; }
+CONTAINERD_SOCKET=$C/containerd.sock   # (lib.sh kctr: ctr in containerd's mount namespace)
 
 # ---------- images, built here (no registry): busybox-static from the chroot ----------
 rootfs=$DIR/images/busybox-rootfs
@@ -366,7 +364,7 @@ chmod 1777 "$rootfs/tmp"
 # The pod sandbox ("pause") image: a process that sleeps forever.
 mkimage "$rootfs" localhost/tessera/pause:1 "$DIR/images/pause.tar" '["/bin/sleep","infinity"]'
 mkimage "$rootfs" localhost/tessera/busybox:1 "$DIR/images/busybox.tar" '["/bin/sh"]'
-for i in pause busybox; do ctr images import "$DIR/images/$i.tar" >>"$DIR/logs/images.log" 2>&1 || fail "ctr images import $i.tar"; done
+for i in pause busybox; do kctr images import "$DIR/images/$i.tar" >>"$DIR/logs/images.log" 2>&1 || die "ctr images import $i.tar"; done
 log "images imported (localhost/tessera/pause:1, localhost/tessera/busybox:1)"
 
 # ---------- kubelet ----------
@@ -445,15 +443,15 @@ ready() {
 t=$(now)
 until ready; do
   for d in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet; do
-    alive "$d" || fail "$d exited"
+    alive "$d" || die "$d exited"
   done
-  awk -v a="$t" -v b="$(now)" 'BEGIN { exit !(b - a > 180) }' && fail "node $NODE not Ready after 180s"
+  awk -v a="$t" -v b="$(now)" 'BEGIN { exit !(b - a > 180) }' && die "node $NODE not Ready after 180s"
   sleep 0.5
 done
 "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" get node -o wide
 pressure=$(node_pressure "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig")
 # (The not-ready taint outlives Ready by a moment: only the pressure conditions count.)
-[[ $pressure != *Pressure* ]] || fail "node $NODE is Ready but not schedulable: $pressure ($(df -h --output=avail,pcent "$DIR" | tail -1 | xargs) free/used on $DIR's disk)"
+[[ $pressure != *Pressure* ]] || die "node $NODE is Ready but not schedulable: $pressure ($(df -h --output=avail,pcent "$DIR" | tail -1 | xargs) free/used on $DIR's disk)"
 echo "node $NODE Ready ($K8S_VERSION) $(since "$T0")s after up.sh started"
 echo "KUBECONFIG=$DIR/kubeconfig"
 echo "stop with: $here/down.sh $DIR"
