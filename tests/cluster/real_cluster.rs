@@ -157,6 +157,7 @@ fn e2e_with(script: &str, version: &str, env: &[(&str, &str)]) {
             // The scenarios read manifests and compare objects with PyYAML.
             "python3:yaml",
             "flock",
+            "jq",
         ],
     )
     .is_err()
