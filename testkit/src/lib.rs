@@ -12,9 +12,10 @@
 //! * [`e2e`]: the container-runtime suites' node (device nodes, rootfs, fakes) and
 //!   podman; [`cri`]: containerd through CRI; [`runtime`]: the [`runtime::Runtime`]
 //!   trait the shared runtime scenarios run over, with both runtimes as thin impls;
-//! * [`prereq`], [`cdi`] (re-exported from `tessera-testkit-lite`, the light half that
+//! * [`prereq`] (re-exported from `tessera-testkit-lite`, the light half that
 //!   `tessera-cdi`, `tessera-cuda` and the real-cluster crate use): `in_ci`, the
-//!   skip-or-fail rule, progress lines; the CDI schema fixtures;
+//!   skip-or-fail rule, progress lines. The CDI schema fixtures are that crate's
+//!   `testkit_lite::cdi` (feature `cdi`, a dev-dependency only);
 //! * [`demo`], [`admission`], [`rbac`]: the demo's harness, the admission policies'
 //!   evaluator, RBAC checks.
 
@@ -32,4 +33,4 @@ pub mod kubelet_standin;
 pub mod rbac;
 pub mod runtime;
 
-pub use testkit_lite::{cdi, prereq};
+pub use testkit_lite::prereq;

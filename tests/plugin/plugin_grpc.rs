@@ -4,7 +4,7 @@
 
 use testkit::harness;
 
-use testkit::cdi as cdi_fixtures;
+use testkit_lite::cdi as cdi_fixtures;
 
 use std::path::Path;
 use std::time::Duration;

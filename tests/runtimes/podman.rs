@@ -106,10 +106,7 @@ const GIB: u64 = 1 << 30;
 /// `--device` arguments plus the fake driver's view of the node's GPUs (its own
 /// wiring, not a tenant knob): gpu-1 then gpu-2, as ordinals 0 and 1.
 fn fake_args(ids: &[String]) -> Vec<String> {
-    let mut a: Vec<String> = ids
-        .iter()
-        .flat_map(|i| ["--device".into(), i.clone()])
-        .collect();
+    let mut a = PodmanRuntime::device_args(ids);
     a.push("-e".into());
     a.push(format!(
         "FAKE_CUDA_DEVICES={GPU1}:85520809984,{GPU2}:16106127360"
