@@ -23,9 +23,8 @@ use std::time::{Duration, Instant};
 use k8s_model::allocator::{AllocError, Allocator};
 use k8s_model::release::{FeatureGates, KubeVersion};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClaim, DeviceClass,
-    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest,
-    ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+    AllocationResult, CELDeviceSelector, DeviceClaim, DeviceClass, DeviceRequest, DeviceSelector,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::config::{NodeConfig, SliceLayout};
@@ -707,31 +706,11 @@ fn mig_prepare(size: &Size) {
 
 /// A claim allocated [`MIG_DEVICE`] on this node, as the scheduler would write it.
 fn allocated_mig_claim(name: &str, uid: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            uid: Some(uid.into()),
-            ..Default::default()
-        },
-        spec: Some(mig_request("1g.10gb").spec.expect("spec")),
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "mig".into(),
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: MIG_DEVICE.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
+    testkit::claims::ClaimBuilder::new(name)
+        .uid(uid)
+        .spec(mig_request("1g.10gb").spec.expect("spec"))
+        .device("mig", NODE, MIG_DEVICE)
+        .build()
 }
 
 /// The cost of the atomic-write pattern (`tessera_cdi::atomic::write_atomic`) in a

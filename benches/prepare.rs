@@ -12,17 +12,14 @@
 //! Directories live under `CARGO_TARGET_TMPDIR` (on disk, not a tmpfs `/tmp`), or
 //! under `TESSERA_BENCH_DIR` when set (keep it short: socket paths must fit 108 bytes).
 
-#[path = "../tests/support/harness.rs"]
-mod harness;
-
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use harness::Harness;
 use k8s_model::schedule::{self, Outcome, Step};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use testkit::harness::{self, Harness};
 use testkit::kubelet_standin::{DraClient, KubeletClaim};
 
 const CLAIMS: usize = 1_000;

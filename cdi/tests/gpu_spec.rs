@@ -2,15 +2,13 @@
 //! schema, comes out at the version podman 4.3.1 and containerd 1.7 both load, and
 //! is written atomically, or not at all when invalid.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::{gpu_spec, schema_errors, schema_validator};
 use tessera_cdi::{
     QualifiedName, SpecFileNames, SpecVersion, SpecWriter, ValidationError, VersionPolicy,
     WriteError, check_fields, minimum_required_version, render_spec, validate_json,
 };
+use testkit_lite::cdi::{gpu_spec, schema_errors, schema_validator};
 
 const UID: &str = "4f6c2a8e-1b3d-4e5f-8a9b-0c1d2e3f4a5b";
 

@@ -2,10 +2,8 @@
 //! valid spec: good files pass both the JSON schema and our validation, bad files
 //! fail at least one of them.
 
-mod common;
-
-use common::{schema_errors, schema_validator, testdata};
 use serde_json::Value;
+use testkit_lite::cdi::{schema_errors, schema_validator, testdata};
 
 /// Every file in testdata/good is valid under the JSON schema and under our
 /// strict, version and semantic validation.

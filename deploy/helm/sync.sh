@@ -3,7 +3,7 @@
 # the ValidatingAdmissionPolicies, the Grafana dashboard, the test-cluster's mock
 # node) into deploy/helm/tessera/files/, so that deploy/ stays their one source.
 # Why copies, not symlinks: helm follows symlinks in a chart directory but logs a
-# warning for each on every command. tests/helm_chart.rs fails when a copy differs.
+# warning for each on every command. tests/manifests/helm_chart.rs fails when a copy differs.
 # Usage: deploy/helm/sync.sh   (after editing one of the sources)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,5 +1,5 @@
 //! The allocator model's rules, one test each, on small pools built here. The plugin's
-//! `tests/plan_allocator.rs` already covers first fit and release, a request selector,
+//! `tests/model/plan_allocator.rs` already covers first fit and release, a request selector,
 //! backtracking inside one request, a distinct pair, the firstAvailable fallback, `All`
 //! failing once a device is taken, overlapping partitions, stepped capacity rounding
 //! and three invalid pools; these specify the rest.

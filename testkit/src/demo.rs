@@ -29,8 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{
-    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
-    ResourceClaimSpec, ResourceClaimStatus,
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -404,17 +403,10 @@ pub async fn run(
                 .create(&PostParams::default(), &claim_object(c))
                 .await
                 .map_err(step("create claim"))?;
-            let mut allocated = created.clone();
-            allocated.status = Some(ResourceClaimStatus {
-                allocation: Some(allocation.clone()),
-                reserved_for: Some(vec![ResourceClaimConsumerReference {
-                    resource: "pods".into(),
-                    name: format!("{}-pod", c.name),
-                    uid: format!("{}-pod-uid", c.name),
-                    api_group: None,
-                }]),
-                devices: None,
-            });
+            let allocated = crate::claims::ClaimBuilder::from_claim(created.clone())
+                .allocation(allocation.clone())
+                .reserved_for_its_pod()
+                .build();
             claims_api
                 .replace_status(c.name, &PostParams::default(), &allocated)
                 .await

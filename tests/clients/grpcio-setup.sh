@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs the pinned Python gRPC client the `grpcio_*` tests of tests/grpc_authority.rs
+# Installs the pinned Python gRPC client the `grpcio_*` tests of tests/plugin/grpc_authority.rs
 # run against the plugin's sockets: a venv at $DEST/venv with grpcio (gRPC C-core)
 # and nothing else (the test hand-encodes its protobuf messages, so no grpcio-tools).
 # Idempotent: a venv that already has the pinned version is kept. The last line

@@ -27,8 +27,7 @@
 //! it builds in seconds, so CI starts the clusters as soon as the release artifacts
 //! and a release's binaries are there, beside the rest of the test build and suite.
 
-#[path = "../support/prereq.rs"]
-mod e2e;
+use testkit_lite::prereq as e2e;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,6 +1,6 @@
 /*
  * hostile_preload.c: a tenant's own preload library that gets past the interception
- * library's memory wall (tests/watchdog.rs). Preloaded ahead of libtessera_cuda.so,
+ * library's memory wall (tests/plugin/watchdog.rs). Preloaded ahead of libtessera_cuda.so,
  * it rebinds cuMemAlloc_v2 straight to the driver, found with dlopen("libcuda.so.1")
  * and glibc's own dlsym (taken from libc.so.6 with dlvsym, since the interception
  * library's exported dlsym would swap the name for its hook):

@@ -1,5 +1,5 @@
 /* An LD_AUDIT module that answers ld.so's search for libcuda.so.1 with the real
- * driver file. Built and run by tests/e2e_podman.rs. */
+ * driver file. Built and run by tests/runtimes/podman.rs. */
 #define _GNU_SOURCE
 #include <link.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* `linked <bytes>`: linked against libcuda.so.1 (no dlsym, no cuGetProcAddress):
  * cuInit and the primary context of device 0 (a line), then cuMemAlloc_v2 of <bytes>
- * (a line: `ok` or `err <code>`). Built and run by tests/e2e_podman.rs. */
+ * (a line: `ok` or `err <code>`). Built and run by tests/runtimes/podman.rs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* The tenant's own library defining dlsym, to preload. Built and run by
- * tests/e2e_podman.rs. */
+ * tests/runtimes/podman.rs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stddef.h>

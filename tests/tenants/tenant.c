@@ -1,6 +1,6 @@
 /* `tenant path|dlmopen <driver file> <bytes>`: opens the driver file with dlopen (or
  * into a new link-map namespace with dlmopen), then cuInit, the primary context and
- * cuMemAlloc_v2 through dlsym (a line each). Built and run by tests/e2e_podman.rs. */
+ * cuMemAlloc_v2 through dlsym (a line each). Built and run by tests/runtimes/podman.rs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>

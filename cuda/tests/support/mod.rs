@@ -71,15 +71,13 @@ const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cu
 const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
 const SIM_CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/sim_client.c");
 
+/// Whether missing prerequisites fail (CI) or skip (a developer's machine): the test
+/// kit's one rule.
+pub use testkit_lite::prereq::in_ci;
+
 /// Reports a skipped test on the terminal (written to fd 2 directly, so that the
 /// test harness's output capture does not hide it): `tessera-cuda SKIP <test>: <why>`.
 /// Grep for that prefix for the run's summary of skips.
-/// Whether missing prerequisites fail (CI) or skip (a developer's machine): `CI` set
-/// and not empty, `false` or `0` (the rule of every suite).
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
 pub fn skip(msg: String) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "tessera-cuda SKIP {msg}");
@@ -252,31 +250,7 @@ pub fn built_library() -> PathBuf {
 
 /// As [`built_library`], in `profile` ("debug" or "release" with `--release`).
 pub fn built_library_with(profile: &str, extra: &[&str]) -> PathBuf {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-cuda-lib");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(&cargo)
-        .args([
-            "build",
-            "--offline",
-            "--lib",
-            "-p",
-            "tessera-cuda",
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target)
-        .args(extra)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
-    assert!(
-        out.status.success(),
-        "building the library failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lib = target.join(profile).join("libtessera_cuda.so");
-    assert!(lib.exists(), "{} missing after the build", lib.display());
-    lib
+    testkit_lite::cuda::interception_library(Path::new(env!("CARGO_TARGET_TMPDIR")), profile, extra)
 }
 
 /// A program linked against `libcuda.so.1` (no `dlsym`, no `cuGetProcAddress`), built

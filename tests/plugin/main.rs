@@ -1,0 +1,17 @@
+//! The plugin at work on the mock node or the fake NVML host, in-process or as a child
+//! process of the real binary (the test kit's `harness` and `fake_nvml`): gRPC,
+//! preparation, crash recovery, health, metrics and the watchdog. One test binary of
+//! modules, so that the suite links a few binaries rather than one per file.
+
+mod crash;
+mod demo;
+mod device_health;
+mod doctor;
+mod grpc_authority;
+mod metrics;
+mod mig_prepare;
+mod nvml_backend;
+mod plugin_grpc;
+mod shared_gpus;
+mod state_locking;
+mod watchdog;
