@@ -23,7 +23,8 @@
 //! Without them the tests are skipped, unless `CI` is set. The image's artifacts are
 //! built first (`cargo build --release -p tessera -p tessera-cuda`).
 //!
-//! A crate of its own (`tests/cluster/Cargo.toml`, depending on nothing of Tessera's):
+//! A crate of its own (`tests/cluster/Cargo.toml`, depending only on libc, tempfile and
+//! `tessera-testkit-lite`, none of them Tessera's plugin):
 //! it builds in seconds, so CI starts the clusters as soon as the release artifacts
 //! and a release's binaries are there, beside the rest of the test build and suite.
 
