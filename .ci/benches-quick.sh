@@ -6,7 +6,7 @@
 # The benches are listed here one by one, and the script first checks that list
 # against every bench target cargo knows in the workspace (`[[bench]]` entries and
 # auto-discovered benches/*.rs alike): a new bench not listed fails the run.
-# Benches needing root or unshare (tessera-cuda's) skip, saying why, when CI is unset,
+# Benches needing root or unshare (tessera-interpose's) skip, saying why, when CI is unset,
 # and fail under CI=true, as their tests do.
 # Usage: .ci/benches-quick.sh   (from anywhere; runs at the repository root)
 set -euo pipefail
@@ -16,15 +16,15 @@ cd "$(dirname "$0")/.."
 # tessera's benches run from the test profile's build (unoptimized; `cargo test` has
 # built nearly all of it): their bench-profile build recompiles the plugin with its fail
 # points, its dev-dependencies and the test kit optimized, about 5 minutes of both
-# cores, for figures that quick mode does not judge. tessera-cuda's are measured as
+# cores, for figures that quick mode does not judge. tessera-interpose's are measured as
 # built for release (compute_shares' throttle and interpose's overhead depend on it),
 # and their build reuses the release artifacts. `cargo bench` gives every figure
 # from optimized code.
 BENCHES=(
   "tessera prepare test"
   "tessera mig test"
-  "tessera-cuda interpose bench"
-  "tessera-cuda compute_shares bench"
+  "tessera-interpose interpose bench"
+  "tessera-interpose compute_shares bench"
 )
 
 known=$(cargo metadata --no-deps --format-version 1 | python3 -c '

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a package the plugin-only build compiles (`cargo build --release -p tessera
-# -p tessera-cuda`, the image's selection) gets other features than in the README's main
+# -p tessera-interpose -p tessera-cdi-hook`, the image's selection) gets other features than in the README's main
 # job (`cargo build --release`, every default member). Why: cargo would build it twice,
 # and the plugin binary tested (the main job's) would not be the one shipped. Compares
 # `cargo tree`'s resolved features of the target-side graph, so it holds whatever a
@@ -15,7 +15,7 @@ names = {p["id"]: p["name"] for p in m["packages"]}
 print(" ".join("-p " + names[i] for i in m["workspace_default_members"]))')
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-tree -p tessera -p tessera-cuda >"$tmp/plugin"
+tree -p tessera -p tessera-interpose -p tessera-cdi-hook >"$tmp/plugin"
 # shellcheck disable=SC2086
 tree $members >"$tmp/main"
 python3 - "$tmp/plugin" "$tmp/main" <<'PY'
@@ -28,7 +28,7 @@ def load(path):
     return out
 plugin, main = load(sys.argv[1]), load(sys.argv[2])
 # An empty or partial tree would compare nothing: both roots must be there.
-for root in ("tessera-cuda v", "tessera v"):
+for root in ("tessera-interpose v", "tessera v"):
     if not any(p.startswith(root) for p in plugin) or not any(p.startswith(root) for p in main):
         sys.exit(f"cargo tree did not list {root.split()[0]} in both selections")
 bad = [f"  {p}: plugin-only {sorted(plugin[p])}, main job {sorted(main.get(p, set()))}"

@@ -22,7 +22,7 @@
 //! points); the worst single window is reported, not judged (one 200 ms kernel is 20
 //! points of a window).
 //!
-//! Run: `cargo bench -p tessera-cuda --bench compute_shares` (needs root for
+//! Run: `cargo bench -p tessera-interpose --bench compute_shares` (needs root for
 //! `unshare -m`; without it the bench says so and stops, and fails under `CI`).
 //! `TESSERA_BENCH_QUICK=1` runs one seed of two rows (25/40, and 25's blocks cost 3x)
 //! and of the time-series scenarios (without the bucket rewinder, whose code paths the

@@ -11,7 +11,7 @@
 //! * 8 processes allocating at once: CPU time per pair against one process;
 //! * `/bin/true` started under the preload (median of paired batches).
 //!
-//! Run with `cargo bench -p tessera-cuda` (root, unshare and cc needed, as for the tests);
+//! Run with `cargo bench -p tessera-interpose` (root, unshare and cc needed, as for the tests);
 //! `TESSERA_BENCH_LIB=<path>` measures that library file instead of a fresh release build,
 //! `TESSERA_BENCH_ROUNDS=<n>` keeps the best of n rounds instead of 3, and
 //! `TESSERA_BENCH_QUICK=1` (CI) runs one round (the figures are noisier). The verdict

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use support::*;
 
-/// The built hook: `cuda/build.rs` puts it beside the library.
+/// The built hook (`tessera-cdi-hook`), beside the library in the same target directory.
 fn hook() -> std::path::PathBuf {
     let h = built_library().with_file_name("tessera-cdi-hook");
     assert!(h.is_file(), "{} missing", h.display());

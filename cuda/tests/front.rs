@@ -1,4 +1,4 @@
-//! The front library (`front/lib.rs`): what `/etc/ld.so.preload` names. It exports the
+//! The front library (`cuda/front`, built as `cuda/preload`): what `/etc/ld.so.preload` names. It exports the
 //! interception library's hooks and `dlsym`, loads `libtessera_cuda.so` from its own
 //! directory at the first CUDA call and never before, and fails closed when it cannot.
 //! Every other suite runs through it too (the harness installs both, as the plugin
@@ -51,7 +51,7 @@ fn over_budget_and_held(sb: &Sandbox, o: &RunOpts) -> (Vec<String>, String) {
 }
 
 /// The front exports exactly the interception library's hooks and `dlsym` (the list
-/// both build from, `src/loader/hook_names.rs`), and nothing ld.so must work for at
+/// both build from, `tessera_symbols::for_each_hook!`), and nothing ld.so must work for at
 /// load: no library but libc, no relocation per hook, one check at load, nothing at
 /// exit.
 #[test]

@@ -1,5 +1,5 @@
-//! The release artifact (the interception library and the front library `build.rs`
-//! builds beside it) loads everywhere: built with cargo-zigbuild for glibc 2.17,
+//! The release artifacts (the interception library, and the front library, the soname
+//! shims and the CDI hook built beside it) loads everywhere: built with cargo-zigbuild for glibc 2.17,
 //! each needs no symbol version above GLIBC_2.17, lists only libc and the loader as
 //! NEEDED (its libdl and libpthread functions are found at first use), still enforces
 //! in a root filesystem without libgcc_s (where ld.so would silently skip a preload
@@ -49,29 +49,38 @@ fn zig_library(test: &str) -> Option<PathBuf> {
         skip(format!("{test}: {why}"));
         return None;
     }
-    let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-cuda-zig");
-    let out = Command::new("cargo-zigbuild")
-        .args([
-            "zigbuild",
-            "--offline",
-            "--release",
-            "--lib",
+    let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-interpose-zig");
+    // As `cargo build --release` and `cargo preload --release` (.cargo/config.toml) do:
+    // the front and the shims have no std, and build with panic=abort only.
+    let builds: [&[&str]; 2] = [
+        &["-p", "tessera-interpose", "-p", "tessera-cdi-hook"],
+        &[
+            "--config",
+            "profile.release.panic='abort'",
             "-p",
-            "tessera-cuda",
-            "--target",
-            TARGET,
-        ])
-        .arg("--manifest-path")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .output()
-        .expect("cargo-zigbuild");
-    assert!(
-        out.status.success(),
-        "zigbuild failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+            "tessera-preload",
+            "-p",
+            "tessera-shim-cuda",
+            "-p",
+            "tessera-shim-nvml",
+        ],
+    ];
+    for packages in builds {
+        let out = Command::new("cargo-zigbuild")
+            .args(["zigbuild", "--offline", "--release", "--target", TARGET])
+            .args(packages)
+            .arg("--manifest-path")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .output()
+            .expect("cargo-zigbuild");
+        assert!(
+            out.status.success(),
+            "zigbuild {packages:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Some(target_dir.join("x86_64-unknown-linux-gnu/release/libtessera_cuda.so"))
 }
 
@@ -178,7 +187,7 @@ fn needed(file: &Path) -> Vec<String> {
 }
 
 /// With libgcc_s masked out of the root filesystem, the release library still loads
-/// and refuses over budget. So does the plain cargo build since `build.rs` links the
+/// and refuses over budget. So does the plain cargo build since `cuda/build.rs` links the
 /// unwinder statically (ld.so would silently skip a preload that needs libgcc_s, and
 /// loading it cost every process of the container a second library).
 #[test]

@@ -462,7 +462,7 @@ mod tests {
             [
                 pair("/run/tessera/lib/0.1.0-abc", "/usr/local/tessera/lib"),
                 pair(
-                    "/run/tessera/lib/0.1.0-abc/libtessera_shim_cuda.so.1",
+                    "/run/tessera/lib/0.1.0-abc/libtessera_shim_cuda.so",
                     "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
                 ),
                 pair(

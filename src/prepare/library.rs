@@ -3,17 +3,18 @@
 //! library `libtessera_preload.so` (built beside it) and the one-line `ld.so.preload`
 //! naming the front's container path, which a claim's spec mounts at
 //! `/etc/ld.so.preload`. The front is what every process of the container loads; it
-//! loads the interception library at the first CUDA call (`cuda/front/lib.rs`).
+//! loads the interception library at the first CUDA call (`cuda/front`).
 //!
-//! Beside them, the soname shims `libtessera_shim_cuda.so.1` and
-//! `libtessera_shim_nvidia-ml.so.1` (the front built as Tessera's `libcuda.so.1` and
-//! `libnvidia-ml.so.1`, `cuda/build.rs`): a spec mounts them at the driver's own paths
-//! and the real driver files at [`CONTAINER_DRIVER_DIR`], so that a program that loads
-//! the driver by soname gets Tessera's library first even when `ld.so.preload` is
-//! skipped (`cdi_spec.rs`).
+//! Beside them, the soname shims `libtessera_shim_cuda.so` and
+//! `libtessera_shim_nvml.so` (the front built as Tessera's `libcuda.so.1` and
+//! `libnvidia-ml.so.1`: `cuda/shim-cuda`, `cuda/shim-nvml`): a spec mounts them at the
+//! driver's own paths and the real driver files at [`CONTAINER_DRIVER_DIR`], so that a
+//! program that loads the driver by soname gets Tessera's library first even when
+//! `ld.so.preload` is skipped (`cdi_spec.rs`). `cargo preload` builds the front and the
+//! shims beside the library (.cargo/config.toml says why they build apart).
 //!
 //! And `tessera-cdi-hook`, the `createContainer` hook every shared claim's spec runs
-//! (`cuda/hook/lib.rs`): it makes [`PINNED_DIRS`] mount points, which a tenant without
+//! (`cuda/cdi-hook`): it makes [`PINNED_DIRS`] mount points, which a tenant without
 //! `CAP_SYS_ADMIN` cannot rename, so `/etc/ld.so.preload` and the front are always
 //! where ld.so looks.
 //!
@@ -45,8 +46,8 @@ pub const FRONT_FILE: &str = "libtessera_preload.so";
 /// the interception library from here (a path built into them).
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/tessera/lib";
 /// The soname shims' file names: beside `--interception-lib`, in the run dir.
-pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so.1";
-pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvidia-ml.so.1";
+pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so";
+pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvml.so";
 /// Where the real driver libraries are mounted (read-only) in a container whose
 /// sonames are the shims'. Each shim NEEDs its file here by absolute path (built into
 /// it); the names are no sonames, so no search by soname finds the real files.
@@ -125,8 +126,13 @@ pub fn install(run_dir: &Path, source: &Path) -> Result<InstalledLib, InstallErr
     }
     let beside = |file: &str, what: &str| -> Result<Vec<u8>, InstallError> {
         let path = source.with_file_name(file);
-        let b = fs::read(&path)
-            .map_err(|e| fail(format!("{what} {} (built beside it): {e}", path.display())))?;
+        let b = fs::read(&path).map_err(|e| {
+            fail(format!(
+                "{what} {} (built beside it by `cargo preload`, or `cargo build` for \
+                     the CDI hook): {e}",
+                path.display()
+            ))
+        })?;
         if !b.starts_with(b"\x7fELF") {
             return Err(fail(format!("{}: not an ELF file", path.display())));
         }

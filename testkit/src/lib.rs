@@ -13,7 +13,7 @@
 //!   podman; [`cri`]: containerd through CRI; [`runtime`]: the [`runtime::Runtime`]
 //!   trait the shared runtime scenarios run over, with both runtimes as thin impls;
 //! * [`prereq`] (re-exported from `tessera-testkit-lite`, the light half that
-//!   `tessera-cdi`, `tessera-cuda` and the real-cluster crate use): `in_ci`, the
+//!   `tessera-cdi`, `tessera-interpose` and the real-cluster crate use): `in_ci`, the
 //!   skip-or-fail rule, progress lines. The CDI schema fixtures are that crate's
 //!   `testkit_lite::cdi` (feature `cdi`, a dev-dependency only);
 //! * [`demo`], [`admission`], [`rbac`]: the demo's harness, the admission policies'

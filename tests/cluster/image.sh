@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assembles Tessera's image from the release artifacts already built (no registry, no
-# base image): `nice -n 19 cargo build --release -p tessera -p tessera-cuda` first.
+# base image): `nice -n 19 cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook && cargo preload --release` first.
 # The layout is deploy/Containerfile's runtime stage: /usr/bin/tessera, the
 # interception library, its front, shims and CDI hook in /usr/local/lib/tessera/, the DeviceClasses in
 # /usr/share/tessera/deviceclasses, entrypoint tessera, command plugin. In place of
@@ -17,9 +17,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 tag=${TESSERA_IMAGE:-localhost/tessera/tessera:dev}
 rel=$repo/target/release
-shims="libtessera_shim_cuda.so.1 libtessera_shim_nvidia-ml.so.1 tessera-cdi-hook"
+shims="libtessera_shim_cuda.so libtessera_shim_nvml.so tessera-cdi-hook"
 for f in tessera libtessera_cuda.so libtessera_preload.so $shims; do
-  [ -f "$rel/$f" ] || { echo "image.sh: $rel/$f missing (nice -n 19 cargo build --release -p tessera -p tessera-cuda)" >&2; exit 1; }
+  [ -f "$rel/$f" ] || { echo "image.sh: $rel/$f missing (nice -n 19 cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook && cargo preload --release)" >&2; exit 1; }
 done
 R=$("$here/chroot.sh")
 out=$repo/target/cluster-image
@@ -30,7 +30,7 @@ archive=$out/tessera.tar
 exec 8>"$out.lock"
 flock 8
 # Rebuild only when an input changed.
-inputs=$( { sha256sum "$rel/tessera" "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so.1" "$rel/libtessera_shim_nvidia-ml.so.1" "$rel/tessera-cdi-hook" "$repo"/deploy/deviceclasses/*.yaml "$0" "$here/lib.sh"; echo "$tag"; } | sha256sum | cut -d' ' -f1)
+inputs=$( { sha256sum "$rel/tessera" "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so" "$rel/libtessera_shim_nvml.so" "$rel/tessera-cdi-hook" "$repo"/deploy/deviceclasses/*.yaml "$0" "$here/lib.sh"; echo "$tag"; } | sha256sum | cut -d' ' -f1)
 if [ ! -f "$archive" ] || [ "$(cat "$archive.inputs" 2>/dev/null)" != "$inputs" ]; then
   rootfs=$out/rootfs
   rm -rf "$rootfs"
@@ -39,7 +39,7 @@ if [ ! -f "$archive" ] || [ "$(cat "$archive.inputs" 2>/dev/null)" != "$inputs" 
   mkdir -p "$rootfs/lib64"
   ln -s ../usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$rootfs/lib64/ld-linux-x86-64.so.2"
   install -m 755 "$rel/tessera" "$rootfs/usr/bin/tessera"
-  install -m 755 "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so.1" "$rel/libtessera_shim_nvidia-ml.so.1" "$rel/tessera-cdi-hook" "$rootfs/usr/local/lib/tessera/"
+  install -m 755 "$rel/libtessera_cuda.so" "$rel/libtessera_preload.so" "$rel/libtessera_shim_cuda.so" "$rel/libtessera_shim_nvml.so" "$rel/tessera-cdi-hook" "$rootfs/usr/local/lib/tessera/"
   cp -r "$repo/deploy/deviceclasses" "$rootfs/usr/share/tessera/"
   # The shared libraries the three ELF files need, transitively, and the loader, all
   # from the chroot's glibc.

@@ -21,7 +21,7 @@
 //! release on 2 idle cores, cached under `target/k8s/<version>-<key>/`; a build under
 //! way, such as CI's in the background, is waited for) and the chroot.
 //! Without them the tests are skipped, unless `CI` is set. The image's artifacts are
-//! built first (`cargo build --release -p tessera -p tessera-cuda`).
+//! built first (`cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook && cargo preload --release`).
 //!
 //! A crate of its own (`tests/cluster/Cargo.toml`, depending only on libc, tempfile and
 //! `tessera-testkit-lite`, none of them Tessera's plugin):
@@ -93,22 +93,38 @@ fn run(cmd: &mut Command, what: &str) {
 /// so no fail points) and the interception libraries. Cargo's own freshness check: a
 /// no-op when they are current (`.ci/run` builds them in a phase before the tests).
 fn build_release() {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(repo())
-        .args(["build", "--release", "-p", "tessera", "-p", "tessera-cuda"]);
-    // Without what `cargo test` adds to a test's environment: a build script that
-    // watches one of them (ring's watches `OUT_DIR`) would otherwise rebuild half the
-    // tree here, and again in the next plain `cargo build`.
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if (k.starts_with("CARGO_") && k != "CARGO_HOME")
-            || ["OUT_DIR", "RUST_RECURSION_COUNT", "LD_LIBRARY_PATH"].contains(&&*k)
-        {
-            cmd.env_remove(&*k);
+    for (args, what) in [
+        (
+            &[
+                "build",
+                "--release",
+                "-p",
+                "tessera",
+                "-p",
+                "tessera-interpose",
+                "-p",
+                "tessera-cdi-hook",
+            ][..],
+            "cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook",
+        ),
+        (&["preload", "--release"][..], "cargo preload --release"),
+    ] {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo()).args(args);
+        // Without what `cargo test` adds to a test's environment: a build script that
+        // watches one of them (ring's watches `OUT_DIR`) would otherwise rebuild half
+        // the tree here, and again in the next plain `cargo build`.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if (k.starts_with("CARGO_") && k != "CARGO_HOME")
+                || ["OUT_DIR", "RUST_RECURSION_COUNT", "LD_LIBRARY_PATH"].contains(&&*k)
+            {
+                cmd.env_remove(&*k);
+            }
         }
+        run(&mut cmd, what);
     }
-    run(&mut cmd, "cargo build --release -p tessera -p tessera-cuda");
 }
 
 /// Prints the end of each log of a failed run (the cluster's dir is kept).

@@ -3,7 +3,7 @@
 # the cluster is stopped whatever happens (set TESSERA_CLUSTER_KEEP=1 to leave it up
 # for inspection after a failure). Exit status: non-zero if any step failed.
 # Usage (root): tessera-e2e.sh VERSION [DIR]      e.g. tessera-e2e.sh 1.34
-# Needs the release artifacts: nice -n 19 cargo build --release -p tessera -p tessera-cuda
+# Needs the release artifacts: nice -n 19 cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook && cargo preload --release
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"

@@ -8,7 +8,7 @@
 # needs a cluster without the kustomize install; a fresh cluster (about 10 s) is simpler
 # and more faithful than uninstalling one first.
 # Usage (root): tessera-helm-e2e.sh VERSION [DIR]      e.g. tessera-helm-e2e.sh 1.37 /tmp/h137
-# Needs the release artifacts (nice -n 19 cargo build --release -p tessera -p tessera-cuda);
+# Needs the release artifacts (nice -n 19 cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook && cargo preload --release);
 # builds helm (helm/build.sh) when it is not cached.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

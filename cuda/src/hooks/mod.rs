@@ -29,7 +29,7 @@ macro_rules! hook_names {
     };
 }
 
-include!("../loader/hook_names.rs");
+tessera_symbols::for_each_hook!(hook_names);
 
 /// The driver's function for `h` ([`hook_table::real`]).
 #[inline]

@@ -1,5 +1,5 @@
 //! The hooked names and the driver's function behind each: the [`Hook`] table, built
-//! from the one list in `hook_names.rs`, and the real-function slots.
+//! from the one list in `tessera_symbols::for_each_hook!`, and the real-function slots.
 //!
 //! A hook's real pointer is the one the driver last handed out for its name (through
 //! `dlsym` or `cuGetProcAddress`, kept by [`remember`]), else the name resolved behind
@@ -29,7 +29,7 @@ macro_rules! hook_names {
     };
 }
 
-include!("hook_names.rs");
+tessera_symbols::for_each_hook!(hook_names);
 
 /// The address of the library's own function for a hook (the hooks module's): what a
 /// lookup of a hooked name hands out, and never a real pointer.

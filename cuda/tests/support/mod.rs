@@ -28,22 +28,22 @@ use tessera_abi::region::{self, Snapshot};
 pub const MIB: u64 = 1 << 20;
 pub const GPU0: &str = "GPU-4f8d0c1e-6a2b-4c59-9e31-0a7b5d2c9f10";
 pub const GPU1: &str = "GPU-9a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9";
-/// What `/etc/ld.so.preload` names: the front library (`front/lib.rs`).
+/// What `/etc/ld.so.preload` names: the front library (`cuda/preload`).
 pub const PRELOAD_PATH: &str = "/usr/local/tessera/lib/libtessera_preload.so";
 /// The interception library, which the front loads at the first CUDA call.
 pub const CORE_PATH: &str = "/usr/local/tessera/lib/libtessera_cuda.so";
 pub const CORE_FILE: &str = "libtessera_cuda.so";
 pub const FRONT_FILE: &str = "libtessera_preload.so";
 /// Tessera's `libcuda.so.1` and `libnvidia-ml.so.1` (the front built as soname shims),
-/// as `cuda/build.rs` names them beside the library.
-pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so.1";
-pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvidia-ml.so.1";
+/// as cargo names them (`tessera-shim-cuda`, `tessera-shim-nvml`) beside the library.
+pub const SHIM_CUDA_FILE: &str = "libtessera_shim_cuda.so";
+pub const SHIM_NVML_FILE: &str = "libtessera_shim_nvml.so";
 /// Where the real driver files are mounted when the shims take their sonames.
 pub const REAL_CUDA: &str = "/usr/local/tessera/driver/libcuda.real";
 pub const REAL_NVML: &str = "/usr/local/tessera/driver/libnvidia-ml.real";
 
 /// Copies a build of `libtessera_cuda.so` and the front library built beside it
-/// (`build.rs` puts it there) into `dir`, as the plugin installs them.
+/// (the same target directory: `cargo preload`) into `dir`, as the plugin installs them.
 pub fn install_libs(core: &Path, dir: &Path) {
     let front = core.with_file_name(FRONT_FILE);
     assert!(
@@ -228,11 +228,12 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// Builds `libtessera_cuda.so` (and the front beside it) with the cargo running the tests, into a target
+/// Builds `libtessera_cuda.so` (and the front, the shims and the CDI hook beside it) with the
+/// cargo running the tests, into a target
 /// directory of its own: integration tests do not link a cdylib, so cargo does not
 /// rebuild it for them, and the outer build directory stays locked while tests run.
 /// `TESSERA_CUDA_TEST_LIB=<file>` runs the tests against that build instead (CI
-/// passes the release artifact), with the front library of the same directory.
+/// passes the release artifact), with the front library, shims and hook of the same directory.
 pub fn built_library() -> PathBuf {
     match std::env::var_os("TESSERA_CUDA_TEST_LIB").filter(|v| !v.is_empty()) {
         Some(lib) => {

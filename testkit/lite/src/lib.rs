@@ -1,5 +1,5 @@
 //! The test kit's dependency-light half, for the tests of crates that must not wait
-//! for the plugin's build: `tessera-cdi`, `tessera-cuda` and the real-cluster crate
+//! for the plugin's build: `tessera-cdi`, `tessera-interpose` and the real-cluster crate
 //! (`tests/cluster`). `testkit` re-exports it; nothing here is written twice.
 //!
 //! * [`prereq`]: whether a run is CI's ([`prereq::in_ci`]), the skip-or-fail rule for

@@ -1,6 +1,6 @@
 //! Prerequisites (skipped only when `CI` is unset, a failure when it is set) and the
 //! suites' progress lines. Std and libc only: the real-cluster crate (`tests/cluster`,
-//! which links nothing of Tessera's), `tessera-cuda`'s tests and `testkit` use it.
+//! which links nothing of Tessera's), `tessera-interpose`'s tests and `testkit` use it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -17,8 +17,8 @@ struct Args {
     /// Keep the demo's temp directory (specs, checkpoint, sockets) for inspection.
     #[arg(long)]
     keep: bool,
-    /// The interception library (with libtessera_preload.so beside it); default: next
-    /// to the binary.
+    /// The interception library (with its front, shims and CDI hook beside it:
+    /// `cargo preload --release`); default: next to the binary.
     #[arg(long)]
     interception_lib: Option<PathBuf>,
 }
@@ -47,8 +47,8 @@ async fn demo(a: Args) -> Result<()> {
         .filter(|p| p.is_file())
         .context(
             "the interception library libtessera_cuda.so is not built next to the binary \
-             (`cargo build --release` builds it with every default member; or pass \
-             --interception-lib)",
+             (`cargo build --release` builds it with every default member, and `cargo \
+             preload --release` its front and shims; or pass --interception-lib)",
         )?;
     let result = testkit::demo::run(dir.path(), &lib, &mut out).await;
     print!("{out}");

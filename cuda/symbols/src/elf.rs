@@ -2,13 +2,9 @@
 //! dynamic symbol tables read as ld.so reads them (GNU or SysV hash table, version
 //! definitions), and the loaded objects' address ranges. The release build's glibc
 //! shims use it (`glibc_shims.rs`), the interception library to find the front library
-//! (`front.rs`), and the front library itself (`cuda/front/lib.rs`, built without std,
-//! which includes this file): it allocates nothing, uses only `core`, and calls nothing
-//! but `dl_iterate_phdr` (in libc, declared here).
-
-// Each user takes part of it: the plain build of the interception library only
-// `find_object`, the front no test code.
-#![allow(dead_code)]
+//! (`front.rs`), and the front library itself (built without std): it allocates
+//! nothing, uses only `core`, and calls nothing but `dl_iterate_phdr` (in libc,
+//! declared here).
 
 use core::ffi::{c_char, c_int, c_void};
 

@@ -18,10 +18,9 @@
 //! closed). With `root.readonly`, the new mounts are made read-only too, since the
 //! runtime remounts only `/` read-only afterwards.
 //!
-//! Built twice: by `cuda/build.rs` as the `tessera-cdi-hook` executable beside the
-//! interception library (with the same rustc, target and linker: the glibc 2.17
-//! release build runs on old hosts), which the plugin installs into its run directory;
-//! and by cargo as this rlib, for clippy and the unit tests. std only.
+//! The executable is `src/main.rs`; the plugin installs it from beside the
+//! interception library into its run directory (the glibc 2.17 release build, from
+//! `cargo zigbuild`, runs on old hosts). std only.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;

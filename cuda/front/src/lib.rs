@@ -6,7 +6,7 @@
 //! library itself (`libtessera_cuda.so`, built with std) costs about +90 µs per
 //! process start, mostly ld.so relocating and faulting in its pages. This library is
 //! the part every process pays for: no std, no relocation per hook, a few pages. It
-//! exports the interception library's hooks (the list in `src/loader/hook_names.rs`) as jumps
+//! exports the interception library's hooks (the list in `tessera_symbols::for_each_hook!`) as jumps
 //! through a table, and `dlsym`. At the first call of a hook, or the first `dlsym` of a
 //! hooked name, it `dlopen`s `libtessera_cuda.so` from its own directory
 //! (`RTLD_LOCAL`: the hooks stay reachable only through here), fills the table, and
@@ -28,18 +28,17 @@
 //!   one line says why on stderr: a claim is never run unenforced.
 //!
 //! `dlopen`, `dlsym` and `dlerror` are found by name and version in the loaded objects
-//! (`src/loader/elf_symbols.rs`): libc on glibc 2.34 and later, libdl before (which every
+//! (`tessera_symbols::elf`): libc on glibc 2.34 and later, libdl before (which every
 //! process that can reach CUDA has). The only NEEDED object is libc; the functions
 //! linked by name are `dl_iterate_phdr`, `write`, `abort`, `_exit` and what `core` calls
 //! (`memcpy`, `memset`, `strlen`, `bcmp`), none newer than `GLIBC_2.14`.
 //!
-//! Built by `cuda/build.rs` with `rustc -C panic=abort` (a library without std cannot
-//! unwind) as a cdylib, next to `libtessera_cuda.so`; see `cuda/README.md` for the
-//! figures. Cargo builds this same file as the `tessera-front` rlib, for `cargo check`
-//! and clippy only.
+//! This crate is an rlib; three cdylib crates make libraries of it, each naming its
+//! kind with [`library!`]: `tessera-preload` (`libtessera_preload.so`, the front) and
+//! `tessera-shim-cuda`/`tessera-shim-nvml` (the soname shims). Without std they build
+//! only with `panic=abort` (`cargo preload`); see `cuda/README.md` for the figures.
 //!
-//! **The soname shims.** `cuda/build.rs` builds this file twice more with
-//! `--cfg tessera_shim`: Tessera's `libcuda.so.1` and `libnvidia-ml.so.1`, which the
+//! **The soname shims** are Tessera's `libcuda.so.1` and `libnvidia-ml.so.1`, which the
 //! plugin mounts at the driver's own paths in a shared-claim container, each NEEDing
 //! the real library at a fixed path whose name is no soname
 //! (`/usr/local/tessera/driver/libcuda.real`, `…/libnvidia-ml.real`). A program that
@@ -51,37 +50,97 @@
 //! it in every process, defines `dlsym`), and exports `tessera_shim`, which the
 //! front's check and the interception library recognise.
 
-// The stubs are x86-64 assembly; on other targets `cuda/build.rs` does not build the
-// library, and this crate is empty.
+// The stubs are x86-64 assembly; on other targets this crate and the libraries made
+// of it are empty (the plugin then refuses shared claims: it installs the interception
+// library only with its front).
 #![cfg(target_arch = "x86_64")]
 #![no_std]
 #![allow(non_snake_case, non_camel_case_types)]
-// `tessera_shim` is set by `cuda/build.rs` for the soname shims, never by cargo.
-#![allow(unexpected_cfgs)]
 
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-#[path = "../src/loader/elf_symbols.rs"]
-mod elf_symbols;
+use tessera_symbols::elf as elf_symbols;
 
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
+/// Defines what a library made of this crate decides by its kind: `library!(preload)`
+/// for the front (its check at load, [`refuse_interposers_ahead`]; the interception
+/// library beside it), `library!(shim)` for a soname shim (exports `tessera_shim`; the
+/// interception library at [`CORE_PATH`]). Also the panic handler and the stand-in
+/// `rust_eh_personality` that a library without std needs. Invoked once, at the root of
+/// the cdylib crate.
+#[macro_export]
+macro_rules! library {
+    (preload) => {
+        $crate::__library_common!(0);
+        /// Run by ld.so before `main`, the one thing the front does at load (a shim
+        /// comes after libc, which defines `dlsym`).
+        #[used]
+        #[unsafe(link_section = ".init_array")]
+        static CHECK_AT_LOAD: unsafe extern "C" fn() = $crate::refuse_interposers_ahead;
+    };
+    (shim) => {
+        $crate::__library_common!(1);
+        /// Marks a soname shim: the front's check lets it come first, and the
+        /// interception library never takes an address inside it for the driver's.
+        #[unsafe(no_mangle)]
+        pub extern "C" fn tessera_shim() {}
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __library_common {
+    ($kind:literal) => {
+        #[panic_handler]
+        fn panic(_: &core::panic::PanicInfo) -> ! {
+            $crate::abort_process()
+        }
+
+        // core's precompiled code carries unwind tables naming `rust_eh_personality`,
+        // which a library without std does not have; nothing here unwinds
+        // (panic=abort), so a hidden definition that traps keeps ld.so from having to
+        // resolve the name. `tessera_front_kind` is the byte [`library!`] sets: hidden,
+        // so reading it costs no relocation.
+        core::arch::global_asm!(
+            ".globl rust_eh_personality",
+            ".hidden rust_eh_personality",
+            ".type rust_eh_personality,@function",
+            "rust_eh_personality:",
+            "ud2",
+            ".size rust_eh_personality, . - rust_eh_personality",
+            ".pushsection .rodata.tessera_front_kind,\"a\",@progbits",
+            ".globl tessera_front_kind",
+            ".hidden tessera_front_kind",
+            ".type tessera_front_kind,@object",
+            "tessera_front_kind:",
+            concat!(".byte ", $kind),
+            ".size tessera_front_kind, 1",
+            ".popsection",
+        );
+    };
+}
+
+/// Whether this library is a soname shim (`library!(shim)`), not the front.
+fn is_shim() -> bool {
+    let kind: u32;
+    // SAFETY: reads the byte `library!` defines in every library made of this crate,
+    // PC-relative (it is hidden: no relocation, no GOT).
+    unsafe {
+        core::arch::asm!(
+            "movzx {k:e}, byte ptr [rip + tessera_front_kind]",
+            k = out(reg) kind,
+            options(nostack, readonly, pure, preserves_flags),
+        );
+    }
+    kind == 1
+}
+
+/// The panic handler's end (`library!`): nothing here unwinds.
+#[doc(hidden)]
+pub fn abort_process() -> ! {
     // SAFETY: abort has no preconditions.
     unsafe { abort() }
 }
-
-// core's precompiled code carries unwind tables naming `rust_eh_personality`, which a
-// library without std does not have; nothing here unwinds (panic=abort), so a hidden
-// definition that traps keeps ld.so from having to resolve the name.
-core::arch::global_asm!(
-    ".globl rust_eh_personality",
-    ".hidden rust_eh_personality",
-    ".type rust_eh_personality,@function",
-    "rust_eh_personality:",
-    "ud2",
-    ".size rust_eh_personality, . - rust_eh_personality",
-);
 
 #[link(name = "c")]
 unsafe extern "C" {
@@ -94,13 +153,6 @@ unsafe extern "C" {
 /// execute", as a shell says for a command it could not run).
 const STOPPED: c_int = 126;
 
-/// Run by ld.so before `main`, the one thing this library does at load (the front
-/// only: a shim comes after libc, which defines `dlsym`).
-#[cfg(not(tessera_shim))]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static CHECK_AT_LOAD: unsafe extern "C" fn() = refuse_interposers_ahead;
-
 /// Stops the process if an object loaded ahead of this one (which only `LD_PRELOAD`
 /// can place there) defines `dlsym`, `dlvsym` or a hooked CUDA or NVML name: ld.so
 /// would bind the program's lookups to it before this library's, so a program that
@@ -111,8 +163,11 @@ static CHECK_AT_LOAD: unsafe extern "C" fn() = refuse_interposers_ahead;
 /// Tessera's soname shim (it defines `tessera_shim`) may come first too: it is this
 /// library's twin. It cannot wait for the first CUDA call: the program never calls
 /// through here. Costs one walk of the objects ahead (normally the program alone).
-#[cfg(not(tessera_shim))]
-unsafe extern "C" fn refuse_interposers_ahead() {
+///
+/// # Safety
+/// Run by ld.so from the front's `.init_array` (`library!(preload)`), before `main`.
+#[doc(hidden)]
+pub unsafe extern "C" fn refuse_interposers_ahead() {
     let me = refuse_interposers_ahead as *const () as usize;
     let Some((object, name)) = elf_symbols::defined_ahead(
         me,
@@ -134,20 +189,12 @@ unsafe extern "C" fn refuse_interposers_ahead() {
 }
 
 /// The interception library's file name, looked for beside the front.
-#[cfg(not(tessera_shim))]
 const CORE_FILE: &[u8] = b"libtessera_cuda.so";
 /// Where a shim loads the interception library from: the plugin's library directory
 /// in the container (`CONTAINER_LIB_DIR`), NUL-terminated. A shim is mounted at the
 /// driver's path, so its own directory is the driver's.
-#[cfg(tessera_shim)]
 const CORE_PATH: &[u8] = b"/usr/local/tessera/lib/libtessera_cuda.so\0";
 
-/// Marks a soname shim (`libcuda.so.1`, `libnvidia-ml.so.1` built from this file): the
-/// front's check lets it come first, and the interception library never takes an
-/// address inside it for the driver's.
-#[cfg(tessera_shim)]
-#[unsafe(no_mangle)]
-pub extern "C" fn tessera_shim() {}
 /// What a hook returns when the interception library could not be loaded:
 /// `CUDA_ERROR_UNKNOWN`, which is also `NVML_ERROR_UNKNOWN`.
 const UNKNOWN: c_int = 999;
@@ -155,7 +202,7 @@ const RTLD_NOW: c_int = 2;
 
 macro_rules! hook_names {
     ($($sym:ident),* $(,)?) => {
-        /// The hooks, in `src/loader/hook_names.rs` order (the table's).
+        /// The hooks, in `tessera_symbols::for_each_hook!` order (the table's).
         #[repr(usize)]
         #[derive(Clone, Copy)]
         enum Hook { $($sym),* }
@@ -194,7 +241,7 @@ macro_rules! hook_names {
     };
 }
 
-include!("../src/loader/hook_names.rs");
+tessera_symbols::for_each_hook!(hook_names);
 
 /// The interception library's hooks, filled when it is loaded (zero before: `.bss`,
 /// nothing for ld.so to relocate).
@@ -519,9 +566,13 @@ fn load_core() -> Result<(), Why> {
     Ok(())
 }
 
-/// `<directory of this library>/libtessera_cuda.so`, NUL-terminated, into `path`.
-#[cfg(not(tessera_shim))]
+/// The interception library's path, NUL-terminated, into `path`: [`CORE_PATH`] for a
+/// shim, `<directory of this library>/libtessera_cuda.so` for the front.
 fn core_path(me: *const c_char, path: &mut [u8; 4096]) -> Result<(), Why> {
+    if is_shim() {
+        path[..CORE_PATH.len()].copy_from_slice(CORE_PATH);
+        return Ok(());
+    }
     // SAFETY: ld.so's name for a loaded object.
     let me = unsafe { cstr(me) };
     let Some(slash) = me.iter().rposition(|&c| c == b'/') else {
@@ -539,13 +590,6 @@ fn core_path(me: *const c_char, path: &mut [u8; 4096]) -> Result<(), Why> {
     }
     path[..=slash].copy_from_slice(&me[..=slash]);
     path[slash + 1..len].copy_from_slice(CORE_FILE);
-    Ok(())
-}
-
-/// [`CORE_PATH`] into `path`.
-#[cfg(tessera_shim)]
-fn core_path(_me: *const c_char, path: &mut [u8; 4096]) -> Result<(), Why> {
-    path[..CORE_PATH.len()].copy_from_slice(CORE_PATH);
     Ok(())
 }
 

@@ -1,0 +1,5 @@
+//! The front library's link arguments (`tessera-link`).
+
+fn main() {
+    tessera_link::no_start_files();
+}
