@@ -50,37 +50,12 @@ fn zig_library(test: &str) -> Option<PathBuf> {
         return None;
     }
     let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-interpose-zig");
-    // As `cargo build --release` and `cargo preload --release` (.cargo/config.toml) do:
-    // the front and the shims have no std, and build with panic=abort only.
-    let builds: [&[&str]; 2] = [
-        &["-p", "tessera-interpose", "-p", "tessera-cdi-hook"],
-        &[
-            "--config",
-            "profile.release.panic='abort'",
-            "-p",
-            "tessera-preload",
-            "-p",
-            "tessera-shim-cuda",
-            "-p",
-            "tessera-shim-nvml",
-        ],
-    ];
-    for packages in builds {
-        let out = Command::new("cargo-zigbuild")
-            .args(["zigbuild", "--offline", "--release", "--target", TARGET])
-            .args(packages)
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .output()
-            .expect("cargo-zigbuild");
-        assert!(
-            out.status.success(),
-            "zigbuild {packages:?} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    testkit_lite::cuda::build_shipped(
+        "cargo-zigbuild",
+        &["zigbuild"],
+        &target_dir,
+        &["--release", "--target", TARGET],
+    );
     Some(target_dir.join("x86_64-unknown-linux-gnu/release/libtessera_cuda.so"))
 }
 

@@ -19,39 +19,53 @@ use std::process::Command;
 pub fn interception_library(target_tmpdir: &Path, profile: &str, extra: &[&str]) -> PathBuf {
     let target = target_tmpdir.join("tessera-interpose-lib");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let builds: [&[&str]; 2] = [
-        &["-p", "tessera-interpose", "-p", "tessera-cdi-hook"],
-        &[
-            "--config",
-            "profile.dev.panic='abort'",
-            "--config",
-            "profile.release.panic='abort'",
-            "-p",
-            "tessera-preload",
-            "-p",
-            "tessera-shim-cuda",
-            "-p",
-            "tessera-shim-nvml",
-        ],
-    ];
-    for packages in builds {
-        let out = Command::new(&cargo)
-            .args(["build", "--offline"])
+    build_shipped(&cargo, &["build"], &target, extra);
+    let lib = target.join(profile).join("libtessera_cuda.so");
+    assert!(lib.exists(), "{} missing after the build", lib.display());
+    lib
+}
+
+/// The shipped files' two builds, as `cargo build` and `cargo preload`
+/// (.cargo/config.toml) make them: the interception library and the CDI hook, then the
+/// front and the soname shims, which have no std and build with panic=abort only.
+const SHIPPED: [&[&str]; 2] = [
+    &["-p", "tessera-interpose", "-p", "tessera-cdi-hook"],
+    &[
+        "--config",
+        "profile.dev.panic='abort'",
+        "--config",
+        "profile.release.panic='abort'",
+        "-p",
+        "tessera-preload",
+        "-p",
+        "tessera-shim-cuda",
+        "-p",
+        "tessera-shim-nvml",
+    ],
+];
+
+/// Runs both of the shipped files' builds (`program` `command`, e.g. `cargo build` or
+/// `cargo-zigbuild zigbuild`, then `extra`) into `target_dir`, offline.
+///
+/// # Panics
+/// When `program` cannot be run or a build fails (its stderr in the message).
+pub fn build_shipped(program: &str, command: &[&str], target_dir: &Path, extra: &[&str]) {
+    for packages in SHIPPED {
+        let out = Command::new(program)
+            .args(command)
+            .arg("--offline")
             .args(packages)
             .arg("--manifest-path")
             .arg(crate::repo_root().join("Cargo.toml"))
             .arg("--target-dir")
-            .arg(&target)
+            .arg(target_dir)
             .args(extra)
             .output()
-            .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
         assert!(
             out.status.success(),
-            "building {packages:?} failed:\n{}",
+            "{program} {command:?} {packages:?} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let lib = target.join(profile).join("libtessera_cuda.so");
-    assert!(lib.exists(), "{} missing after the build", lib.display());
-    lib
 }
