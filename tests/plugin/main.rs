@@ -11,6 +11,7 @@ mod grpc_authority;
 mod metrics;
 mod mig_prepare;
 mod nvml_backend;
+mod nvml_models;
 mod plugin_grpc;
 mod shared_gpus;
 mod state_locking;
