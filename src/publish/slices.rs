@@ -988,6 +988,32 @@ mod tests {
         assert_eq!(c["multiprocessors"].value.0, "40");
     }
 
+    /// What NVML did not answer (brand, architecture, SM count) is left out of every
+    /// kind of device, and the rest is published as usual.
+    #[test]
+    fn unanswered_optional_facts_are_left_out() {
+        let mut inv = MockNode::embedded_default().unwrap().inventory();
+        let gpu = &mut inv.gpus[2];
+        gpu.brand = None;
+        gpu.architecture = None;
+        gpu.multiprocessors = None;
+        let gpu = inv.gpus[2].clone();
+        let whole = whole_gpu_device(&gpu, &inv);
+        let shared = shared_gpu_device(&gpu, &inv);
+        let slots = slot_devices(&gpu, &inv, 2);
+        for d in [&whole, &shared, &slots[0]] {
+            let a = d.attributes.as_ref().unwrap();
+            for left_out in ["brand", "architecture", "multiprocessors"] {
+                assert!(!a.contains_key(left_out), "{}: {left_out}", d.name);
+            }
+            assert_eq!(a["uuid"].string.as_deref(), Some(gpu.uuid.as_str()));
+            assert!(a.contains_key("cudaComputeCapability"), "{}", d.name);
+        }
+        let c = whole.capacity.as_ref().unwrap();
+        assert!(!c.contains_key("multiprocessors"));
+        assert_eq!(c["memory"].value.0, gpu.memory_bytes.to_string());
+    }
+
     /// A shared GPU on 1.37: one multi-allocatable device whose only capacities are
     /// `memory` (whole by default, 1 MiB steps) and `compute` (0 by default, 0-100), with
     /// the SM count as an attribute and no counters.

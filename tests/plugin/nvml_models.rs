@@ -266,6 +266,65 @@ impl Model {
     }
 }
 
+/// Runs `test_name` in a child with the model's environment and `step` (what the
+/// child does, see [`mig_step`]); returns its exit status and output.
+fn run_child(model: &Model, test_name: &str, step: &str) -> (std::process::ExitStatus, String) {
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, test_name)
+        .env(LIB_ENV, &model.lib)
+        .env(OUT_ENV, model.dir.path())
+        .env(STEP_ENV, step)
+        .env("TESSERA_NVML_MODEL", model.name)
+        .env("TESSERA_NVML_MODEL_STATE", model.state())
+        .output()
+        .expect("spawn the child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+/// The step a MIG child runs.
+const STEP_ENV: &str = "TESSERA_NVML_MODELS_STEP";
+
+/// In a child: `create` makes a MIG device (1g, placement 3) on GPU 0 through Tessera's
+/// NVML backend and dies by SIGKILL without shutting NVML down; `destroy` reads the
+/// MIG status, checks the device is there and destroys it.
+fn mig_step() {
+    use tessera::inventory::GpuBackend;
+    let lib = PathBuf::from(std::env::var_os(LIB_ENV).expect("library"));
+    let dir = PathBuf::from(std::env::var_os(OUT_ENV).expect("dir"));
+    let nvml =
+        tessera::inventory::nvml::NvmlBackend::new(Some(lib), dir.join("proc"), dir.join("sys"))
+            .expect("NVML initialises");
+    match std::env::var(STEP_ENV).as_deref() {
+        Ok("create") => {
+            // The model's own ID of its 1-slice profile (it uses indices as IDs).
+            let made = nvml.create_mig(0, 0, 3).expect("create_mig");
+            assert_eq!((made.start, made.size), (3, 1), "{made:?}");
+            println!("created GI {}", made.gi_id);
+            // SAFETY: kill(2) on our own pid: the child dies as by `kill -9`.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL");
+        }
+        Ok("destroy") => {
+            let status = nvml.mig_status(0).expect("mig_status");
+            assert!(status.enabled);
+            let [gi] = status.instances.as_slice() else {
+                panic!("want one MIG device, got {status:?}")
+            };
+            assert_eq!((gi.profile_id, gi.start, gi.size), (0, 3, 1), "{gi:?}");
+            assert!(gi.ci.is_some(), "{gi:?}");
+            nvml.destroy_mig(0, gi.gi_id).expect("destroy_mig");
+            assert!(nvml.mig_status(0).unwrap().instances.is_empty());
+        }
+        other => panic!("unknown step {other:?}"),
+    }
+}
+
 /// In a child started by [`Model::publish`] for `test_name`: discovers the node through
 /// the model's library, writes the inventory and slices (or the error) and the log's
 /// warnings, and returns `true`. In the parent: `false`.
@@ -772,4 +831,41 @@ fn discovery_degrades_on_optional_queries_and_fails_on_required_ones() {
             .unwrap_or_else(|| panic!("refusing {call} still published"));
         assert!(err.contains(call), "{call}: {err}");
     }
+}
+
+/// A MIG device Tessera creates through the model outlives the process that made it,
+/// even one killed with SIGKILL: the next process (and `nvml-model dump`) sees it, and
+/// destroying it there leaves none.
+#[test]
+fn mig_devices_outlive_a_killed_process() {
+    const NAME: &str = "nvml_models::mig_devices_outlive_a_killed_process";
+    if std::env::var(CHILD_ENV).ok().as_deref() == Some(NAME) {
+        mig_step();
+        return;
+    }
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", true);
+    let (status, out) = run_child(&model, NAME, "create");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "create: {status}\n{out}"
+    );
+    assert!(out.contains("created GI"), "{out}");
+    let dump = model.dump();
+    let gis = dump["gpus"][0]["gpuInstances"].as_array().unwrap();
+    assert_eq!(gis.len(), 1, "{dump:#}");
+    assert_eq!(gis[0]["placement"], json!({"start": 3, "size": 1}));
+    let (status, out) = run_child(&model, NAME, "destroy");
+    assert!(
+        status.success() && out.contains("1 passed"),
+        "destroy: {status}\n{out}"
+    );
+    assert!(
+        model.dump()["gpus"][0]["gpuInstances"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -640,8 +640,11 @@ func nvmlDeviceGetGpuInstances(h C.nvmlDevice_t, profileID C.uint, out *C.nvmlGp
 		if rr != nvml.SUCCESS {
 			return code(rr)
 		}
-		if len(v) > 0 && (out == nil || int(*count) < len(v)) {
-			*count = C.uint(len(v))
+		// As NVML: *count is output only; the buffer holds the profile's instanceCount.
+		if out == nil {
+			return invalidArgument
+		}
+		if len(v) > int(p.InstanceCount) {
 			return insufficientSize
 		}
 		ids := make([]uint32, 0, len(v))
@@ -786,8 +789,11 @@ func nvmlGpuInstanceGetComputeInstances(h C.nvmlGpuInstance_t, profileID C.uint,
 		if rr != nvml.SUCCESS {
 			return code(rr)
 		}
-		if len(v) > 0 && (out == nil || int(*count) < len(v)) {
-			*count = C.uint(len(v))
+		// As NVML: *count is output only; the buffer holds the profile's instanceCount.
+		if out == nil {
+			return invalidArgument
+		}
+		if len(v) > int(p.InstanceCount) {
 			return insufficientSize
 		}
 		ids := make([]uint32, 0, len(v))
