@@ -869,3 +869,60 @@ fn mig_devices_outlive_a_killed_process() {
             .is_empty()
     );
 }
+
+/// `tessera inventory --backend nvml:LIB` itself (the CLI, a child process with the
+/// model's environment): dgxh100 with MIG on publishes the model's GPUs, and its
+/// partitions as the in-process pool does.
+#[test]
+fn tessera_inventory_on_the_dgxh100_model_publishes_its_gpus() {
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", true);
+    let dump = model.dump();
+    let host = model.dir.path().join("host");
+    std::fs::create_dir_all(host.join("proc")).unwrap();
+    std::fs::create_dir_all(host.join("sys")).unwrap();
+    std::fs::write(
+        host.join("proc/devices"),
+        "Character devices:\n195 nvidia\n508 nvidia-uvm\n511 nvidia-caps\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("inventory")
+        .arg(format!("--backend=nvml:{}", model.lib.display()))
+        .arg("--proc-root")
+        .arg(host.join("proc"))
+        .arg("--sys-root")
+        .arg(host.join("sys"))
+        .arg("--state-dir")
+        .arg(host.join("state"))
+        .args(["--node-name", "node-a", "-o", "json"])
+        .env("TESSERA_NVML_MODEL", model.name)
+        .env("TESSERA_NVML_MODEL_STATE", model.state())
+        .env_remove("TESSERA_BACKEND")
+        .env_remove("TESSERA_CONFIG")
+        .output()
+        .expect("run tessera inventory");
+    assert!(
+        out.status.success(),
+        "tessera inventory: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).expect("a JSON List");
+    let slices = &list["items"];
+    // The CLI does not print the inventory; MIG mode is the dump's own.
+    let inventory = json!({ "gpus": dump["gpus"].as_array().unwrap().iter()
+        .map(|g| json!({ "minor": g["minor"], "migEnabled": g["migEnabled"] })).collect::<Vec<_>>() });
+    assert_gpus_match("dgxh100", &dump, &inventory, slices);
+    let devices = devices(slices);
+    // 8 GPUs, each whole plus one device per profile and placement (Tessera's H100
+    // catalog: 1g.10gb 7, 1g.10gb+me 7, 1g.20gb 4, 2g.20gb 3, 3g.40gb 2, 4g 1, 7g 1).
+    let partitions = devices.keys().filter(|n| n.contains("-mig-")).count();
+    assert_eq!(
+        partitions,
+        8 * 25,
+        "{:?}",
+        devices.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(devices.len(), 8 + 8 * 25);
+}
