@@ -925,4 +925,56 @@ fn tessera_inventory_on_the_dgxh100_model_publishes_its_gpus() {
         devices.keys().collect::<Vec<_>>()
     );
     assert_eq!(devices.len(), 8 + 8 * 25);
+    // The counters add up: each partition consumes only counters of its GPU's set, never
+    // more than the set holds, and 7g.80gb consumes all 8 memory slices.
+    let sets: BTreeMap<String, BTreeMap<String, u64>> = slices
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            s["spec"]["sharedCounters"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|c| {
+            let counters = c["counters"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v["value"].as_str().unwrap().parse().unwrap()))
+                .collect();
+            (c["name"].as_str().unwrap().to_string(), counters)
+        })
+        .collect();
+    assert_eq!(sets.len(), 8, "{:?}", sets.keys().collect::<Vec<_>>());
+    for (name, d) in devices.iter().filter(|(n, _)| n.contains("-mig-")) {
+        let minor = name.split('-').nth(1).unwrap();
+        let use_ = &d["consumesCounters"][0];
+        assert_eq!(
+            use_["counterSet"],
+            format!("gpu-{minor}-counters"),
+            "{name}"
+        );
+        let set = &sets[use_["counterSet"].as_str().unwrap()];
+        assert_eq!(
+            set.keys()
+                .filter(|k| k.starts_with("memory-slice-"))
+                .count(),
+            8
+        );
+        for (k, v) in use_["counters"].as_object().unwrap() {
+            let v: u64 = v["value"].as_str().unwrap().parse().unwrap();
+            assert!(v <= set[k], "{name}: {k} {v} > {}", set[k]);
+        }
+        if name.contains("-mig-7g80gb-") {
+            let slices = use_["counters"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| k.starts_with("memory-slice-"))
+                .count();
+            assert_eq!(slices, 8, "{name}");
+        }
+    }
 }
