@@ -241,6 +241,12 @@ struct InventoryArgs {
     /// Read-only: an existing mock node state here is used, nothing is written.
     #[arg(long, default_value = "/var/lib/tessera")]
     state_dir: PathBuf,
+    /// /proc (for /proc/devices: the driver's device majors).
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// /sys (for each GPU's PCIe root and NUMA node).
+    #[arg(long, default_value = "/sys")]
+    sys_root: PathBuf,
     #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
     output: OutputFormat,
 }
@@ -354,7 +360,8 @@ fn inventory(a: InventoryArgs) -> Result<()> {
     let node_name = a.node_name.unwrap_or_else(hostname);
     let paths = BackendPaths {
         state_dir: a.state_dir,
-        ..Default::default()
+        proc_root: a.proc_root,
+        sys_root: a.sys_root,
     };
     let model = load_node(
         &a.backend,

@@ -202,6 +202,7 @@ pub fn load_node(
     let inventory = backend.discover()?;
     let gpus = config.resolve(&inventory, &source)?;
     let mut mig = BTreeMap::new();
+    let mut unread = Vec::new();
     for g in gpus
         .iter()
         .filter(|g| g.mode == GpuMode::Mig && g.gpu.mig_capable)
@@ -210,10 +211,16 @@ pub fn load_node(
             Ok(status) => {
                 mig.insert(g.gpu.minor, status);
             }
-            Err(e) => {
-                warn!(gpu = g.gpu.minor, error = %e, "cannot read MIG state; assuming no MIG devices")
-            }
+            Err(e) => unread.push(format!(
+                "GPU {}: {}",
+                g.gpu.minor,
+                crate::error_chain::cause_chain(&e)
+            )),
         }
+    }
+    if !unread.is_empty() {
+        // One warning for the node, however many GPUs.
+        warn!(errors = %unread.join("; "), "cannot read MIG state; assuming no MIG devices");
     }
     Ok(NodeModel {
         inventory,

@@ -29,14 +29,19 @@ pub struct GpuInfo {
     pub uuid: String,
     /// NVML product name, e.g. `NVIDIA H100 80GB HBM3`.
     pub product_name: String,
-    /// NVML brand, e.g. `Nvidia`, `Tesla`.
-    pub brand: String,
-    /// Architecture name, e.g. `Hopper`, `Turing`.
-    pub architecture: String,
+    /// NVML brand, e.g. `Nvidia`, `Tesla`; `None` when NVML does not say (the
+    /// attribute is then left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brand: Option<String>,
+    /// Architecture name, e.g. `Hopper`, `Turing`; `None` when NVML does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
     /// Total device memory in bytes, as NVML reports it.
     pub memory_bytes: u64,
-    /// Streaming multiprocessor count.
-    pub multiprocessors: u32,
+    /// Streaming multiprocessor count; `None` when NVML has no core count or the
+    /// compute capability is not in the cores-per-SM table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiprocessors: Option<u32>,
     /// CUDA compute capability as `major.minor`, e.g. `9.0`.
     pub cuda_compute_capability: String,
     /// PCI bus ID in the canonical `dddd:bb:dd.f` form, lower case.

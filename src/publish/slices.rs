@@ -195,8 +195,12 @@ pub fn gpu_attributes(
     a.insert("type".to_string(), string_attr(device_type));
     a.insert("uuid".to_string(), string_attr(&gpu.uuid));
     a.insert("productName".to_string(), string_attr(&gpu.product_name));
-    a.insert("brand".to_string(), string_attr(&gpu.brand));
-    a.insert("architecture".to_string(), string_attr(&gpu.architecture));
+    if let Some(brand) = &gpu.brand {
+        a.insert("brand".to_string(), string_attr(brand));
+    }
+    if let Some(arch) = &gpu.architecture {
+        a.insert("architecture".to_string(), string_attr(arch));
+    }
     insert_version(
         &mut a,
         "cudaComputeCapability",
@@ -228,7 +232,9 @@ fn capacity(value: impl ToString) -> DeviceCapacity {
 pub fn whole_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
     let mut cap = BTreeMap::new();
     cap.insert("memory".to_string(), capacity(gpu.memory_bytes));
-    cap.insert("multiprocessors".to_string(), capacity(gpu.multiprocessors));
+    if let Some(sms) = gpu.multiprocessors {
+        cap.insert("multiprocessors".to_string(), capacity(sms));
+    }
     Device {
         name: naming::gpu_device_name(gpu.minor),
         attributes: Some(gpu_attributes(gpu, inv, device_type::GPU)),
@@ -265,10 +271,9 @@ fn policy_capacity(
 /// here, not a capacity, for the same reason.
 pub fn shared_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
     let mut attrs = gpu_attributes(gpu, inv, device_type::GPU_SHARED);
-    attrs.insert(
-        "multiprocessors".to_string(),
-        int_attr(i64::from(gpu.multiprocessors)),
-    );
+    if let Some(sms) = gpu.multiprocessors {
+        attrs.insert("multiprocessors".to_string(), int_attr(i64::from(sms)));
+    }
     let memory = shared_memory(gpu);
     let cap = BTreeMap::from([
         (
@@ -295,10 +300,9 @@ pub fn shared_gpu_device(gpu: &GpuInfo, inv: &NodeInventory) -> Device {
 /// total/N and a `compute` capacity of 100/N, without request policies.
 pub fn slot_devices(gpu: &GpuInfo, inv: &NodeInventory, slots: u32) -> Vec<Device> {
     let mut attrs = gpu_attributes(gpu, inv, device_type::GPU_SLOT);
-    attrs.insert(
-        "multiprocessors".to_string(),
-        int_attr(i64::from(gpu.multiprocessors)),
-    );
+    if let Some(sms) = gpu.multiprocessors {
+        attrs.insert("multiprocessors".to_string(), int_attr(i64::from(sms)));
+    }
     attrs.insert("slots".to_string(), int_attr(i64::from(slots)));
     let cap = BTreeMap::from([
         ("memory".to_string(), capacity(slot_memory(gpu, slots))),
@@ -982,6 +986,32 @@ mod tests {
         let c = d.capacity.as_ref().unwrap();
         assert_eq!(c["memory"].value.0, "16106127360");
         assert_eq!(c["multiprocessors"].value.0, "40");
+    }
+
+    /// What NVML did not answer (brand, architecture, SM count) is left out of every
+    /// kind of device, and the rest is published as usual.
+    #[test]
+    fn unanswered_optional_facts_are_left_out() {
+        let mut inv = MockNode::embedded_default().unwrap().inventory();
+        let gpu = &mut inv.gpus[2];
+        gpu.brand = None;
+        gpu.architecture = None;
+        gpu.multiprocessors = None;
+        let gpu = inv.gpus[2].clone();
+        let whole = whole_gpu_device(&gpu, &inv);
+        let shared = shared_gpu_device(&gpu, &inv);
+        let slots = slot_devices(&gpu, &inv, 2);
+        for d in [&whole, &shared, &slots[0]] {
+            let a = d.attributes.as_ref().unwrap();
+            for left_out in ["brand", "architecture", "multiprocessors"] {
+                assert!(!a.contains_key(left_out), "{}: {left_out}", d.name);
+            }
+            assert_eq!(a["uuid"].string.as_deref(), Some(gpu.uuid.as_str()));
+            assert!(a.contains_key("cudaComputeCapability"), "{}", d.name);
+        }
+        let c = whole.capacity.as_ref().unwrap();
+        assert!(!c.contains_key("multiprocessors"));
+        assert_eq!(c["memory"].value.0, gpu.memory_bytes.to_string());
     }
 
     /// A shared GPU on 1.37: one multi-allocatable device whose only capacities are

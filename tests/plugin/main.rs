@@ -1,5 +1,6 @@
 //! The plugin at work on the mock node or the fake NVML host, in-process or as a child
-//! process of the real binary (the test kit's `harness` and `fake_nvml`): gRPC,
+//! process of the real binary (the test kit's `harness` and `fake_nvml`; `nvml_models`
+//! loads go-nvml's DGX models from `tests/nvml-models/` instead): gRPC,
 //! preparation, crash recovery, health, metrics and the watchdog. One test binary of
 //! modules, so that the suite links a few binaries rather than one per file.
 
@@ -11,6 +12,7 @@ mod grpc_authority;
 mod metrics;
 mod mig_prepare;
 mod nvml_backend;
+mod nvml_models;
 mod plugin_grpc;
 mod shared_gpus;
 mod state_locking;

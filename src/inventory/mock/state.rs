@@ -149,10 +149,16 @@ impl NodeState {
             let _ = writeln!(s, "minor {}", g.minor);
             let _ = writeln!(s, "uuid {}", g.uuid);
             let _ = writeln!(s, "name {}", g.product_name);
-            let _ = writeln!(s, "brand {}", g.brand);
-            let _ = writeln!(s, "architecture {}", g.architecture);
+            if let Some(brand) = &g.brand {
+                let _ = writeln!(s, "brand {brand}");
+            }
+            if let Some(arch) = &g.architecture {
+                let _ = writeln!(s, "architecture {arch}");
+            }
             let _ = writeln!(s, "memory {}", g.memory_bytes);
-            let _ = writeln!(s, "multiprocessors {}", g.multiprocessors);
+            if let Some(sms) = g.multiprocessors {
+                let _ = writeln!(s, "multiprocessors {sms}");
+            }
             let _ = writeln!(s, "compute-capability {}", g.cuda_compute_capability);
             let _ = writeln!(s, "pci-bus-id {}", g.pci_bus_id);
             if let Some(root) = &g.pcie_root {
@@ -528,10 +534,10 @@ impl PartialGpu {
             minor: req(self.minor, "minor")?,
             uuid: req(self.uuid, "uuid")?,
             product_name: req(self.name, "name")?,
-            brand: req(self.brand, "brand")?,
-            architecture: req(self.architecture, "architecture")?,
+            brand: self.brand,
+            architecture: self.architecture,
             memory_bytes: req(self.memory, "memory")?,
-            multiprocessors: req(self.sms, "multiprocessors")?,
+            multiprocessors: self.sms,
             cuda_compute_capability: req(self.cc, "compute-capability")?,
             pci_bus_id: req(self.bus, "pci-bus-id")?,
             pcie_root: self.root,

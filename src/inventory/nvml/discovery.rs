@@ -4,10 +4,25 @@
 
 use super::*;
 
+/// The optional queries one GPU's discovery could not answer: each NVML call's name
+/// (or what was missing), for the one warning per node [`NvmlBackend::discover`] logs.
+pub(super) type Unanswered = Vec<String>;
+
 impl NvmlBackend {
-    /// One GPU by NVML index. Side effects: NVML calls and sysfs reads only.
-    pub(super) fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
+    /// One GPU by NVML index, and the optional queries it could not answer. Side
+    /// effects: NVML calls and sysfs reads only.
+    ///
+    /// Discovery degrades, never dies, on what a slice can do without: brand,
+    /// architecture, the core count (so the SM count), NUMA node and MIG mode are
+    /// optional; when NVML does not answer them the attribute is left out (MIG:
+    /// published as not MIG-capable). The GPU's identity is required: its handle,
+    /// UUID, name, minor number, memory, PCI bus ID and compute capability.
+    pub(super) fn gpu_info(&self, index: u32) -> Result<(GpuInfo, Unanswered), BackendError> {
         let call = |call: &'static str| nvml_call(call, index);
+        let mut unanswered = Unanswered::new();
+        let mut optional = |call: &'static str, e: NvmlError| {
+            unanswered.push(format!("{call} ({e})"));
+        };
         let dev = self
             .nvml
             .device_by_index(index)
@@ -17,10 +32,16 @@ impl NvmlBackend {
             "productName",
             dev.name().map_err(call("nvmlDeviceGetName"))?,
         );
-        let brand = dev.brand().map_err(call("nvmlDeviceGetBrand"))?;
+        let brand = dev
+            .brand()
+            .map(|b| format!("{b:?}"))
+            .map_err(|e| optional("nvmlDeviceGetBrand", e))
+            .ok();
         let architecture = dev
             .architecture()
-            .map_err(call("nvmlDeviceGetArchitecture"))?;
+            .map(|a| format!("{a:?}"))
+            .map_err(|e| optional("nvmlDeviceGetArchitecture", e))
+            .ok();
         let memory = dev
             .memory_info()
             .map_err(call("nvmlDeviceGetMemoryInfo_v2"))?;
@@ -33,49 +54,59 @@ impl NvmlBackend {
         let cc = dev
             .cuda_compute_capability()
             .map_err(call("nvmlDeviceGetCudaComputeCapability"))?;
-        let per_sm = cuda_cores_per_sm(cc.major, cc.minor).ok_or_else(|| {
-            // BackendError has no variant for "capability missing from the table";
-            // report it as an unexpected NVML value, packed as major*10+minor (e.g.
-            // 130 for 13.0).
-            let packed = cc.major.saturating_mul(10).saturating_add(cc.minor);
-            call("nvmlDeviceGetCudaComputeCapability")(NvmlError::UnexpectedVariant(
-                u32::try_from(packed).unwrap_or(u32::MAX),
-            ))
-        })?;
-        let cores = dev.num_cores().map_err(call("nvmlDeviceGetNumGpuCores"))?;
+        let cores = dev
+            .num_cores()
+            .map_err(|e| optional("nvmlDeviceGetNumGpuCores", e))
+            .ok();
+        let per_sm = cuda_cores_per_sm(cc.major, cc.minor);
+        if per_sm.is_none() {
+            unanswered.push(format!(
+                "cores per SM of compute capability {}.{} (not in the table)",
+                cc.major, cc.minor
+            ));
+        }
+        let multiprocessors = cores.zip(per_sm).map(|(c, p)| c / p);
         let (mig_capable, mig_enabled) = match dev.mig_mode() {
             Ok(mode) => (true, mode.current == NVML_DEVICE_MIG_ENABLE),
             Err(e) if is_unsupported(&e) => (false, false),
-            Err(e) => return Err(call("nvmlDeviceGetMigMode")(e)),
+            Err(e) => {
+                unanswered.push(format!("nvmlDeviceGetMigMode ({e})"));
+                (false, false)
+            }
         };
         // sysfs first: `resource.kubernetes.io/numaNode` means the CPU-side node of the
         // PCI device, which is what sysfs reports. NVML's answer is a fallback: it is
         // documented for GPUs that are NUMA nodes themselves (Grace Hopper/Blackwell),
-        // where it names the GPU memory's node.
+        // where it names the GPU memory's node. "Not supported" is the usual answer of
+        // a GPU that is not one; other failures are reported.
         let numa_node = match sysfs_numa_node(&self.sys_root, &pci_bus_id) {
             Some(node) => Some(node),
             None => match dev.numa_node_id() {
                 Ok(node) => Some(i64::from(node)),
                 Err(e) if is_unsupported(&e) => None,
-                Err(e) => return Err(call("nvmlDeviceGetNumaNodeId")(e)),
+                Err(e) => {
+                    unanswered.push(format!("nvmlDeviceGetNumaNodeId ({e})"));
+                    None
+                }
             },
         };
-        Ok(GpuInfo {
+        let info = GpuInfo {
             index,
             minor,
             pcie_root: sysfs_pcie_root(&self.sys_root, &pci_bus_id),
             uuid,
             product_name,
-            brand: format!("{brand:?}"),
-            architecture: format!("{architecture:?}"),
+            brand,
+            architecture,
             memory_bytes: memory.total,
-            multiprocessors: cores / per_sm,
+            multiprocessors,
             cuda_compute_capability: format!("{}.{}", cc.major, cc.minor),
             pci_bus_id,
             numa_node,
             mig_capable,
             mig_enabled,
-        })
+        };
+        Ok((info, unanswered))
     }
 }
 

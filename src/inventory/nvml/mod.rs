@@ -440,8 +440,9 @@ impl GpuBackend for NvmlBackend {
     /// `<proc_root>/devices` and `<sys_root>/bus/pci/devices/<bdf>`; writes nothing.
     ///
     /// # Errors
-    /// [`BackendError::NvmlSystem`] / [`BackendError::NvmlCall`] when an NVML call fails
-    /// (other than "not supported" for MIG mode and NUMA node), and
+    /// [`BackendError::NvmlSystem`] / [`BackendError::NvmlCall`] when a required NVML
+    /// call fails (optional ones only leave attributes out, with one warning for the
+    /// node: see `gpu_info`), and
     /// [`BackendError::CharMajor`] when `/proc/devices` lacks `nvidia` or `nvidia-uvm`.
     fn discover(&self) -> Result<NodeInventory, BackendError> {
         let sys = |call: &'static str| move |source| BackendError::NvmlSystem { call, source };
@@ -460,9 +461,20 @@ impl GpuBackend for NvmlBackend {
             .nvml
             .device_count()
             .map_err(sys("nvmlDeviceGetCount_v2"))?;
-        let mut gpus = (0..count)
-            .map(|i| self.gpu_info(i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut gpus = Vec::new();
+        let mut unanswered = Vec::new();
+        for i in 0..count {
+            let (gpu, missing) = self.gpu_info(i)?;
+            unanswered.extend(missing.into_iter().map(|m| format!("GPU {i}: {m}")));
+            gpus.push(gpu);
+        }
+        if !unanswered.is_empty() {
+            // One warning per node, however many GPUs and queries.
+            tracing::warn!(
+                unanswered = %unanswered.join("; "),
+                "NVML did not answer optional queries; their attributes are left out of the slices"
+            );
+        }
         gpus.sort_by_key(|g| g.minor);
         Ok(NodeInventory {
             driver_version,
