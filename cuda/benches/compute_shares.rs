@@ -31,10 +31,8 @@
 //! functional checks (a cap on an idle GPU, a claim alone while the other idles, dearer
 //! blocks) are the `compute_limit` tests'.
 
-#[path = "../tests/support/shares.rs"]
-mod shares;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit::interpose as support;
+use testkit::interpose::shares;
 
 use std::path::Path;
 

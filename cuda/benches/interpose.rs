@@ -18,8 +18,7 @@
 //! column is printed, never an exit code: a benchmark on a shared machine judges
 //! nothing by itself.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit::interpose as support;
 
 use std::process::Stdio;
 

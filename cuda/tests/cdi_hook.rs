@@ -4,8 +4,7 @@
 //! What a tenant who is root in the container then tries is done with `mv`, as it
 //! would be (the podman suite repeats it in a real container).
 
-#[path = "support/mod.rs"]
-mod support;
+use testkit::interpose as support;
 
 use std::fs;
 use std::path::Path;

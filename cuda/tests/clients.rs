@@ -4,7 +4,7 @@
 //! budget as the GPU's memory. The clients are installed by `cuda/ci-setup.sh`
 //! (TESSERA_CUDA_TEST_PY names the directory).
 
-mod support;
+use testkit::interpose as support;
 
 use std::path::{Path, PathBuf};
 

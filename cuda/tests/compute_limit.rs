@@ -1,6 +1,6 @@
 //! Compute control end to end on the simulated GPU, as a specification: the plugin's
 //! controller over the fake NVML, the interception library in every client, ground
-//! truth from the simulator's timeline (see `support/shares.rs`).
+//! truth from the simulator's timeline (see `testkit::interpose::shares`).
 //!
 //! * `computeLimit` caps a claim on an otherwise idle GPU (and without the cap the same
 //!   claim takes the GPU);
@@ -18,9 +18,8 @@
 //! inside what the broken controller each one names would give. The tests run one at a
 //! time: they measure wall-clock shares on a 2-core machine.
 
-#[path = "support/shares.rs"]
-mod shares;
-mod support;
+use testkit::interpose as support;
+use testkit::interpose::shares;
 
 use std::sync::Mutex;
 

@@ -4,7 +4,7 @@
 //! Every other suite runs through it too (the harness installs both, as the plugin
 //! does); these cases pin what is particular to it.
 
-mod support;
+use testkit::interpose as support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

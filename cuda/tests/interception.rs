@@ -2,7 +2,7 @@
 //! namespace with the claim files mounted as in production; judged by the fake
 //! driver's ledger.
 
-mod support;
+use testkit::interpose as support;
 
 use support::*;
 

@@ -3,7 +3,7 @@
 //! Each case runs in its own mount namespace; verdicts come from the fake driver's
 //! ledger.
 
-mod support;
+use testkit::interpose as support;
 
 use std::time::{Duration, Instant};
 

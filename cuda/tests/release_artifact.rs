@@ -8,7 +8,7 @@
 //! `cargo-zigbuild` on PATH, zig (a `zig` binary or PyPI `ziglang` in the `python3` on
 //! PATH), `readelf` and, for bullseye, `debootstrap` and a Debian mirror.
 
-mod support;
+use testkit::interpose as support;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Launch paths that HAMi never throttles cannot beat their share under the plugin's
 //! compute controller, as a specification on the simulated GPU (the controller over
 //! the fake NVML, the interception library in every client, ground truth from the
-//! simulator's timeline; see `support/shares.rs`).
+//! simulator's timeline; see `testkit::interpose::shares`).
 //!
 //! A 25-share claim runs cooperative launches, `_ptsz` launches or graphs of 50 kernels
 //! in 3 processes, or a plain launch loop in 4, against a 40-share claim running a
@@ -26,9 +26,8 @@
 //! The scenarios run one at a time (wall-clock shares on a small machine), about 13 s
 //! each.
 
-#[path = "support/shares.rs"]
-mod shares;
-mod support;
+use testkit::interpose as support;
+use testkit::interpose::shares;
 
 use shares::{Scenario, WARMUP_S, WINDOWS, fake_nvml, mean, run, targets};
 

@@ -1,7 +1,7 @@
 //! The simulated GPU (tests/fakes/fakesim.h) on its own, without the interception
 //! library: processes of `sim_client` load the fake driver directly, share one GPU
 //! through the simulator's state file, and are judged by the simulator's timeline
-//! (support/timeline.rs) and the fake driver's ledger; the fake NVML is read through
+//! (`testkit::interpose::timeline`) and the fake driver's ledger; the fake NVML is read through
 //! `sim_client nvml`.
 //!
 //! The tests run one at a time (they measure wall-clock shares on a 2-core machine)
@@ -13,7 +13,7 @@
 //! time, shares within 10 points), with the figures printed; a broken model (a client
 //! that sleeps past its kernel, no round-robin, spinning clients) lands far beyond.
 
-mod support;
+use testkit::interpose as support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

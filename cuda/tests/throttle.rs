@@ -9,7 +9,7 @@
 //! fake driver does not export yet (the simulated GPU adds them) are skipped, with a
 //! `tessera-cuda SKIP` line.
 
-mod support;
+use testkit::interpose as support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

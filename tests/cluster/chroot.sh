@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints the path of the cached Debian trixie chroot that holds the cluster's userland
 # from Debian packages: containerd 1.7 and runc (the containerd suite's too,
-# tests/support/cri.rs: CDI needs containerd >= 1.7.2, bookworm has 1.6), the CNI plugins
+# testkit/src/cri.rs: CDI needs containerd >= 1.7.2, bookworm has 1.6), the CNI plugins
 # (containernetworking-plugins), etcd 3.5 (etcd-server) and busybox-static (for the
 # locally built pause and test images). Built once with debootstrap (a lock serialises
 # concurrent builders); runs never modify it.

@@ -12,9 +12,9 @@ repo=$(cd "$here/../.." && pwd)
 DIR=$(cd "${1:?usage: mock-node-root.sh DIR}" && pwd)
 overlay=$repo/deploy/overlays/test-cluster
 NODE_ROOT=$DIR/tessera-node
-# Device nodes as the node would have them (tests/support/e2e.rs make_dev_root): one
+# Device nodes as the node would have them (testkit/src/e2e.rs make_dev_root): one
 # per GPU, the MIG capability nodes of MIG-capable GPUs, nvidiactl and the uvm pair;
-# fake driver files (tests/support/harness.rs make_driver_root), except that libcuda is
+# fake driver files (testkit/src/harness.rs make_driver_root), except that libcuda is
 # the fake driver and nvidia-smi a script (see below).
 mkdir -p "$NODE_ROOT"/{dev,driver-root/usr/lib/x86_64-linux-gnu,driver-root/usr/bin,run,state,registry}
 driver_version=$(python3 - "$overlay/mock-node.yaml" "$NODE_ROOT" <<'EOF'

@@ -1,6 +1,6 @@
 /*
  * fake_cuda.c: a fake `libcuda.so.1` backed by host memory, for the interception
- * library's tests. Built by the test harness (tests/support/mod.rs):
+ * library's tests. Built by the test harness (testkit/src/interpose/mod.rs):
  *
  *   cc -shared -fPIC -pthread -Wl,-Bsymbolic-functions -Wl,-soname,libcuda.so.1 \
  *      -o libcuda.so.1 fake_cuda.c

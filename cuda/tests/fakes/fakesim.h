@@ -56,7 +56,7 @@
  * log): append-only binary records of 32 bytes, little-endian, written under the
  * lock in completion order (per GPU, in start order too):
  *   u32 gpu index, u32 pid, u32 tag, u32 pad (0), u64 start_ns, u64 end_ns
- * with [start_ns, end_ns) in CLOCK_MONOTONIC ns. Parsed by cuda/tests/support/timeline.rs.
+ * with [start_ns, end_ns) in CLOCK_MONOTONIC ns. Parsed by testkit/src/interpose/timeline.rs.
  *
  * Utilisation samples (for the fake NVML): busy over the 1 s before tick k =
  * snapshot(k) - snapshot(k - 6); a record (or GPU) that did not exist at tick k - 6

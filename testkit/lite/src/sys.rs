@@ -1,5 +1,5 @@
 //! The few system calls the test kit makes through libc, each behind a safe function,
-//! so that `testkit` itself forbids `unsafe` code.
+//! so that `testkit` itself denies `unsafe` code.
 
 use std::io;
 use std::path::Path;
@@ -8,6 +8,18 @@ use std::path::Path;
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock the fake driver's simulator
+/// stamps its timeline with (`std::time::Instant` reads it too, but hides the value).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Creates the character device `path` (`major:minor`, mode 0666). An existing file

@@ -11,8 +11,7 @@
 //!
 //! Verdicts come from the fake driver's ledger (device memory it really handed
 //! out), not from the library's own counters.
-#![allow(dead_code)]
-
+pub mod shares;
 pub mod timeline;
 
 use std::fs;
@@ -67,9 +66,13 @@ pub fn install_libs(core: &Path, dir: &Path) {
     }
 }
 
-const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/fake_cuda.c");
-const CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/cuda_client.c");
-const SIM_CLIENT_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes/sim_client.c");
+/// A C source of `cuda/tests/fakes/` (the fake driver, its clients).
+fn fake_source(file: &str) -> String {
+    let p = testkit_lite::repo_root()
+        .join("cuda/tests/fakes")
+        .join(file);
+    p.to_str().expect("utf-8 checkout path").to_string()
+}
 
 /// Whether missing prerequisites fail (CI) or skip (a developer's machine): the test
 /// kit's one rule.
@@ -101,8 +104,7 @@ pub fn require(test: &str) -> bool {
 fn prerequisites() -> Option<String> {
     static P: OnceLock<Option<String>> = OnceLock::new();
     P.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !testkit_lite::sys::is_root() {
             return Some("needs root for unshare -m and mounts".into());
         }
         for (prog, arg) in [("unshare", "--version"), ("cc", "--version")] {
@@ -165,7 +167,7 @@ pub fn artifacts() -> &'static Artifacts {
         // directory outlives the test binary, and `cargo clean` is what removes it.
         let tmp = tempfile::Builder::new()
             .prefix("tessera-cuda-fixtures")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .tempdir_in(testkit_lite::target_tmpdir())
             .expect("temp dir");
         let root = tmp.path();
         let (lib_dir, fake_dir, other) = (root.join("lib"), root.join("fake"), root.join("other"));
@@ -186,7 +188,7 @@ pub fn artifacts() -> &'static Artifacts {
             "-Wl,-soname,libcuda.so.1",
             "-o",
             fake.to_str().expect("utf-8 path"),
-            FAKE_SRC,
+            &fake_source("fake_cuda.c"),
         ]);
         fs::copy(&fake, other.join("libcuda.so.1")).expect("copy fake");
         let client = root.join("cuda_client");
@@ -198,7 +200,7 @@ pub fn artifacts() -> &'static Artifacts {
             "-Werror",
             "-o",
             client.to_str().expect("utf-8 path"),
-            CLIENT_SRC,
+            &fake_source("cuda_client.c"),
             "-ldl",
             "-pthread",
         ]);
@@ -211,7 +213,7 @@ pub fn artifacts() -> &'static Artifacts {
             "-Werror",
             "-o",
             sim_client.to_str().expect("utf-8 path"),
-            SIM_CLIENT_SRC,
+            &fake_source("sim_client.c"),
             "-ldl",
             "-lm",
         ]);
@@ -251,7 +253,7 @@ pub fn built_library() -> PathBuf {
 
 /// As [`built_library`], in `profile` ("debug" or "release" with `--release`).
 pub fn built_library_with(profile: &str, extra: &[&str]) -> PathBuf {
-    testkit_lite::cuda::interception_library(Path::new(env!("CARGO_TARGET_TMPDIR")), profile, extra)
+    testkit_lite::cuda::interception_library(&testkit_lite::target_tmpdir(), profile, extra)
 }
 
 /// A program linked against `libcuda.so.1` (no `dlsym`, no `cuGetProcAddress`), built
@@ -648,24 +650,13 @@ pub fn python_clients() -> Option<PathBuf> {
     dir.join("venv/bin/python").exists().then_some(dir)
 }
 
-/// Builds Foundation I's fake NVML (`tests/fakes/fake_nvml.c` at the workspace root)
+/// Builds the fake NVML (`tests/fakes/fake_nvml.c`, [`crate::fake_nvml`])
 /// into the fake driver's directory, and writes a state file for `devices`.
 pub fn fake_nvml(state_dir: &Path, devices: &[(String, u64)]) {
     static BUILT: OnceLock<()> = OnceLock::new();
     let art = artifacts();
     BUILT.get_or_init(|| {
-        let out = art.fake_dir.join("libnvidia-ml.so.1");
-        cc(&[
-            "-shared",
-            "-fPIC",
-            "-pthread",
-            "-std=c11",
-            "-O1",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-            out.to_str().expect("utf-8 path"),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fakes/fake_nvml.c"),
-        ]);
+        crate::fake_nvml::build_fake_nvml(&art.fake_dir);
     });
     let mut s = String::from(
         "tessera-node-state 1\nsource 0\ndriver-version 580.65.06\ncuda-driver-version 13000\n\

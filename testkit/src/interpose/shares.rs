@@ -3,17 +3,15 @@
 //! plugin mounts them), `sim_client` workloads, the plugin's compute controller
 //! (`tessera::compute::service`) over the fake `libnvidia-ml.so.1` through the production
 //! NVML backend, and achieved shares from the simulator's own timeline. Used by the
-//! `compute_shares` benchmark and the `compute_limit` test; include it next to
-//! `support` with `#[path = "../tests/support/shares.rs"] mod shares;`.
-
-#![allow(dead_code)]
+//! `compute_shares` benchmark and the `compute_limit` and `shares_under_controller`
+//! tests.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::support::{self, ClaimSpec, RunOpts, Sandbox};
+use super::{self as support, ClaimSpec, RunOpts, Sandbox};
 use tessera::compute::service::{ComputeService, ControlledClaim};
 use tessera::inventory::GpuBackend;
 use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
@@ -78,23 +76,7 @@ pub struct Nvml {
 }
 
 pub fn fake_nvml(dir: &Path) -> Nvml {
-    let lib = dir.join("libnvidia-ml.so.1");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fakes/fake_nvml.c");
-    let inc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes");
-    let out = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-pthread", "-std=c11", "-O1"])
-        .arg(format!("-I{}", inc.display()))
-        .arg("-Wl,-soname,libnvidia-ml.so.1")
-        .arg("-o")
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("cc");
-    assert!(
-        out.status.success(),
-        "building the fake NVML: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let lib = crate::fake_nvml::build_fake_nvml(dir);
     let state_dir = dir.join("nvml-state");
     let yaml = format!(
         "apiVersion: mock.tessera.dev/v1alpha1\nkind: MockNode\ndriverVersion: \"580.65.06\"\ncudaDriverVersion: \"13.0\"\ncharDevices: {{nvidia: 195, nvidia-uvm: 508}}\ngpus:\n- minor: 0\n  uuid: {GPU}\n  productName: NVIDIA H100 80GB HBM3\n  brand: Nvidia\n  architecture: Hopper\n  memoryBytes: {GPU_BYTES}\n  multiprocessors: 132\n  cudaComputeCapability: \"9.0\"\n  pciBusID: \"0000:19:00.0\"\n  migCapable: false\n"
@@ -117,6 +99,7 @@ fn sim_client() -> PathBuf {
     support::artifacts().sim_client.clone()
 }
 
+#[allow(unsafe_code)] // set_var: the in-process controller's fake NVML reads it at init.
 pub fn run(dir: &Path, nvml: &Nvml, sc: &Scenario, seed: u64, throttle: bool) -> Outcome {
     let run_dir = dir.join(format!(
         "run-{}-{seed}-{throttle}",

@@ -17,8 +17,6 @@
 //! window `[t0, t1)` counts each interval's part inside it, so intervals crossing a
 //! window's edges are split. A benchmark's achieved share of claim `c` in a window is
 //! `by_tag[c] / gpu_ns` ([`WindowBusy::share`]), never anything NVML reported.
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -168,11 +166,5 @@ pub fn consecutive(start: u64, len: u64, n: usize) -> Vec<(u64, u64)> {
 
 /// CLOCK_MONOTONIC now, in ns: the timeline's clock.
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write to.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * SECOND + ts.tv_nsec as u64
+    testkit_lite::sys::monotonic_ns()
 }
