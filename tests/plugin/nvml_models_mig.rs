@@ -207,9 +207,10 @@ async fn every_published_partition_prepares_and_unprepares_on_the_dgxh100_model(
     child.terminate().await;
 }
 
-/// Claims on one GPU prepared at once (concurrent NodePrepareResources calls) land on
-/// their own placements, which do not overlap, each with its own MIG device; a claim
-/// overlapping them is refused and changes nothing; unprepared at once, none is left.
+/// Claims on one GPU prepared at once (concurrent NodePrepareResources calls, then all
+/// in one call) land on their own placements, which do not overlap, each with its own
+/// MIG device; a claim overlapping them is refused and changes nothing; unprepared at
+/// once, none is left.
 #[tokio::test]
 async fn parallel_placements_on_one_gpu_of_the_dgxh100_model() {
     // Disjoint both in Tessera's geometry (3g.40gb takes 4 slices) and the model's.
@@ -276,6 +277,31 @@ async fn parallel_placements_on_one_gpu_of_the_dgxh100_model() {
         unprepare_ok(&k, &claims[2], DEVICES[2]),
         unprepare_ok(&k, &claims[3], DEVICES[3]),
     );
+    assert_eq!(all_instances(&model), []);
+
+    // The same claims in one NodePrepareResources call, then one unprepare call.
+    let resp = k.prepare_v1(&claims).await.unwrap();
+    for c in &claims {
+        assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+    }
+    let batch = instances(&model, 0);
+    let mut starts: Vec<u64> = batch
+        .iter()
+        .map(|g| g["placement"]["start"].as_u64().unwrap())
+        .collect();
+    starts.sort_unstable();
+    assert_eq!(starts, [0, 1, 2, 4], "{batch:#?}");
+    for (c, device) in claims.iter().zip(DEVICES) {
+        let gi = batch
+            .iter()
+            .find(|g| g["placement"]["start"] == start_of(device))
+            .unwrap();
+        assert_spec_names(&h, c, gi, device);
+    }
+    let resp = k.unprepare_v1(&claims).await.unwrap();
+    for c in &claims {
+        assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+    }
     assert_eq!(all_instances(&model), []);
     assert_eq!(tessera_cdi_files(&h), Vec::<String>::new());
     child.terminate().await;
