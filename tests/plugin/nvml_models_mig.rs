@@ -390,3 +390,67 @@ async fn a_crash_at_every_mig_step_leaks_no_instance_on_the_dgxh100_model() {
         child.terminate().await;
     }
 }
+
+/// A `kill -9` of the plugin between two NVML calls of a MIG create or destroy, where
+/// no fail point is: the model's `control.json` SIGKILLs the process on entering an
+/// export (`killBefore`) or once its change is saved (`killAfter`). The GPU instance
+/// may be left without its compute instance, or the claim's record without its GI ID;
+/// the restart (with the kill disarmed) must still leave no instance, and the retries
+/// must succeed.
+#[tokio::test]
+async fn a_kill_between_nvml_calls_of_a_mig_step_leaks_no_instance_on_the_dgxh100_model() {
+    const DEVICE: &str = "gpu-0-mig-2g20gb-14-2";
+    // (export, killed after it succeeded, during unprepare, GPU instances at the kill)
+    const CASES: &[(&str, bool, bool, usize)] = &[
+        ("nvmlDeviceCreateGpuInstanceWithPlacement", false, false, 0),
+        ("nvmlDeviceCreateGpuInstanceWithPlacement", true, false, 1),
+        ("nvmlGpuInstanceCreateComputeInstance", true, false, 1),
+        ("nvmlComputeInstanceDestroy", false, true, 1),
+        ("nvmlComputeInstanceDestroy", true, true, 1),
+        ("nvmlGpuInstanceDestroy", true, true, 0),
+    ];
+    let Some(built) = built() else { return };
+    for &(export, after, unprepare, left) in CASES {
+        let when = format!("{export} (after: {after})");
+        let model = Model::new(built, "dgxh100", true);
+        let control = model.state().join("control.json");
+        let key = if after { "killAfter" } else { "killBefore" };
+        let arm =
+            || std::fs::write(&control, serde_json::json!({ key: [export] }).to_string()).unwrap();
+        let h = Harness::new().await;
+        if !unprepare {
+            arm();
+        }
+        let mut child = start(&h, &model, "").await;
+        let c = claim(&h, "killed", DEVICE).await;
+        let k = h.kubelet().await;
+        if unprepare {
+            prepare_ok(&k, &c, &when).await;
+            arm();
+            assert!(k.unprepare_v1(std::slice::from_ref(&c)).await.is_err());
+        } else {
+            assert!(k.prepare_v1(std::slice::from_ref(&c)).await.is_err());
+        }
+        assert!(child.wait_aborted().await, "{when}: the plugin was killed");
+        drop(child);
+        std::fs::remove_file(&control).unwrap();
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), left, "{when}: at the kill: {gis:#?}");
+
+        let child = start(&h, &model, "").await;
+        let k = h.kubelet().await;
+        if unprepare {
+            unprepare_ok(&k, &c, &when).await;
+        }
+        assert_eq!(all_instances(&model), [], "{when}: left after the restart");
+        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{when}");
+        prepare_ok(&k, &c, &when).await;
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), 1, "{when}: {gis:#?}");
+        assert_spec_names(&h, &c, &gis[0], &when);
+        unprepare_ok(&k, &c, &when).await;
+        assert_eq!(all_instances(&model), [], "{when}: leaked");
+        assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{when}");
+        child.terminate().await;
+    }
+}

@@ -64,7 +64,17 @@ func enter(symbol string) (*model.Model, C.nvmlReturn_t) {
 	if m.Refused(symbol) {
 		return nil, notSupported
 	}
+	m.Kill(symbol, false)
 	return m, success
+}
+
+// mutate is m.Mutate for export `symbol`, then control.json's killAfter for it.
+func mutate(m *model.Model, symbol string, change func() nvml.Return) nvml.Return {
+	r := m.Mutate(change)
+	if r == nvml.SUCCESS {
+		m.Kill(symbol, true)
+	}
+	return r
 }
 
 // unset turns the panic of a go-nvml mock method left unset into NOT_SUPPORTED.
@@ -673,7 +683,7 @@ func nvmlDeviceSetMigMode(h C.nvmlDevice_t, mode C.uint, activation *C.int) C.nv
 		if int(mode) == nvml.DEVICE_MIG_DISABLE && len(d.GpuInstances) > 0 {
 			return inUse
 		}
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlDeviceSetMigMode", func() nvml.Return {
 			act, rr := d.SetMigMode(int(mode))
 			if activation != nil {
 				*activation = C.int(act)
@@ -756,7 +766,7 @@ func nvmlDeviceCreateGpuInstanceWithPlacement(h C.nvmlDevice_t, profileID C.uint
 		if r := admitGpuInstance(d, &p, &pl); r != success {
 			return r
 		}
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlDeviceCreateGpuInstanceWithPlacement", func() nvml.Return {
 			gi, rr := d.CreateGpuInstanceWithPlacement(&p, &pl)
 			if rr == nvml.SUCCESS {
 				*out = giHandle(i, gi.(*server.GpuInstance).Info.Id)
@@ -824,7 +834,7 @@ func nvmlDeviceCreateGpuInstance(h C.nvmlDevice_t, profileID C.uint, out *C.nvml
 			}
 			return noResources
 		}
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlDeviceCreateGpuInstance", func() nvml.Return {
 			gi, rr := d.CreateGpuInstanceWithPlacement(&p, free)
 			if rr == nvml.SUCCESS {
 				*out = giHandle(i, gi.(*server.GpuInstance).Info.Id)
@@ -933,7 +943,7 @@ func nvmlGpuInstanceDestroy(h C.nvmlGpuInstance_t) C.nvmlReturn_t {
 		if len(gi.ComputeInstances) > 0 {
 			return inUse
 		}
-		return code(m.Mutate(gi.Destroy))
+		return code(mutate(m, "nvmlGpuInstanceDestroy", gi.Destroy))
 	})
 }
 
@@ -977,7 +987,7 @@ func nvmlGpuInstanceCreateComputeInstance(h C.nvmlGpuInstance_t, profileID C.uin
 		if !ok {
 			return invalidArgument
 		}
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlGpuInstanceCreateComputeInstance", func() nvml.Return {
 			ci, rr := gi.CreateComputeInstance(&p)
 			if rr == nvml.SUCCESS {
 				id := ci.(*server.ComputeInstance).Info.Id
@@ -1062,7 +1072,7 @@ func nvmlComputeInstanceGetInfo_v2(h C.nvmlComputeInstance_t, out *C.nvmlCompute
 //export nvmlComputeInstanceDestroy
 func nvmlComputeInstanceDestroy(h C.nvmlComputeInstance_t) C.nvmlReturn_t {
 	return onCI("nvmlComputeInstanceDestroy", h, func(m *model.Model, ci *server.ComputeInstance, gi *server.GpuInstance, dev int) C.nvmlReturn_t {
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlComputeInstanceDestroy", func() nvml.Return {
 			rr := ci.Destroy()
 			if rr == nvml.SUCCESS {
 				delete(m.MigUUIDs, model.MigKey{GPU: dev, GI: gi.Info.Id, CI: ci.Info.Id})
