@@ -3,8 +3,10 @@
 //! (`tests/nvml-models`, MIG on), driven over the kubelet's gRPC. Every partition
 //! Tessera publishes for a GPU prepares and unprepares, with its MIG device's UUID in
 //! the CDI spec; claims prepared at once land on distinct, non-overlapping placements;
-//! and a crash at every fail point a MIG claim reaches is recovered at restart with no
-//! instance leaked. The model's own state (`nvml-model dump`) is the ground truth.
+//! and a crash at every fail point a MIG claim reaches, or a SIGKILL between any two
+//! NVML calls that change MIG state (the model's `control.json`), is recovered at
+//! restart with no instance leaked. The model's own state (`nvml-model dump`) is the
+//! ground truth.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -210,7 +212,7 @@ async fn every_published_partition_prepares_and_unprepares_on_the_dgxh100_model(
 /// Claims on one GPU prepared at once (concurrent NodePrepareResources calls, then all
 /// in one call) land on their own placements, which do not overlap, each with its own
 /// MIG device; a claim overlapping them is refused and changes nothing; unprepared at
-/// once, none is left.
+/// once, none is left. Of two overlapping claims prepared at once, exactly one lands.
 #[tokio::test]
 async fn parallel_placements_on_one_gpu_of_the_dgxh100_model() {
     // Disjoint both in Tessera's geometry (3g.40gb takes 4 slices) and the model's.
@@ -301,6 +303,29 @@ async fn parallel_placements_on_one_gpu_of_the_dgxh100_model() {
     let resp = k.unprepare_v1(&claims).await.unwrap();
     for c in &claims {
         assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+    }
+    assert_eq!(all_instances(&model), []);
+
+    // Two overlapping claims at once: exactly one gets its device, whichever it is.
+    let rivals = [
+        claim(&h, "rival-a", "gpu-0-mig-3g40gb-9-4").await,
+        claim(&h, "rival-b", "gpu-0-mig-1g10gb-19-5").await,
+    ];
+    let (a, b) = tokio::join!(
+        k.prepare_v1(std::slice::from_ref(&rivals[0])),
+        k.prepare_v1(std::slice::from_ref(&rivals[1])),
+    );
+    let won: Vec<&KubeletClaim> = [(a.unwrap(), &rivals[0]), (b.unwrap(), &rivals[1])]
+        .into_iter()
+        .filter(|(resp, c)| resp.claims[&c.uid].error.is_empty())
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(won.len(), 1, "exactly one of two overlapping claims");
+    let gis = instances(&model, 0);
+    assert_eq!(gis.len(), 1, "{gis:#?}");
+    assert_spec_names(&h, won[0], &gis[0], &won[0].name);
+    for c in &rivals {
+        unprepare_ok(&k, c, &c.name).await;
     }
     assert_eq!(all_instances(&model), []);
     assert_eq!(tessera_cdi_files(&h), Vec::<String>::new());
