@@ -70,13 +70,23 @@ pub fn join_host(root: &Path, path: &str) -> String {
         .to_string()
 }
 
-/// The MIG capability nodes of a device: (GI ID, CI ID).
-pub type MigCaps = (u32, u32);
+/// A MIG device as its spec names it: (GI ID, CI ID) for its capability nodes, and
+/// the UUID of the MIG device (`MIG-...`, once NVML made it).
+pub type MigCaps = (u32, u32, Option<String>);
+
+/// The environment variable naming a MIG device's UUID in its CDI device's edits:
+/// `TESSERA_MIG_UUID_<gpu minor>_<GI ID>_<CI ID>`, unique on the node, so that a
+/// container holding several MIG devices (of one claim or several) learns each one's
+/// UUID (for `CUDA_VISIBLE_DEVICES`, `nvidia-smi -i`, logs) without one spec's value
+/// replacing another's.
+pub fn mig_uuid_env(gpu_minor: u32, gi: u32, ci: u32) -> String {
+    format!("TESSERA_MIG_UUID_{gpu_minor}_{gi}_{ci}")
+}
 
 /// The claim's spec. Deterministic: devices in plan order, spec-level edits fixed. A
 /// MIG device gets its parent's `/dev/nvidia<minor>` plus its GI and CI capability
-/// nodes (`mig-and-cuda-facts.md` A2.1); `mig_caps` gives each MIG device's (GI ID,
-/// CI ID) in plan order. Fails when a MIG device is present but the `nvidia-caps` major
+/// nodes (`mig-and-cuda-facts.md` A2.1), and its UUID in [`mig_uuid_env`] when known;
+/// `mig_caps` gives each MIG device's (GI ID, CI ID, UUID) in plan order. Fails when a MIG device is present but the `nvidia-caps` major
 /// is unknown.
 pub fn render_claim_spec(
     plan: &ClaimPlan,
@@ -92,7 +102,10 @@ pub fn render_claim_spec(
             i64::from(ctx.majors.nvidia),
             i64::from(d.gpu_minor),
         ));
-        if let Some((gi, ci)) = mig_caps.get(i).copied().flatten() {
+        if let Some((gi, ci, uuid)) = mig_caps.get(i).cloned().flatten() {
+            if let Some(uuid) = uuid {
+                edits = edits.with_env(&mig_uuid_env(d.gpu_minor, gi, ci), &uuid);
+            }
             let major = ctx.majors.nvidia_caps.ok_or(
                 "the nvidia-caps character-device major is unknown (not in /proc/devices)",
             )?;
@@ -541,10 +554,31 @@ mod tests {
         assert_eq!(node.path, "/dev/nvidia0");
     }
 
+    /// A MIG device's UUID, once known, is in its device's environment, named by its
+    /// GPU, GI and CI; the spec's own environment does not change.
+    #[test]
+    fn a_mig_devices_uuid_is_in_its_environment() {
+        let uuid = "MIG-5f1e9d2c-7a3b-5c4d-8e6f-0123456789ab";
+        let with = render_claim_spec(
+            &plan(&[(0, None)]),
+            &ctx(),
+            &[Some((13, 2, Some(uuid.to_string())))],
+        )
+        .unwrap();
+        assert_eq!(
+            with.devices[0].container_edits.env,
+            [format!("TESSERA_MIG_UUID_0_13_2={uuid}")]
+        );
+        let without =
+            render_claim_spec(&plan(&[(0, None)]), &ctx(), &[Some((13, 2, None))]).unwrap();
+        assert!(without.devices[0].container_edits.env.is_empty());
+        assert_eq!(with.container_edits, without.container_edits);
+    }
+
     /// A MIG device gets its parent's node and the GI and CI capability nodes, read-only.
     #[test]
     fn mig_devices_get_capability_nodes() {
-        let spec = render_claim_spec(&plan(&[(0, None)]), &ctx(), &[Some((13, 0))]).unwrap();
+        let spec = render_claim_spec(&plan(&[(0, None)]), &ctx(), &[Some((13, 0, None))]).unwrap();
         let nodes: Vec<_> = spec.devices[0]
             .container_edits
             .device_nodes
@@ -571,7 +605,7 @@ mod tests {
         );
         let mut no_caps = ctx();
         no_caps.majors.nvidia_caps = None;
-        assert!(render_claim_spec(&plan(&[(0, None)]), &no_caps, &[Some((13, 0))]).is_err());
+        assert!(render_claim_spec(&plan(&[(0, None)]), &no_caps, &[Some((13, 0, None))]).is_err());
     }
 
     /// Driver files are found by driver version or soname, missing ones skipped.

@@ -311,7 +311,7 @@ impl DeviceState {
         let predicted: Vec<Option<cdi_spec::MigCaps>> = plan
             .devices
             .iter()
-            .map(|d| d.mig.map(|m| (m.gi_id, 0)))
+            .map(|d| d.mig.map(|m| (m.gi_id, 0, None)))
             .collect();
         let shared = plan.is_shared();
         if shared && let Err(e) = self.ensure_library() {

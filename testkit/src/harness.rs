@@ -358,6 +358,27 @@ impl ChildPlugin {
     /// the mock node with `fail_points` armed, talking to `api` through a kubeconfig
     /// file; waits until its registration socket listens.
     pub async fn start(exe: &Path, api: &FakeApiServer, root: &Path, fail_points: &str) -> Self {
+        Self::start_with(
+            exe,
+            api,
+            root,
+            fail_points,
+            &["--backend".into(), "mock".into()],
+            &[],
+        )
+        .await
+    }
+
+    /// Like [`ChildPlugin::start`], with the backend's flags (`--backend ...` and any
+    /// it needs, such as `--proc-root`) and extra environment variables given.
+    pub async fn start_with(
+        exe: &Path,
+        api: &FakeApiServer,
+        root: &Path,
+        fail_points: &str,
+        backend_args: &[std::ffi::OsString],
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Self {
         let p = paths(root);
         let kubeconfig = root.join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
@@ -367,7 +388,9 @@ impl ChildPlugin {
             // An abort may dump core where core dumps are on: keep it in the temp dir.
             .current_dir(root)
             .arg("plugin")
-            .args(["--node-name", NODE, "--backend", "mock"])
+            .args(["--node-name", NODE])
+            .args(backend_args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--plugin-registry-dir")

@@ -13,6 +13,7 @@ mod metrics;
 mod mig_prepare;
 mod nvml_backend;
 mod nvml_models;
+mod nvml_models_mig;
 mod plugin_grpc;
 mod shared_gpus;
 mod state_locking;

@@ -136,7 +136,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
 
 /// The built models: the directory holding `libnvidia-ml.so.1` and `nvml-model`, or
 /// `None` (skipped) when `go` is missing and `CI` is unset.
-fn built() -> Option<&'static Path> {
+pub(crate) fn built() -> Option<&'static Path> {
     static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -176,16 +176,16 @@ fn built() -> Option<&'static Path> {
 }
 
 /// A model with its own state dir (so its UUIDs are fixed for the test).
-struct Model {
-    name: &'static str,
-    dir: tempfile::TempDir,
+pub(crate) struct Model {
+    pub(crate) name: &'static str,
+    pub(crate) dir: tempfile::TempDir,
     bin: PathBuf,
-    lib: PathBuf,
+    pub(crate) lib: PathBuf,
 }
 
 impl Model {
     /// `name`, with MIG mode `mig` on every GPU.
-    fn new(built: &Path, name: &'static str, mig: bool) -> Self {
+    pub(crate) fn new(built: &Path, name: &'static str, mig: bool) -> Self {
         let m = Model {
             name,
             dir: tempfile::tempdir().expect("temp dir"),
@@ -196,7 +196,7 @@ impl Model {
         m
     }
 
-    fn state(&self) -> PathBuf {
+    pub(crate) fn state(&self) -> PathBuf {
         self.dir.path().join("model")
     }
 
@@ -216,7 +216,7 @@ impl Model {
     }
 
     /// `nvml-model dump`: the ground truth.
-    fn dump(&self) -> Value {
+    pub(crate) fn dump(&self) -> Value {
         serde_json::from_slice(&self.cli(&["dump"])).expect("dump is JSON")
     }
 
@@ -302,8 +302,9 @@ fn mig_step() {
             .expect("NVML initialises");
     match std::env::var(STEP_ENV).as_deref() {
         Ok("create") => {
-            // The model's own ID of its 1-slice profile (it uses indices as IDs).
-            let made = nvml.create_mig(0, 0, 3).expect("create_mig");
+            // 1g.10gb by Tessera's (and NVML's) ID, 19; the backend asks the model for
+            // its own ID of that profile (its index, 0).
+            let made = nvml.create_mig(0, 19, 3).expect("create_mig");
             assert_eq!((made.start, made.size), (3, 1), "{made:?}");
             println!("created GI {}", made.gi_id);
             // SAFETY: kill(2) on our own pid: the child dies as by `kill -9`.
@@ -316,8 +317,25 @@ fn mig_step() {
             let [gi] = status.instances.as_slice() else {
                 panic!("want one MIG device, got {status:?}")
             };
-            assert_eq!((gi.profile_id, gi.start, gi.size), (0, 3, 1), "{gi:?}");
-            assert!(gi.ci.is_some(), "{gi:?}");
+            assert_eq!((gi.profile_id, gi.start, gi.size), (19, 3, 1), "{gi:?}");
+            let ci = gi.ci.as_ref().expect("a compute instance");
+            assert!(ci.uuid.starts_with("MIG-"), "{ci:?}");
+            println!("MIG device {}", ci.uuid);
+            // The model refuses what overlaps it, as NVML does: the same placement, and
+            // 2g.20gb (ID 14) at slices 2-3.
+            for (profile, start) in [(19, 3), (14, 2)] {
+                let refused = nvml.create_mig(0, profile, start).unwrap_err();
+                assert!(
+                    matches!(
+                        refused,
+                        tessera::inventory::BackendError::Mig {
+                            source: tessera::mig::MigError::InsufficientResources(_),
+                            ..
+                        }
+                    ),
+                    "profile {profile} at {start}: {refused:?}"
+                );
+            }
             nvml.destroy_mig(0, gi.gi_id).expect("destroy_mig");
             assert!(nvml.mig_status(0).unwrap().instances.is_empty());
         }
@@ -857,10 +875,15 @@ fn mig_devices_outlive_a_killed_process() {
     let gis = dump["gpus"][0]["gpuInstances"].as_array().unwrap();
     assert_eq!(gis.len(), 1, "{dump:#}");
     assert_eq!(gis[0]["placement"], json!({"start": 3, "size": 1}));
+    let uuid = gis[0]["computeInstances"][0]["uuid"].as_str().unwrap();
     let (status, out) = run_child(&model, NAME, "destroy");
     assert!(
         status.success() && out.contains("1 passed"),
         "destroy: {status}\n{out}"
+    );
+    assert!(
+        out.contains(&format!("MIG device {uuid}")),
+        "the MIG UUID outlives the process: {uuid}\n{out}"
     );
     assert!(
         model.dump()["gpus"][0]["gpuInstances"]

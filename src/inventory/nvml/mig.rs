@@ -122,6 +122,51 @@ pub(super) fn switches_mig_without_reset(arch: &DeviceArchitecture) -> bool {
     )
 }
 
+/// Tessera's profile IDs (its catalog's, which the published partitions name) and the
+/// IDs NVML gives the same profiles on this GPU, as `(nvml_id, catalog_id)` pairs, one
+/// per catalogued profile the GPU has: NVML's ID is what
+/// `nvmlDeviceGetGpuInstanceProfileInfo` answers for the profile's index, which is how
+/// NVML's API means profile IDs to be found. Empty for a GPU not in the catalog (its
+/// partitions are NVML's own profiles, named by NVML's IDs). The two agree on the GPUs
+/// the catalog was checked against; go-nvml's models use indices as IDs.
+pub(super) fn profile_ids(dev: &Device<'_>) -> Result<Vec<(u32, u32)>, CallFailed> {
+    let Some(model) = dev
+        .name()
+        .ok()
+        .and_then(|name| crate::mig::model_for_product(&name))
+    else {
+        return Ok(Vec::new());
+    };
+    let mut ids = Vec::new();
+    for p in model.profiles {
+        match dev.profile_info(p.nvml_index) {
+            Ok(info) => ids.push((info.id, p.profile_id)),
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => {}
+            Err(source) => {
+                return Err(CallFailed::new(
+                    "nvmlDeviceGetGpuInstanceProfileInfo",
+                    source,
+                ));
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// NVML's ID of Tessera's profile `catalog_id` (itself when unmapped).
+pub(super) fn nvml_profile_id(ids: &[(u32, u32)], catalog_id: u32) -> u32 {
+    ids.iter()
+        .find(|(_, c)| *c == catalog_id)
+        .map_or(catalog_id, |(n, _)| *n)
+}
+
+/// Tessera's ID of NVML's profile `nvml_id` (itself when unmapped).
+pub(super) fn catalog_profile_id(ids: &[(u32, u32)], nvml_id: u32) -> u32 {
+    ids.iter()
+        .find(|(n, _)| *n == nvml_id)
+        .map_or(nvml_id, |(_, c)| *c)
+}
+
 /// The MIG implementation: NVML calls only, errors as [`CallFailed`] for the caller's
 /// [`MigOp`] to judge.
 impl NvmlBackend {
@@ -197,6 +242,7 @@ impl NvmlBackend {
         };
         let mut instances = Vec::new();
         if enabled {
+            let ids = profile_ids(&dev)?;
             for profile in gi_profiles(&dev)? {
                 for gi in self.gpu_instances(gpu.handle, &profile)? {
                     let cis = self
@@ -204,9 +250,11 @@ impl NvmlBackend {
                         .into_iter()
                         .map(|ci| self.ci_info(ci))
                         .collect::<Result<Vec<_>, _>>()?;
+                    let info = self.gi_info(gi)?;
                     instances.push(MigInstance {
                         ci: cis.into_iter().min_by_key(|ci| ci.ci_id),
-                        ..self.gi_info(gi)?
+                        profile_id: catalog_profile_id(&ids, info.profile_id),
+                        ..info
                     });
                 }
             }

@@ -383,6 +383,9 @@ impl GpuBackend for NvmlBackend {
         let dev = self.device(gpu);
         self.require_mig_on(&dev, &op)?;
         let judge = |f: CallFailed| op.judge(f);
+        // `profile_id` is Tessera's (the partition's name); NVML is asked by its own.
+        let catalog_id = profile_id;
+        let profile_id = nvml_profile_id(&profile_ids(&dev).map_err(judge)?, catalog_id);
         let size = self.placement_size(gpu.handle, profile_id).map_err(judge)?;
         let size = size.ok_or_else(|| {
             op.refused(MigError::InvalidArgument(format!(
@@ -408,6 +411,7 @@ impl GpuBackend for NvmlBackend {
             ci = Some(handle);
             Ok(MigInstance {
                 ci: Some(self.ci_info(handle)?),
+                profile_id: catalog_id,
                 ..self.gi_info(gi)?
             })
         })();

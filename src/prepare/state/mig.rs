@@ -211,7 +211,8 @@ impl DeviceState {
     }
 
     /// Creates (or adopts) the MIG devices of a claim in `Started` state, recording
-    /// each intent before acting. Returns the (GI, CI) IDs per device, in plan order.
+    /// each intent before acting. Returns the (GI ID, CI ID, UUID) per device, in plan
+    /// order.
     pub(super) fn create_mig_devices(
         &self,
         cp: &mut Checkpoint,
@@ -264,7 +265,10 @@ impl DeviceState {
             });
             self.store.store(cp)?;
             self.cfg.fail_points.hit("prepare-after-mig-create");
-            caps[i] = Some((inst.gi_id, ci.map_or(0, |c| c.ci_id)));
+            caps[i] = Some(match ci {
+                Some(c) => (inst.gi_id, c.ci_id, Some(c.uuid)),
+                None => (inst.gi_id, 0, None),
+            });
         }
         Ok(caps)
     }

@@ -34,6 +34,8 @@ const (
 	notSupported     = C.nvmlReturn_t(nvml.ERROR_NOT_SUPPORTED)
 	notFound         = C.nvmlReturn_t(nvml.ERROR_NOT_FOUND)
 	insufficientSize = C.nvmlReturn_t(nvml.ERROR_INSUFFICIENT_SIZE)
+	inUse            = C.nvmlReturn_t(nvml.ERROR_IN_USE)
+	noResources      = C.nvmlReturn_t(nvml.ERROR_INSUFFICIENT_RESOURCES)
 	libraryNotFound  = C.nvmlReturn_t(nvml.ERROR_LIBRARY_NOT_FOUND)
 )
 
@@ -62,7 +64,17 @@ func enter(symbol string) (*model.Model, C.nvmlReturn_t) {
 	if m.Refused(symbol) {
 		return nil, notSupported
 	}
+	m.Kill(symbol, false)
 	return m, success
+}
+
+// mutate is m.Mutate for export `symbol`, then control.json's killAfter for it.
+func mutate(m *model.Model, symbol string, change func() nvml.Return) nvml.Return {
+	r := m.Mutate(change)
+	if r == nvml.SUCCESS {
+		m.Kill(symbol, true)
+	}
+	return r
 }
 
 // unset turns the panic of a go-nvml mock method left unset into NOT_SUPPORTED.
@@ -84,6 +96,7 @@ const (
 	devBase = 0x1000
 	giBase  = 0x100000
 	ciBase  = 0x10000000
+	migBase = 0x40000000
 )
 
 func devHandle(m *model.Model, d nvml.Device) C.nvmlDevice_t {
@@ -143,6 +156,151 @@ func ciOf(m *model.Model, h C.nvmlComputeInstance_t) (*server.ComputeInstance, *
 		}
 	}
 	return nil, nil, 0, invalidArgument
+}
+
+// migHandle is the handle of a compute instance's MIG device (a gap fill: the models
+// have none; see model.Model.MigUUIDs).
+func migHandle(dev int, gi, ci uint32) C.nvmlDevice_t {
+	return C.nvmlDevice_t(migBase + dev<<20 + int(gi)<<8 + int(ci))
+}
+
+func isMigHandle(h C.nvmlDevice_t) bool { return h >= migBase }
+
+// migOf resolves a MIG device handle to its compute instance.
+func migOf(m *model.Model, h C.nvmlDevice_t) (*server.ComputeInstance, *server.GpuInstance, int, C.nvmlReturn_t) {
+	if !isMigHandle(h) {
+		return nil, nil, 0, invalidArgument
+	}
+	v := int(h) - migBase
+	return ciOf(m, ciHandle(v>>20, uint32(v>>8&0xfff), uint32(v&0xff)))
+}
+
+// migDevices lists GPU dev's MIG devices in NVML's order (GPU instance, then compute
+// instance, by ID).
+func migDevices(m *model.Model, dev int) []C.nvmlDevice_t {
+	var out []C.nvmlDevice_t
+	for _, gi := range model.SortedGIs(m.Devices[dev]) {
+		for _, ci := range model.SortedCIs(gi) {
+			out = append(out, migHandle(dev, gi.Info.Id, ci.Info.Id))
+		}
+	}
+	return out
+}
+
+// onMig is onDevice for a MIG device handle.
+func onMig(symbol string, h C.nvmlDevice_t, ask func(m *model.Model, ci *server.ComputeInstance, gi *server.GpuInstance, dev int) C.nvmlReturn_t) (ret C.nvmlReturn_t) {
+	defer unset(&ret)
+	m, r := enter(symbol)
+	if m == nil {
+		return r
+	}
+	m.Mu.Lock()
+	defer m.Mu.Unlock()
+	ci, gi, dev, r := migOf(m, h)
+	if r != success {
+		return r
+	}
+	return ask(m, ci, gi, dev)
+}
+
+//export nvmlDeviceIsMigDeviceHandle
+func nvmlDeviceIsMigDeviceHandle(h C.nvmlDevice_t, out *C.uint) (ret C.nvmlReturn_t) {
+	defer unset(&ret)
+	m, r := enter("nvmlDeviceIsMigDeviceHandle")
+	if m == nil {
+		return r
+	}
+	if out == nil {
+		return invalidArgument
+	}
+	m.Mu.Lock()
+	defer m.Mu.Unlock()
+	if _, _, _, r := migOf(m, h); r == success {
+		*out = 1
+		return success
+	}
+	if _, _, r := deviceOf(m, h); r != success {
+		return r
+	}
+	*out = 0
+	return success
+}
+
+//export nvmlDeviceGetDeviceHandleFromMigDeviceHandle
+func nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h C.nvmlDevice_t, out *C.nvmlDevice_t) C.nvmlReturn_t {
+	return onMig("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", h, func(_ *model.Model, _ *server.ComputeInstance, _ *server.GpuInstance, dev int) C.nvmlReturn_t {
+		if out == nil {
+			return invalidArgument
+		}
+		*out = C.nvmlDevice_t(devBase + dev)
+		return success
+	})
+}
+
+//export nvmlDeviceGetGpuInstanceId
+func nvmlDeviceGetGpuInstanceId(h C.nvmlDevice_t, out *C.uint) C.nvmlReturn_t {
+	if !isMigHandle(h) {
+		// NVML: NOT_SUPPORTED for a handle that is not a MIG device's.
+		return onDevice("nvmlDeviceGetGpuInstanceId", h, func(*model.Model, *server.Device, int) C.nvmlReturn_t { return notSupported })
+	}
+	return onMig("nvmlDeviceGetGpuInstanceId", h, func(_ *model.Model, _ *server.ComputeInstance, gi *server.GpuInstance, _ int) C.nvmlReturn_t {
+		if out == nil {
+			return invalidArgument
+		}
+		*out = C.uint(gi.Info.Id)
+		return success
+	})
+}
+
+//export nvmlDeviceGetComputeInstanceId
+func nvmlDeviceGetComputeInstanceId(h C.nvmlDevice_t, out *C.uint) C.nvmlReturn_t {
+	if !isMigHandle(h) {
+		return onDevice("nvmlDeviceGetComputeInstanceId", h, func(*model.Model, *server.Device, int) C.nvmlReturn_t { return notSupported })
+	}
+	return onMig("nvmlDeviceGetComputeInstanceId", h, func(_ *model.Model, ci *server.ComputeInstance, _ *server.GpuInstance, _ int) C.nvmlReturn_t {
+		if out == nil {
+			return invalidArgument
+		}
+		*out = C.uint(ci.Info.Id)
+		return success
+	})
+}
+
+//export nvmlDeviceGetMaxMigDeviceCount
+func nvmlDeviceGetMaxMigDeviceCount(h C.nvmlDevice_t, out *C.uint) C.nvmlReturn_t {
+	return onDevice("nvmlDeviceGetMaxMigDeviceCount", h, func(_ *model.Model, d *server.Device, _ int) C.nvmlReturn_t {
+		if out == nil {
+			return invalidArgument
+		}
+		// The most instances any profile allows (the 1-slice profile's: one MIG device
+		// per compute slice); 0 on a GPU without MIG.
+		max := uint32(0)
+		for _, p := range d.Config.MIGProfiles.GpuInstanceProfiles {
+			if p.InstanceCount > max {
+				max = p.InstanceCount
+			}
+		}
+		*out = C.uint(max)
+		return success
+	})
+}
+
+//export nvmlDeviceGetMigDeviceHandleByIndex
+func nvmlDeviceGetMigDeviceHandleByIndex(h C.nvmlDevice_t, index C.uint, out *C.nvmlDevice_t) C.nvmlReturn_t {
+	return onDevice("nvmlDeviceGetMigDeviceHandleByIndex", h, func(m *model.Model, d *server.Device, i int) C.nvmlReturn_t {
+		if out == nil {
+			return invalidArgument
+		}
+		if d.MigMode != nvml.DEVICE_MIG_ENABLE {
+			return notSupported
+		}
+		all := migDevices(m, i)
+		if int(index) >= len(all) {
+			return notFound
+		}
+		*out = all[index]
+		return success
+	})
 }
 
 // putString copies s into a C buffer of `length` bytes, NUL-terminated.
@@ -331,6 +489,11 @@ func onDevice(symbol string, h C.nvmlDevice_t, ask func(m *model.Model, d *serve
 
 //export nvmlDeviceGetUUID
 func nvmlDeviceGetUUID(h C.nvmlDevice_t, buf *C.char, length C.uint) C.nvmlReturn_t {
+	if isMigHandle(h) {
+		return onMig("nvmlDeviceGetUUID", h, func(m *model.Model, ci *server.ComputeInstance, gi *server.GpuInstance, dev int) C.nvmlReturn_t {
+			return putString(m.MigUUIDs[model.MigKey{GPU: dev, GI: gi.Info.Id, CI: ci.Info.Id}], buf, length)
+		})
+	}
 	return onDevice("nvmlDeviceGetUUID", h, func(_ *model.Model, d *server.Device, _ int) C.nvmlReturn_t {
 		v, rr := d.GetUUID()
 		if rr != nvml.SUCCESS {
@@ -516,7 +679,11 @@ func nvmlDeviceGetMigMode(h C.nvmlDevice_t, current, pending *C.uint) C.nvmlRetu
 //export nvmlDeviceSetMigMode
 func nvmlDeviceSetMigMode(h C.nvmlDevice_t, mode C.uint, activation *C.int) C.nvmlReturn_t {
 	return onDevice("nvmlDeviceSetMigMode", h, func(m *model.Model, d *server.Device, _ int) C.nvmlReturn_t {
-		return code(m.Mutate(func() nvml.Return {
+		// Gap fill: NVML refuses to turn MIG off while GPU instances exist (IN_USE).
+		if int(mode) == nvml.DEVICE_MIG_DISABLE && len(d.GpuInstances) > 0 {
+			return inUse
+		}
+		return code(mutate(m, "nvmlDeviceSetMigMode", func() nvml.Return {
 			act, rr := d.SetMigMode(int(mode))
 			if activation != nil {
 				*activation = C.int(act)
@@ -596,7 +763,10 @@ func nvmlDeviceCreateGpuInstanceWithPlacement(h C.nvmlDevice_t, profileID C.uint
 			return invalidArgument
 		}
 		pl := nvml.GpuInstancePlacement{Start: uint32(placement.start), Size: uint32(placement.size)}
-		return code(m.Mutate(func() nvml.Return {
+		if r := admitGpuInstance(d, &p, &pl); r != success {
+			return r
+		}
+		return code(mutate(m, "nvmlDeviceCreateGpuInstanceWithPlacement", func() nvml.Return {
 			gi, rr := d.CreateGpuInstanceWithPlacement(&p, &pl)
 			if rr == nvml.SUCCESS {
 				*out = giHandle(i, gi.(*server.GpuInstance).Info.Id)
@@ -604,6 +774,40 @@ func nvmlDeviceCreateGpuInstanceWithPlacement(h C.nvmlDevice_t, profileID C.uint
 			return rr
 		}))
 	})
+}
+
+// admitGpuInstance is NVML's judgement of a new GPU instance, which go-nvml's models
+// lack (they create whatever is asked): a gap fill, with the model's own tables. MIG
+// mode off: NOT_SUPPORTED; a placement that is not one of the profile's possible
+// placements: INVALID_ARGUMENT; the profile's instanceCount reached, or memory slices
+// [start, start+size) overlapping a live GPU instance's: INSUFFICIENT_RESOURCES.
+func admitGpuInstance(d *server.Device, p *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) C.nvmlReturn_t {
+	if d.MigMode != nvml.DEVICE_MIG_ENABLE {
+		return notSupported
+	}
+	possible := false
+	for _, q := range d.Config.MIGProfiles.GpuInstancePlacements[int(p.Id)] {
+		if q == *pl {
+			possible = true
+		}
+	}
+	if !possible {
+		return invalidArgument
+	}
+	same := uint32(0)
+	for gi := range d.GpuInstances {
+		if gi.Info.ProfileId == p.Id {
+			same++
+		}
+		o := gi.Info.Placement
+		if pl.Start < o.Start+o.Size && o.Start < pl.Start+pl.Size {
+			return noResources
+		}
+	}
+	if same >= p.InstanceCount {
+		return noResources
+	}
+	return success
 }
 
 //export nvmlDeviceCreateGpuInstance
@@ -616,8 +820,22 @@ func nvmlDeviceCreateGpuInstance(h C.nvmlDevice_t, profileID C.uint, out *C.nvml
 		if !ok {
 			return invalidArgument
 		}
-		return code(m.Mutate(func() nvml.Return {
-			gi, rr := d.CreateGpuInstance(&p)
+		// Gap fill: NVML places it at the profile's first free placement, or refuses.
+		var free *nvml.GpuInstancePlacement
+		for _, pl := range d.Config.MIGProfiles.GpuInstancePlacements[int(p.Id)] {
+			if admitGpuInstance(d, &p, &pl) == success {
+				free = &pl
+				break
+			}
+		}
+		if free == nil {
+			if d.MigMode != nvml.DEVICE_MIG_ENABLE {
+				return notSupported
+			}
+			return noResources
+		}
+		return code(mutate(m, "nvmlDeviceCreateGpuInstance", func() nvml.Return {
+			gi, rr := d.CreateGpuInstanceWithPlacement(&p, free)
 			if rr == nvml.SUCCESS {
 				*out = giHandle(i, gi.(*server.GpuInstance).Info.Id)
 			}
@@ -721,7 +939,11 @@ func nvmlGpuInstanceGetInfo(h C.nvmlGpuInstance_t, out *C.nvmlGpuInstanceInfo_t)
 //export nvmlGpuInstanceDestroy
 func nvmlGpuInstanceDestroy(h C.nvmlGpuInstance_t) C.nvmlReturn_t {
 	return onGI("nvmlGpuInstanceDestroy", h, func(m *model.Model, gi *server.GpuInstance, _ int) C.nvmlReturn_t {
-		return code(m.Mutate(gi.Destroy))
+		// Gap fill: NVML refuses while compute instances are active on it (IN_USE).
+		if len(gi.ComputeInstances) > 0 {
+			return inUse
+		}
+		return code(mutate(m, "nvmlGpuInstanceDestroy", gi.Destroy))
 	})
 }
 
@@ -765,10 +987,13 @@ func nvmlGpuInstanceCreateComputeInstance(h C.nvmlGpuInstance_t, profileID C.uin
 		if !ok {
 			return invalidArgument
 		}
-		return code(m.Mutate(func() nvml.Return {
+		return code(mutate(m, "nvmlGpuInstanceCreateComputeInstance", func() nvml.Return {
 			ci, rr := gi.CreateComputeInstance(&p)
 			if rr == nvml.SUCCESS {
-				*out = ciHandle(dev, gi.Info.Id, ci.(*server.ComputeInstance).Info.Id)
+				id := ci.(*server.ComputeInstance).Info.Id
+				*out = ciHandle(dev, gi.Info.Id, id)
+				// Gap fill: the MIG device NVML makes for the compute instance.
+				m.MigUUIDs[model.MigKey{GPU: dev, GI: gi.Info.Id, CI: id}] = model.NewMigUUID()
 			}
 			return rr
 		}))
@@ -833,9 +1058,9 @@ func nvmlComputeInstanceGetInfo_v2(h C.nvmlComputeInstance_t, out *C.nvmlCompute
 	return onCI("nvmlComputeInstanceGetInfo_v2", h, func(m *model.Model, ci *server.ComputeInstance, gi *server.GpuInstance, dev int) C.nvmlReturn_t {
 		v, rr := ci.GetInfo()
 		if rr == nvml.SUCCESS && out != nil {
-			// The model has no MIG devices: its compute instance names the parent GPU.
+			// Gap fill: the compute instance's MIG device (the model names the GPU).
 			*out = C.nvmlComputeInstanceInfo_t{
-				device: devHandle(m, v.Device), gpuInstance: giHandle(dev, gi.Info.Id),
+				device: migHandle(dev, gi.Info.Id, v.Id), gpuInstance: giHandle(dev, gi.Info.Id),
 				id: C.uint(v.Id), profileId: C.uint(v.ProfileId),
 				placement: C.nvmlComputeInstancePlacement_t{start: C.uint(v.Placement.Start), size: C.uint(v.Placement.Size)},
 			}
@@ -846,7 +1071,13 @@ func nvmlComputeInstanceGetInfo_v2(h C.nvmlComputeInstance_t, out *C.nvmlCompute
 
 //export nvmlComputeInstanceDestroy
 func nvmlComputeInstanceDestroy(h C.nvmlComputeInstance_t) C.nvmlReturn_t {
-	return onCI("nvmlComputeInstanceDestroy", h, func(m *model.Model, ci *server.ComputeInstance, _ *server.GpuInstance, _ int) C.nvmlReturn_t {
-		return code(m.Mutate(ci.Destroy))
+	return onCI("nvmlComputeInstanceDestroy", h, func(m *model.Model, ci *server.ComputeInstance, gi *server.GpuInstance, dev int) C.nvmlReturn_t {
+		return code(mutate(m, "nvmlComputeInstanceDestroy", func() nvml.Return {
+			rr := ci.Destroy()
+			if rr == nvml.SUCCESS {
+				delete(m.MigUUIDs, model.MigKey{GPU: dev, GI: gi.Info.Id, CI: ci.Info.Id})
+			}
+			return rr
+		}))
 	})
 }

@@ -34,7 +34,6 @@ int nvmlDeviceGetClkMonStatus(void) { return 3; }
 int nvmlDeviceGetClock(void) { return 3; }
 int nvmlDeviceGetClockInfo(void) { return 3; }
 int nvmlDeviceGetClockOffsets(void) { return 3; }
-int nvmlDeviceGetComputeInstanceId(void) { return 3; }
 int nvmlDeviceGetComputeMode(void) { return 3; }
 int nvmlDeviceGetComputeRunningProcesses(void) { return 3; }
 int nvmlDeviceGetComputeRunningProcesses_v2(void) { return 3; }
@@ -56,7 +55,6 @@ int nvmlDeviceGetDecoderUtilization(void) { return 3; }
 int nvmlDeviceGetDefaultApplicationsClock(void) { return 3; }
 int nvmlDeviceGetDefaultEccMode(void) { return 3; }
 int nvmlDeviceGetDetailedEccErrors(void) { return 3; }
-int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void) { return 3; }
 int nvmlDeviceGetDisplayActive(void) { return 3; }
 int nvmlDeviceGetDisplayMode(void) { return 3; }
 int nvmlDeviceGetDramEncryptionMode(void) { return 3; }
@@ -81,7 +79,6 @@ int nvmlDeviceGetGpcClkVfOffset(void) { return 3; }
 int nvmlDeviceGetGpuFabricInfo(void) { return 3; }
 int nvmlDeviceGetGpuFabricInfoV(void) { return 3; }
 int nvmlDeviceGetGpuFabricInfo_v4(void) { return 3; }
-int nvmlDeviceGetGpuInstanceId(void) { return 3; }
 int nvmlDeviceGetGpuInstancePossiblePlacements(void) { return 3; }
 int nvmlDeviceGetGpuInstanceProfileInfoByIdV(void) { return 3; }
 int nvmlDeviceGetGpuInstanceProfileInfoV(void) { return 3; }
@@ -115,7 +112,6 @@ int nvmlDeviceGetMPSComputeRunningProcesses_v3(void) { return 3; }
 int nvmlDeviceGetMarginTemperature(void) { return 3; }
 int nvmlDeviceGetMaxClockInfo(void) { return 3; }
 int nvmlDeviceGetMaxCustomerBoostClock(void) { return 3; }
-int nvmlDeviceGetMaxMigDeviceCount(void) { return 3; }
 int nvmlDeviceGetMaxPcieLinkGeneration(void) { return 3; }
 int nvmlDeviceGetMaxPcieLinkWidth(void) { return 3; }
 int nvmlDeviceGetMemClkMinMaxVfOffset(void) { return 3; }
@@ -124,7 +120,6 @@ int nvmlDeviceGetMemoryAffinity(void) { return 3; }
 int nvmlDeviceGetMemoryBusWidth(void) { return 3; }
 int nvmlDeviceGetMemoryErrorCounter(void) { return 3; }
 int nvmlDeviceGetMemoryLimits_v1(void) { return 3; }
-int nvmlDeviceGetMigDeviceHandleByIndex(void) { return 3; }
 int nvmlDeviceGetMinMaxClockOfPState(void) { return 3; }
 int nvmlDeviceGetMinMaxFanSpeed(void) { return 3; }
 int nvmlDeviceGetModuleId(void) { return 3; }
@@ -214,7 +209,6 @@ int nvmlDeviceGetVgpuTypeSupportedPlacements(void) { return 3; }
 int nvmlDeviceGetVgpuUtilization(void) { return 3; }
 int nvmlDeviceGetViolationStatus(void) { return 3; }
 int nvmlDeviceGetVirtualizationMode(void) { return 3; }
-int nvmlDeviceIsMigDeviceHandle(void) { return 3; }
 int nvmlDeviceModifyDrainState(void) { return 3; }
 int nvmlDeviceOnSameBoard(void) { return 3; }
 int nvmlDevicePerfMetricsGetSamples_v1(void) { return 3; }

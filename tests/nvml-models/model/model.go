@@ -12,6 +12,7 @@
 package model
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,28 @@ type Model struct {
 	StateDir string
 	// Mu serialises the bridge's calls that read or change instances.
 	Mu sync.Mutex
+	// MigUUIDs holds the UUID ("MIG-...") of each compute instance's MIG device. A gap
+	// fill: go-nvml's models have no MIG devices; NVML gives each compute instance one,
+	// with a UUID of its own that stays until the instance is destroyed.
+	MigUUIDs map[MigKey]string
+}
+
+// MigKey names a compute instance: GPU index, GPU-instance ID, compute-instance ID.
+type MigKey struct {
+	GPU int
+	GI  uint32
+	CI  uint32
+}
+
+// NewMigUUID returns a fresh MIG device UUID, as NVML prints them (MIG-<uuid v4>).
+func NewMigUUID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("MIG-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // State is state.json.
@@ -71,6 +94,8 @@ type GIState struct {
 }
 
 type CIState struct {
+	// UUID of the compute instance's MIG device (see Model.MigUUIDs).
+	UUID      string `json:"uuid"`
 	ID        uint32 `json:"id"`
 	ProfileID uint32 `json:"profileId"`
 	Start     uint32 `json:"start"`
@@ -103,7 +128,7 @@ func Load(name, stateDir string, mig bool) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Name: name, Server: s, StateDir: stateDir}
+	m := &Model{Name: name, Server: s, StateDir: stateDir, MigUUIDs: map[MigKey]string{}}
 	for _, d := range s.Devices {
 		m.Devices = append(m.Devices, d.(*server.Device))
 	}
@@ -230,6 +255,7 @@ func (m *Model) apply(st *State) {
 					Placement:   nvml.ComputeInstancePlacement{Start: cs.Start, Size: cs.Size},
 				})
 				gi.ComputeInstances[ci] = struct{}{}
+				m.MigUUIDs[MigKey{i, gs.ID, cs.ID}] = cs.UUID
 			}
 			d.GpuInstances[gi] = struct{}{}
 		}
@@ -238,13 +264,13 @@ func (m *Model) apply(st *State) {
 
 func (m *Model) snapshot() *State {
 	st := &State{Model: m.Name}
-	for _, d := range m.Devices {
+	for i, d := range m.Devices {
 		g := GPUState{UUID: d.UUID, MigMode: d.MigMode, GICounter: d.GpuInstanceCounter, GIs: []GIState{}}
 		for _, gi := range SortedGIs(d) {
 			gs := GIState{ID: gi.Info.Id, ProfileID: gi.Info.ProfileId, Start: gi.Info.Placement.Start,
 				Size: gi.Info.Placement.Size, CICounter: gi.ComputeInstanceCounter, CIs: []CIState{}}
 			for _, ci := range SortedCIs(gi) {
-				gs.CIs = append(gs.CIs, CIState{ID: ci.Info.Id, ProfileID: ci.Info.ProfileId,
+				gs.CIs = append(gs.CIs, CIState{UUID: m.MigUUIDs[MigKey{i, gi.Info.Id, ci.Info.Id}], ID: ci.Info.Id, ProfileID: ci.Info.ProfileId,
 					Start: ci.Info.Placement.Start, Size: ci.Info.Placement.Size})
 			}
 			g.GIs = append(g.GIs, gs)

@@ -62,9 +62,17 @@ type Placement struct {
 }
 
 type Instance struct {
-	ID        uint32    `json:"id"`
-	ProfileID uint32    `json:"profileId"`
-	Placement Placement `json:"placement"`
+	ID               uint32    `json:"id"`
+	ProfileID        uint32    `json:"profileId"`
+	Placement        Placement `json:"placement"`
+	ComputeInstances []Compute `json:"computeInstances"`
+}
+
+// Compute is a compute instance and the UUID of its MIG device.
+type Compute struct {
+	ID        uint32 `json:"id"`
+	ProfileID uint32 `json:"profileId"`
+	UUID      string `json:"uuid"`
 }
 
 func main() {
@@ -107,13 +115,13 @@ func run(args []string) error {
 func dump(m *model.Model) Dump {
 	s := m.Server
 	out := Dump{Model: m.Name, DriverVersion: s.DriverVersion, CudaDriverVersion: s.CudaDriverVersion}
-	for _, d := range m.Devices {
-		out.GPUs = append(out.GPUs, gpu(d))
+	for i, d := range m.Devices {
+		out.GPUs = append(out.GPUs, gpu(m, i, d))
 	}
 	return out
 }
 
-func gpu(d *server.Device) GPU {
+func gpu(m *model.Model, i int, d *server.Device) GPU {
 	c := d.Config
 	g := GPU{
 		Index: d.Index, Minor: d.Minor, UUID: d.UUID, Name: c.Name, Brand: int(c.Brand),
@@ -135,8 +143,13 @@ func gpu(d *server.Device) GPU {
 	}
 	sort.Slice(g.MigProfiles, func(a, b int) bool { return g.MigProfiles[a].ID < g.MigProfiles[b].ID })
 	for _, gi := range model.SortedGIs(d) {
-		g.GpuInstances = append(g.GpuInstances, Instance{gi.Info.Id, gi.Info.ProfileId,
-			Placement{gi.Info.Placement.Start, gi.Info.Placement.Size}})
+		inst := Instance{gi.Info.Id, gi.Info.ProfileId,
+			Placement{gi.Info.Placement.Start, gi.Info.Placement.Size}, []Compute{}}
+		for _, ci := range model.SortedCIs(gi) {
+			inst.ComputeInstances = append(inst.ComputeInstances, Compute{ci.Info.Id, ci.Info.ProfileId,
+				m.MigUUIDs[model.MigKey{GPU: i, GI: gi.Info.Id, CI: ci.Info.Id}]})
+		}
+		g.GpuInstances = append(g.GpuInstances, inst)
 	}
 	return g
 }

@@ -1,0 +1,481 @@
+//! MIG on demand through NVML on NVIDIA's own model (issue #41, stage 3): the real
+//! `tessera plugin` binary with `--backend nvml:` on go-nvml's dgxh100 system
+//! (`tests/nvml-models`, MIG on), driven over the kubelet's gRPC. Every partition
+//! Tessera publishes for a GPU prepares and unprepares, with its MIG device's UUID in
+//! the CDI spec; claims prepared at once land on distinct, non-overlapping placements;
+//! and a crash at every fail point a MIG claim reaches, or a SIGKILL between any two
+//! NVML calls that change MIG state (the model's `control.json`), is recovered at
+//! restart with no instance leaked. The model's own state (`nvml-model dump`) is the
+//! ground truth.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use tessera::prepare::failpoints::FAIL_POINTS;
+use testkit::harness::{ChildPlugin, Harness, NODE};
+use testkit::kubelet_standin::{DraClient, KubeletClaim};
+
+use crate::nvml_models::{Model, built};
+
+/// The plugin on `model`: `--backend nvml:<bridge>`, a `/proc` holding only the
+/// driver's device majors, the watchdog off, and the model's environment.
+async fn start(h: &Harness, model: &Model, fail_points: &str) -> ChildPlugin {
+    let proc_root = h.dir.path().join("host-proc");
+    std::fs::create_dir_all(&proc_root).unwrap();
+    std::fs::write(
+        proc_root.join("devices"),
+        "Character devices:\n195 nvidia\n508 nvidia-uvm\n511 nvidia-caps\n",
+    )
+    .unwrap();
+    ChildPlugin::start_with(
+        Path::new(env!("CARGO_BIN_EXE_tessera")),
+        &h.api,
+        h.dir.path(),
+        fail_points,
+        &[
+            "--backend".into(),
+            format!("nvml:{}", model.lib.display()).into(),
+            "--proc-root".into(),
+            proc_root.into(),
+            // The model lists no processes (NOT_SUPPORTED): nothing to watch.
+            "--watchdog".into(),
+            "off".into(),
+        ],
+        &[
+            ("TESSERA_NVML_MODEL", OsString::from(model.name)),
+            ("TESSERA_NVML_MODEL_STATE", model.state().into()),
+        ],
+    )
+    .await
+}
+
+/// The MIG partitions the plugin published for GPU `minor` (waits for its slices).
+async fn published_mig(h: &Harness, minor: u32) -> Vec<String> {
+    let api: Api<ResourceSlice> = Api::all(h.api.client().unwrap());
+    let prefix = format!("gpu-{minor}-mig-");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let slices = api.list(&ListParams::default()).await.unwrap();
+        let mut names: Vec<String> = slices
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        if !names.is_empty() {
+            names.sort();
+            return names;
+        }
+        assert!(Instant::now() < deadline, "the plugin published no slices");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The memory slice a partition's name places it at (`gpu-0-mig-3g40gb-9-4`: 4).
+fn start_of(device: &str) -> u64 {
+    device.rsplit('-').next().unwrap().parse().unwrap()
+}
+
+/// GPU `minor`'s GPU instances in the model's state, by ID.
+fn instances(model: &Model, minor: u64) -> Vec<Value> {
+    let dump = model.dump();
+    dump["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["minor"] == minor)
+        .unwrap()["gpuInstances"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Every GPU instance of every GPU in the model's state, as `(minor, instance)`.
+fn all_instances(model: &Model) -> Vec<(u64, Value)> {
+    let dump = model.dump();
+    dump["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| {
+            let minor = g["minor"].as_u64().unwrap();
+            g["gpuInstances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |i| (minor, i.clone()))
+        })
+        .collect()
+}
+
+/// The one MIG device (compute instance) of a GPU instance: (GI ID, CI ID, UUID).
+fn mig_device(gi: &Value) -> (u64, u64, String) {
+    let cis = gi["computeInstances"].as_array().unwrap();
+    assert_eq!(cis.len(), 1, "one compute instance: {gi:#}");
+    let uuid = cis[0]["uuid"].as_str().unwrap().to_string();
+    assert!(
+        uuid.starts_with("MIG-") && uuid.len() == 40,
+        "a MIG device UUID: {uuid:?}"
+    );
+    (
+        gi["id"].as_u64().unwrap(),
+        cis[0]["id"].as_u64().unwrap(),
+        uuid,
+    )
+}
+
+/// Asserts that the claim's CDI spec names the MIG device of GPU instance `gi` on GPU 0.
+fn assert_spec_names(h: &Harness, c: &KubeletClaim, gi: &Value, when: &str) -> String {
+    let (gi_id, ci_id, uuid) = mig_device(gi);
+    let spec = std::fs::read_to_string(h.spec_path(&c.uid))
+        .unwrap_or_else(|e| panic!("{when}: the claim's spec: {e}"));
+    let env = format!("TESSERA_MIG_UUID_0_{gi_id}_{ci_id}={uuid}");
+    assert!(spec.contains(&env), "{when}: {env} not in the spec\n{spec}");
+    uuid
+}
+
+async fn prepare_ok(k: &DraClient, c: &KubeletClaim, when: &str) {
+    let resp = k
+        .prepare_v1(std::slice::from_ref(c))
+        .await
+        .unwrap_or_else(|e| panic!("{when}: prepare call failed: {e}"));
+    assert_eq!(resp.claims[&c.uid].error, "", "{when}: prepare error");
+    assert!(
+        !resp.claims[&c.uid].devices.is_empty(),
+        "{when}: no devices"
+    );
+}
+
+async fn unprepare_ok(k: &DraClient, c: &KubeletClaim, when: &str) {
+    let resp = k
+        .unprepare_v1(std::slice::from_ref(c))
+        .await
+        .unwrap_or_else(|e| panic!("{when}: unprepare call failed: {e}"));
+    assert_eq!(resp.claims[&c.uid].error, "", "{when}: unprepare error");
+}
+
+async fn claim(h: &Harness, name: &str, device: &str) -> KubeletClaim {
+    h.allocated_claim(name, &[("gpu", NODE, device, None)], &[])
+        .await
+}
+
+/// Tessera's spec files and temp files in the CDI dir.
+fn tessera_cdi_files(h: &Harness) -> Vec<String> {
+    h.cdi_files()
+        .into_iter()
+        .filter(|n| n.starts_with("tessera.dev-gpu-") || n.starts_with(".tessera-"))
+        .collect()
+}
+
+/// Every partition Tessera publishes for GPU 0 of the dgxh100 model (its H100
+/// catalog: 25, every placement of every profile) prepares alone through
+/// NodePrepareResources: the model then holds exactly one GPU instance, at the
+/// partition's memory slice, with one compute instance whose MIG device UUID is in the
+/// claim's CDI spec; NodeUnprepareResources leaves no instance and no spec.
+#[tokio::test]
+async fn every_published_partition_prepares_and_unprepares_on_the_dgxh100_model() {
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", true);
+    let h = Harness::new().await;
+    let child = start(&h, &model, "").await;
+    let devices = published_mig(&h, 0).await;
+    assert_eq!(devices.len(), 25, "{devices:?}");
+    let k = h.kubelet().await;
+    let mut uuids = std::collections::BTreeSet::new();
+    for (i, device) in devices.iter().enumerate() {
+        let c = claim(&h, &format!("mig-{i}"), device).await;
+        prepare_ok(&k, &c, device).await;
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), 1, "{device}: {gis:#?}");
+        assert_eq!(gis[0]["placement"]["start"], start_of(device), "{device}");
+        let uuid = assert_spec_names(&h, &c, &gis[0], device);
+        assert!(uuids.insert(uuid), "{device}: a MIG UUID seen before");
+        unprepare_ok(&k, &c, device).await;
+        assert_eq!(all_instances(&model), [], "{device}: left behind");
+        assert!(!h.spec_path(&c.uid).exists(), "{device}: spec removed");
+    }
+    // Tessera found MIG on and leaves it on.
+    let dump = model.dump();
+    for g in dump["gpus"].as_array().unwrap() {
+        assert_eq!(g["migEnabled"], true, "{}", g["minor"]);
+    }
+    assert_eq!(tessera_cdi_files(&h), Vec::<String>::new());
+    assert_eq!(h.checkpoint_claims(), Vec::<String>::new());
+    child.terminate().await;
+}
+
+/// Claims on one GPU prepared at once (concurrent NodePrepareResources calls, then all
+/// in one call) land on their own placements, which do not overlap, each with its own
+/// MIG device; a claim overlapping them is refused and changes nothing; unprepared at
+/// once, none is left. Of two overlapping claims prepared at once, exactly one lands.
+#[tokio::test]
+async fn parallel_placements_on_one_gpu_of_the_dgxh100_model() {
+    // Disjoint both in Tessera's geometry (3g.40gb takes 4 slices) and the model's.
+    const DEVICES: [&str; 4] = [
+        "gpu-0-mig-1g10gb-19-0",
+        "gpu-0-mig-1g10gb-19-1",
+        "gpu-0-mig-2g20gb-14-2",
+        "gpu-0-mig-3g40gb-9-4",
+    ];
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", true);
+    let h = Harness::new().await;
+    let child = start(&h, &model, "").await;
+    let published = published_mig(&h, 0).await;
+    let mut claims = Vec::new();
+    for (i, d) in DEVICES.iter().enumerate() {
+        assert!(published.iter().any(|p| p == d), "{d} in {published:?}");
+        claims.push(claim(&h, &format!("par-{i}"), d).await);
+    }
+    let k = h.kubelet().await;
+    tokio::join!(
+        prepare_ok(&k, &claims[0], DEVICES[0]),
+        prepare_ok(&k, &claims[1], DEVICES[1]),
+        prepare_ok(&k, &claims[2], DEVICES[2]),
+        prepare_ok(&k, &claims[3], DEVICES[3]),
+    );
+
+    let gis = instances(&model, 0);
+    assert_eq!(gis.len(), DEVICES.len(), "{gis:#?}");
+    let spans: Vec<(u64, u64)> = gis
+        .iter()
+        .map(|g| {
+            let p = &g["placement"];
+            (p["start"].as_u64().unwrap(), p["size"].as_u64().unwrap())
+        })
+        .collect();
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            assert!(
+                a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0,
+                "overlapping placements {a:?} {b:?}"
+            );
+        }
+    }
+    let mut uuids = std::collections::BTreeSet::new();
+    for (c, device) in claims.iter().zip(DEVICES) {
+        let gi = gis
+            .iter()
+            .find(|g| g["placement"]["start"] == start_of(device))
+            .unwrap_or_else(|| panic!("{device}: no GPU instance at its slice: {gis:#?}"));
+        uuids.insert(assert_spec_names(&h, c, gi, device));
+    }
+    assert_eq!(uuids.len(), DEVICES.len(), "distinct MIG devices");
+
+    // Memory slice 5 is the 3g.40gb's.
+    let late = claim(&h, "overlapping", "gpu-0-mig-1g10gb-19-5").await;
+    let resp = k.prepare_v1(std::slice::from_ref(&late)).await.unwrap();
+    assert_ne!(resp.claims[&late.uid].error, "", "an overlapping claim");
+    assert_eq!(instances(&model, 0), gis, "the refusal changed nothing");
+
+    tokio::join!(
+        unprepare_ok(&k, &claims[0], DEVICES[0]),
+        unprepare_ok(&k, &claims[1], DEVICES[1]),
+        unprepare_ok(&k, &claims[2], DEVICES[2]),
+        unprepare_ok(&k, &claims[3], DEVICES[3]),
+    );
+    assert_eq!(all_instances(&model), []);
+
+    // The same claims in one NodePrepareResources call, then one unprepare call.
+    let resp = k.prepare_v1(&claims).await.unwrap();
+    for c in &claims {
+        assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+    }
+    let batch = instances(&model, 0);
+    let mut starts: Vec<u64> = batch
+        .iter()
+        .map(|g| g["placement"]["start"].as_u64().unwrap())
+        .collect();
+    starts.sort_unstable();
+    assert_eq!(starts, [0, 1, 2, 4], "{batch:#?}");
+    for (c, device) in claims.iter().zip(DEVICES) {
+        let gi = batch
+            .iter()
+            .find(|g| g["placement"]["start"] == start_of(device))
+            .unwrap();
+        assert_spec_names(&h, c, gi, device);
+    }
+    let resp = k.unprepare_v1(&claims).await.unwrap();
+    for c in &claims {
+        assert_eq!(resp.claims[&c.uid].error, "", "{}", c.name);
+    }
+    assert_eq!(all_instances(&model), []);
+
+    // Two overlapping claims at once: exactly one gets its device, whichever it is.
+    let rivals = [
+        claim(&h, "rival-a", "gpu-0-mig-3g40gb-9-4").await,
+        claim(&h, "rival-b", "gpu-0-mig-1g10gb-19-5").await,
+    ];
+    let (a, b) = tokio::join!(
+        k.prepare_v1(std::slice::from_ref(&rivals[0])),
+        k.prepare_v1(std::slice::from_ref(&rivals[1])),
+    );
+    let won: Vec<&KubeletClaim> = [(a.unwrap(), &rivals[0]), (b.unwrap(), &rivals[1])]
+        .into_iter()
+        .filter(|(resp, c)| resp.claims[&c.uid].error.is_empty())
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(won.len(), 1, "exactly one of two overlapping claims");
+    let gis = instances(&model, 0);
+    assert_eq!(gis.len(), 1, "{gis:#?}");
+    assert_spec_names(&h, won[0], &gis[0], &won[0].name);
+    for c in &rivals {
+        unprepare_ok(&k, c, &c.name).await;
+    }
+    assert_eq!(all_instances(&model), []);
+    assert_eq!(tessera_cdi_files(&h), Vec::<String>::new());
+    child.terminate().await;
+}
+
+/// The fail points a MIG claim (no claim files) passes, in order.
+fn mig_fail_points() -> Vec<&'static str> {
+    FAIL_POINTS
+        .iter()
+        .copied()
+        .filter(|p| !p.contains("claim-files"))
+        .collect()
+}
+
+/// The plugin dies (abort, as a kill: nothing runs after it) at every fail point of a
+/// MIG prepare and unprepare on the dgxh100 model; a fresh process reconciles with the
+/// model's state: a half-prepared claim's instance is destroyed, a half-unprepared one
+/// is finished; the kubelet's retries succeed, the MIG device's UUID stays the same
+/// across a restart, and nothing is leaked in the model, the CDI dir or the checkpoint.
+#[tokio::test]
+async fn a_crash_at_every_mig_step_leaks_no_instance_on_the_dgxh100_model() {
+    const DEVICE: &str = "gpu-0-mig-3g40gb-9-4";
+    let Some(built) = built() else { return };
+    let points = mig_fail_points();
+    assert_eq!(points.len(), 6, "{points:?}");
+    for point in points {
+        let model = Model::new(built, "dgxh100", true);
+        let h = Harness::new().await;
+        let unprepare = point.starts_with("unprepare-");
+        let mut child = start(&h, &model, point).await;
+        let c = claim(&h, "crashing", DEVICE).await;
+        let k = h.kubelet().await;
+        if unprepare {
+            prepare_ok(&k, &c, point).await;
+            let gis = instances(&model, 0);
+            assert_spec_names(&h, &c, &gis[0], point);
+            assert!(k.unprepare_v1(std::slice::from_ref(&c)).await.is_err());
+        } else {
+            assert!(k.prepare_v1(std::slice::from_ref(&c)).await.is_err());
+        }
+        assert!(child.wait_aborted().await, "{point}: the plugin died");
+        drop(child);
+        let at_crash = all_instances(&model).len();
+        let want = match point {
+            "prepare-after-started"
+            | "unprepare-after-mig-destroy"
+            | "unprepare-after-cdi-remove" => 0,
+            _ => 1,
+        };
+        assert_eq!(at_crash, want, "{point}: instances at the crash");
+
+        let child = start(&h, &model, "").await;
+        let k = h.kubelet().await;
+        assert_eq!(
+            all_instances(&model),
+            [],
+            "{point}: the restart left an instance"
+        );
+        assert!(
+            !h.checkpoint_claims().contains(&c.uid),
+            "{point}: recovery settled the claim"
+        );
+        if unprepare {
+            unprepare_ok(&k, &c, point).await;
+        }
+        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
+
+        prepare_ok(&k, &c, point).await;
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), 1, "{point}: {gis:#?}");
+        assert_eq!(gis[0]["placement"]["start"], start_of(DEVICE));
+        let uuid = assert_spec_names(&h, &c, &gis[0], point);
+        child.terminate().await;
+
+        // A clean restart keeps the prepared claim's MIG device as it is.
+        let child = start(&h, &model, "").await;
+        let k = h.kubelet().await;
+        prepare_ok(&k, &c, point).await;
+        let again = instances(&model, 0);
+        assert_eq!(again, gis, "{point}: the device survives a restart");
+        assert_eq!(assert_spec_names(&h, &c, &again[0], point), uuid);
+        unprepare_ok(&k, &c, point).await;
+        assert_eq!(all_instances(&model), [], "{point}: leaked");
+        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
+        assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
+        child.terminate().await;
+    }
+}
+
+/// A `kill -9` of the plugin between two NVML calls of a MIG create or destroy, where
+/// no fail point is: the model's `control.json` SIGKILLs the process on entering an
+/// export (`killBefore`) or once its change is saved (`killAfter`). The GPU instance
+/// may be left without its compute instance, or the claim's record without its GI ID;
+/// the restart (with the kill disarmed) must still leave no instance, and the retries
+/// must succeed.
+#[tokio::test]
+async fn a_kill_between_nvml_calls_of_a_mig_step_leaks_no_instance_on_the_dgxh100_model() {
+    const DEVICE: &str = "gpu-0-mig-2g20gb-14-2";
+    // (export, killed after it succeeded, during unprepare, GPU instances at the kill)
+    const CASES: &[(&str, bool, bool, usize)] = &[
+        ("nvmlDeviceCreateGpuInstanceWithPlacement", false, false, 0),
+        ("nvmlDeviceCreateGpuInstanceWithPlacement", true, false, 1),
+        ("nvmlGpuInstanceCreateComputeInstance", true, false, 1),
+        ("nvmlComputeInstanceDestroy", false, true, 1),
+        ("nvmlComputeInstanceDestroy", true, true, 1),
+        ("nvmlGpuInstanceDestroy", true, true, 0),
+    ];
+    let Some(built) = built() else { return };
+    for &(export, after, unprepare, left) in CASES {
+        let when = format!("{export} (after: {after})");
+        let model = Model::new(built, "dgxh100", true);
+        let control = model.state().join("control.json");
+        let key = if after { "killAfter" } else { "killBefore" };
+        let arm =
+            || std::fs::write(&control, serde_json::json!({ key: [export] }).to_string()).unwrap();
+        let h = Harness::new().await;
+        if !unprepare {
+            arm();
+        }
+        let mut child = start(&h, &model, "").await;
+        let c = claim(&h, "killed", DEVICE).await;
+        let k = h.kubelet().await;
+        if unprepare {
+            prepare_ok(&k, &c, &when).await;
+            arm();
+            assert!(k.unprepare_v1(std::slice::from_ref(&c)).await.is_err());
+        } else {
+            assert!(k.prepare_v1(std::slice::from_ref(&c)).await.is_err());
+        }
+        assert!(child.wait_aborted().await, "{when}: the plugin was killed");
+        drop(child);
+        std::fs::remove_file(&control).unwrap();
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), left, "{when}: at the kill: {gis:#?}");
+
+        let child = start(&h, &model, "").await;
+        let k = h.kubelet().await;
+        if unprepare {
+            unprepare_ok(&k, &c, &when).await;
+        }
+        assert_eq!(all_instances(&model), [], "{when}: left after the restart");
+        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{when}");
+        prepare_ok(&k, &c, &when).await;
+        let gis = instances(&model, 0);
+        assert_eq!(gis.len(), 1, "{when}: {gis:#?}");
+        assert_spec_names(&h, &c, &gis[0], &when);
+        unprepare_ok(&k, &c, &when).await;
+        assert_eq!(all_instances(&model), [], "{when}: leaked");
+        assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{when}");
+        child.terminate().await;
+    }
+}
