@@ -1,0 +1,74 @@
+//! The GPU acceptance kit's Rust half (`tessera-kit`, driven by `tests/gpu/run.sh`): the
+//! checks that need the plugin's own code, each returning a [`CheckReport`] that the
+//! script prints in its verdict table and writes to its JSON.
+//!
+//! * [`discovery`]: what the NVML backend finds against a reference (`nvidia-smi -q -x`
+//!   on a real host, the simulated node's own state otherwise);
+//! * [`prepare`]: a whole-GPU claim and two shared claims through the plugin's gRPC, with
+//!   the fake API server and the kubelet stand-in, as the demo does, on `--backend nvml`;
+//! * [`sim_host`]: the simulated node the kit runs against in CI (`--simulated`).
+
+pub mod discovery;
+pub mod doctor;
+pub mod prepare;
+pub mod sim_host;
+
+use serde::Serialize;
+
+/// A check's verdict, as the verdict table prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// The check ran and its invariant held.
+    Pass,
+    /// The check ran and its invariant did not hold (or it could not run).
+    Fail,
+    /// The check does not apply to this host (e.g. MIG mode off).
+    Skip,
+}
+
+/// One check's outcome: its verdict, a one-line figure and the details behind it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub check: String,
+    pub verdict: Verdict,
+    /// The figure printed in the table, e.g. `1 GPU; 6 fields equal`.
+    pub figure: String,
+    /// Every finding, failed ones first.
+    pub details: Vec<String>,
+}
+
+impl CheckReport {
+    /// A report whose verdict is `Fail` when any of `failures` exists, else `Pass`.
+    /// Deterministic.
+    pub fn from_findings(
+        check: &str,
+        figure: String,
+        failures: Vec<String>,
+        notes: Vec<String>,
+    ) -> Self {
+        let verdict = if failures.is_empty() {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        };
+        let mut details = failures;
+        details.extend(notes);
+        CheckReport {
+            check: check.into(),
+            verdict,
+            figure,
+            details,
+        }
+    }
+
+    /// A failed report for a check that could not run at all.
+    pub fn could_not_run(check: &str, why: String) -> Self {
+        CheckReport {
+            check: check.into(),
+            verdict: Verdict::Fail,
+            figure: format!("could not run: {why}"),
+            details: vec![why],
+        }
+    }
+}
