@@ -42,9 +42,11 @@ if [ "$simulated" != 1 ] && [ "$root" != 1 ]; then
   exit 2
 fi
 
+here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out/checks" && mkdir -p "$out/checks"
 work=$(mktemp -d /tmp/tessera-gpu-kit.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+holder=""
+trap '[ -z "$holder" ] || kill -9 "$holder" 2>/dev/null; rm -rf "$work"' EXIT
 started=$(date +%s)
 kitbin=$kit/bin
 n=0
@@ -147,8 +149,81 @@ else
   report cuda-kernel FAIL "bare driver: wrong values: $line"
 fi
 
-# 5-8. Not implemented yet: reported as failures, never as passes.
-for c in interception compute-shares watchdog costs; do
+# 6. Interception under the driver: two shared claims of 2 GiB (25 % and 60 % compute)
+# left prepared, and the programs run in a mount namespace with the first claim's CDI
+# mounts (tests/gpu/sandbox.sh), as a container would have them.
+echo "== interception" >&2
+ic=$work/interception
+cuda_fake=()
+if [ "$simulated" = 1 ]; then
+  uuid=$(sed -n 's/^ *uuid: *//p' "$sim/node.yaml" | head -1)
+  bytes=$(sed -n 's/^ *memoryBytes: *\([0-9]*\).*/\1/p' "$sim/node.yaml" | head -1)
+  cuda_fake=("FAKE_CUDA_DEVICES=$uuid:$bytes")
+fi
+# Runs a command in the sandbox of the claim whose edits are in $1 (at most 60 s; with
+# SBX_NO_TIMEOUT=1, as its own process: unshare and sandbox.sh exec it).
+sbx() {
+  local edits=$1 limit=(timeout 60)
+  shift
+  [ "${SBX_NO_TIMEOUT:-}" = 1 ] && limit=(exec)
+  "${limit[@]}" unshare -m --propagation private "$here/sandbox.sh" "$edits" \
+    env "${cuda_fake[@]}" LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu "$@"
+}
+if ! timeout 60 "$kitbin/tessera-kit" share --backend "$backend" --proc-root "$proc_root" \
+  --sys-root "$sys_root" --dev-root "$dev_root" --driver-root "$driver_root" \
+  --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$ic" --compute 25,60 \
+  "${sim_flag[@]}" >"$work/specs" 2>"$work/share.stderr"; then
+  report interception FAIL "could not prepare the shared claims" "$(tail -5 "$work/share.stderr")"
+else
+  i=0
+  while read -r spec; do
+    i=$((i + 1))
+    "$kitbin/tessera-kit" cdi-edits "$spec" >"$work/edits$i"
+  done <"$work/specs"
+  fails=()
+  budget=$(sbx "$work/edits1" "$kit/progs/kit_cuda" budget 2>&1 | tail -1)
+  case $budget in
+    *total_mib=2048\ *alloc_free=0\ one_more_byte=2) ;;
+    *) fails+=("budget: want total_mib=2048, the free bytes allocated (0) and one more byte OUT_OF_MEMORY (2): $budget") ;;
+  esac
+  kern=$(sbx "$work/edits1" "$kit/progs/kit_cuda" kernel "$kit/ptx/kit_fill.ptx" 2>&1 | tail -1)
+  right=$(printf '%s' "$kern" | sed -n 's/.* right=\([0-9]*\) of=\([0-9]*\).*/\1 \2/p')
+  if [ -z "$right" ]; then
+    fails+=("PTX kernel under the library failed: $kern")
+  elif [ "$simulated" != 1 ] && [ "${right% *}" != "${right#* }" ]; then
+    fails+=("PTX kernel under the library: wrong values: $kern")
+  fi
+  # kill -9 of a process holding 1 GiB: its budget is back within 1 s.
+  before=$(sbx "$work/edits1" "$kit/progs/kit_cuda" free 2>&1 | sed -n 's/^free_mib=\([0-9]*\).*/\1/p')
+  SBX_NO_TIMEOUT=1 sbx "$work/edits1" "$kit/progs/kit_cuda" hold 1024 >"$work/hold.out" 2>&1 &
+  holder=$!
+  for _ in $(seq 300); do grep -q held "$work/hold.out" && break; sleep 0.1; done
+  during=$(sbx "$work/edits1" "$kit/progs/kit_cuda" free 2>&1 | sed -n 's/^free_mib=\([0-9]*\).*/\1/p')
+  kill -9 "$holder" 2>/dev/null
+  wait "$holder" 2>/dev/null
+  holder=""
+  t0=$(date +%s%N)
+  back=""
+  for _ in $(seq 100); do
+    now=$(sbx "$work/edits1" "$kit/progs/kit_cuda" free 2>&1 | sed -n 's/^free_mib=\([0-9]*\).*/\1/p')
+    if [ -n "$now" ] && [ -n "$before" ] && [ "$now" -ge "$before" ]; then
+      back=$((($(date +%s%N) - t0) / 1000000))
+      break
+    fi
+  done
+  if [ -z "$back" ]; then
+    fails+=("after kill -9 the budget did not come back: free ${before:-?} MiB before, ${during:-?} while held, ${now:-?} after")
+  elif [ "$back" -gt 1000 ]; then
+    fails+=("after kill -9 the budget came back in ${back} ms (> 1000)")
+  fi
+  figure="budget: ${budget}; kernel: ${kern##*kernel_ms=}; kill -9: free ${before:-?} MiB, ${during:-?} held, back in ${back:-never} ms; NVML view and alloc paths other than cuMemAlloc: not implemented"
+  # The parts the issue asks for that are not here yet fail the check.
+  fails+=("not implemented: NVML showing the budget; cuMemAllocPitch, cuMemAllocAsync with pools, cuMemCreate/cuMemMap, cuMemAllocManaged and arrays; the real driver's per-process memory against the library's accounting")
+  report interception FAIL "$figure" "${fails[@]}"
+fi
+
+# 7-9. Not implemented yet: reported as failures, never as passes.
+for c in compute-shares watchdog costs; do
   report "$c" FAIL "not implemented"
 done
 

@@ -85,6 +85,27 @@ enum Command {
         #[arg(long)]
         simulated: bool,
     },
+    /// Prepares shared claims (2 GiB each, one per --compute percent) and leaves them
+    /// prepared; prints each one's CDI spec path.
+    Share {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long, default_value = "/")]
+        dev_root: PathBuf,
+        #[arg(long, default_value = "/")]
+        driver_root: PathBuf,
+        #[arg(long)]
+        interception_lib: PathBuf,
+        #[arg(long)]
+        workdir: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "25")]
+        compute: Vec<u32>,
+        #[arg(long)]
+        simulated: bool,
+    },
+    /// A CDI spec's container edits as lines for tests/gpu/sandbox.sh: `mount HOST
+    /// CONTAINER OPTIONS` and `env KEY=VALUE`, the spec's and then its devices'.
+    CdiEdits { spec: PathBuf },
     /// Judges `tessera doctor -o json`'s report (a file) on the node's own checks.
     Doctor { report: PathBuf },
     /// Merges check reports (JSON files) into the verdict table on stdout and one JSON
@@ -157,6 +178,37 @@ fn main() -> Result<std::process::ExitCode> {
             };
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             print(&rt.block_on(prepare::run(&setup, &workdir)))?;
+        }
+        Command::Share {
+            node,
+            dev_root,
+            driver_root,
+            interception_lib,
+            workdir,
+            compute,
+            simulated,
+        } => {
+            let setup = prepare::PrepareSetup {
+                backend: node.backend.clone(),
+                backend_paths: node.paths(workdir.join("backend-state")),
+                dev_root,
+                driver_root,
+                interception_lib,
+                simulated,
+            };
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            let specs = rt
+                .block_on(prepare::prepare_shared(&setup, &workdir, "2Gi", &compute))
+                .map_err(anyhow::Error::msg)?;
+            for s in specs {
+                println!("{}", s.display());
+            }
+        }
+        Command::CdiEdits { spec } => {
+            let text = std::fs::read_to_string(&spec)
+                .with_context(|| format!("reading {}", spec.display()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)?;
+            print!("{}", testkit::kit::sandbox_edits(&json));
         }
         Command::Doctor { report } => {
             let r = std::fs::read_to_string(&report)

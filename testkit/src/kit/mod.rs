@@ -72,3 +72,39 @@ impl CheckReport {
         }
     }
 }
+
+/// A CDI spec's container edits as `tests/gpu/sandbox.sh` applies them, one per line:
+/// `mount HOST CONTAINER OPTIONS` (comma-separated, `-` for none), `env KEY=VALUE`; the spec's own edits first, then each
+/// device's. Deterministic.
+pub fn sandbox_edits(spec: &serde_json::Value) -> String {
+    let mut edits = vec![&spec["containerEdits"]];
+    if let Some(devs) = spec["devices"].as_array() {
+        edits.extend(devs.iter().map(|d| &d["containerEdits"]));
+    }
+    let mut out = String::new();
+    for e in edits {
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            let (Some(h), Some(c)) = (m["hostPath"].as_str(), m["containerPath"].as_str()) else {
+                continue;
+            };
+            let opts: Vec<&str> = m["options"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| o.as_str())
+                .collect();
+            let opts = if opts.is_empty() {
+                "-".to_string()
+            } else {
+                opts.join(",")
+            };
+            out += &format!("mount {h} {c} {opts}\n");
+        }
+        for v in e["env"].as_array().into_iter().flatten() {
+            if let Some(v) = v.as_str() {
+                out += &format!("env {v}\n");
+            }
+        }
+    }
+    out
+}

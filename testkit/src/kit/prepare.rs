@@ -50,6 +50,8 @@ pub struct PrepareSetup {
 struct Phase {
     mode: &'static str,
     claims: Vec<DemoClaim>,
+    /// Leave the claims prepared (the interception check's sandbox binds their files).
+    keep: bool,
 }
 
 fn phases() -> Vec<Phase> {
@@ -68,6 +70,7 @@ fn phases() -> Vec<Phase> {
         Phase {
             mode: "exclusive",
             claims: vec![claim("whole", None)],
+            keep: false,
         },
         Phase {
             mode: "shared",
@@ -75,6 +78,7 @@ fn phases() -> Vec<Phase> {
                 claim("share25", Some(("2Gi", 25))),
                 claim("share60", Some(("2Gi", 60))),
             ],
+            keep: false,
         },
     ]
 }
@@ -88,6 +92,45 @@ struct Findings {
     paths: usize,
     specs: usize,
     left: usize,
+    /// The specs of claims left prepared (`Phase::keep`).
+    kept: Vec<PathBuf>,
+}
+
+/// Prepares shared claims of `memory` and each of `compute` percents on the first GPU
+/// and leaves them prepared: their specs are returned, in order. Owns side effects: the
+/// plugin runs in `workdir` for the preparation only; the claim files stay there.
+///
+/// # Errors
+/// What failed, as one line.
+pub async fn prepare_shared(
+    setup: &PrepareSetup,
+    workdir: &Path,
+    memory: &'static str,
+    compute: &[u32],
+) -> Result<Vec<PathBuf>, String> {
+    const NAMES: [&str; 4] = ["kit-share-a", "kit-share-b", "kit-share-c", "kit-share-d"];
+    let claims = NAMES
+        .iter()
+        .zip(compute)
+        .map(|(name, pct)| DemoClaim {
+            name,
+            class: "shared.tessera.dev",
+            wants: "",
+            count: 1,
+            share: Some((memory, *pct)),
+        })
+        .collect();
+    let phase = Phase {
+        mode: "shared",
+        claims,
+        keep: true,
+    };
+    let mut f = Findings::default();
+    run_phase(setup, workdir, &phase, &mut f).await?;
+    if !f.failures.is_empty() {
+        return Err(f.failures.join("; "));
+    }
+    Ok(f.kept)
 }
 
 /// Runs both phases in `workdir` (one subdirectory each). Owns side effects: starts a
@@ -293,6 +336,7 @@ async fn drive(
             .cdi_dir
             .join(format!("tessera.dev-gpu-{}.json", kc.uid));
         check_spec(setup, &spec, &kc.name, f);
+        f.kept.push(spec);
         let claim_dir = tessera::prepare::claim_files::claim_dir(&paths.run_dir, &kc.uid);
         if let Ok(limits) = std::fs::read_to_string(claim_dir.join(tessera_abi::LIMITS_FILE)) {
             f.notes.push(format!(
@@ -301,6 +345,9 @@ async fn drive(
                 limits.trim().replace('\n', "; ")
             ));
         }
+    }
+    if phase.keep {
+        return Ok(());
     }
     let resp = dra.unprepare_v1(&kclaims).await.map_err(err("unprepare"))?;
     for (uid, r) in &resp.claims {

@@ -5,6 +5,10 @@
  *
  *   kit_cuda kernel PTXFILE   cuInit + context (timed), cuMemGetInfo, the PTX's
  *                             kit_fill over 1 Mi ints, and how many values are right
+ *   kit_cuda budget           cuMemGetInfo, then cuMemAlloc of all it says is free
+ *                             (in 2 MiB pages) and of one byte more: the codes
+ *   kit_cuda hold MIB         allocates MIB, prints `held`, and sleeps until killed
+ *   kit_cuda free             cuMemGetInfo's free and total
  *
  * Exit 0 when every call succeeded (whether the values are right is a figure: the
  * fake driver does not run kernels); 1 with `error=<call>:<code>` otherwise.
@@ -15,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -40,6 +45,8 @@ static void *sym(const char *name) {
             return 1;                                                 \
         }                                                             \
     } while (0)
+
+static void pause_forever(void) { sleep(3600); }
 
 static double now_ms(void) {
     struct timespec t;
@@ -127,9 +134,61 @@ static int kernel(const char *ptx_path) {
     return 0;
 }
 
+/* cuInit, device 0 and a context; 0 or the failing call's code. */
+static CUresult open_ctx(CUcontext *ctx) {
+    CUresult (*cuInit)(unsigned) = sym("cuInit");
+    CUresult (*cuDeviceGet)(CUdevice *, int) = sym("cuDeviceGet");
+    CUresult (*cuCtxCreate)(CUcontext *, unsigned, CUdevice) = sym("cuCtxCreate_v2");
+    CUdevice dev;
+    CUresult r = cuInit(0);
+    if (r == 0) r = cuDeviceGet(&dev, 0);
+    if (r == 0) r = cuCtxCreate(ctx, 0, dev);
+    return r;
+}
+
+static int budget(void) {
+    CUresult (*cuMemGetInfo)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+    CUcontext ctx;
+    CHECK(open_ctx(&ctx));
+    size_t free_b = 0, total_b = 0;
+    CHECK(cuMemGetInfo(&free_b, &total_b));
+    size_t page = 2u << 20, want = free_b / page * page;
+    CUdeviceptr a = 0, b = 0;
+    CUresult up_to = cuMemAlloc(&a, want);
+    CUresult one_more = cuMemAlloc(&b, 1);
+    printf("total_mib=%zu free_mib=%zu alloc_free=%d one_more_byte=%d\n", total_b >> 20,
+           free_b >> 20, up_to, one_more);
+    return 0;
+}
+
+static int hold(size_t mib) {
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+    CUcontext ctx;
+    CHECK(open_ctx(&ctx));
+    CUdeviceptr a;
+    CHECK(cuMemAlloc(&a, mib << 20));
+    printf("held\n");
+    fflush(stdout);
+    for (;;) pause_forever();
+}
+
+static int free_info(void) {
+    CUresult (*cuMemGetInfo)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
+    CUcontext ctx;
+    CHECK(open_ctx(&ctx));
+    size_t free_b = 0, total_b = 0;
+    CHECK(cuMemGetInfo(&free_b, &total_b));
+    printf("free_mib=%zu total_mib=%zu\n", free_b >> 20, total_b >> 20);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3 || strcmp(argv[1], "kernel") != 0) {
-        fprintf(stderr, "usage: %s kernel PTXFILE\n", argv[0]);
+    const char *mode = argc > 1 ? argv[1] : "";
+    int ok = (argc == 3 && (!strcmp(mode, "kernel") || !strcmp(mode, "hold"))) ||
+             (argc == 2 && (!strcmp(mode, "budget") || !strcmp(mode, "free")));
+    if (!ok) {
+        fprintf(stderr, "usage: %s kernel PTXFILE | budget | hold MIB | free\n", argv[0]);
         return 2;
     }
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -137,5 +196,8 @@ int main(int argc, char **argv) {
         printf("error=dlopen:%s\n", dlerror());
         return 1;
     }
-    return kernel(argv[2]);
+    if (!strcmp(mode, "kernel")) return kernel(argv[2]);
+    if (!strcmp(mode, "hold")) return hold(strtoull(argv[2], NULL, 10));
+    if (!strcmp(mode, "budget")) return budget();
+    return free_info();
 }
