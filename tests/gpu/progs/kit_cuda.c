@@ -9,6 +9,10 @@
  *                             (in 2 MiB pages) and of one byte more: the codes
  *   kit_cuda hold MIB         allocates MIB, prints `held`, and sleeps until killed
  *   kit_cuda free             cuMemGetInfo's free and total
+ *   kit_cuda costs PTXFILE    cuInit + context, and the mean of 1000 alloc+free pairs
+ *                             (1 MiB), cuLaunchKernel (one block) and cuMemGetInfo
+ *   kit_cuda busy SECS PTXFILE  kit_spin launched and synchronised back to back for
+ *                             SECS seconds over every SM: launches and ms per launch
  *
  * Exit 0 when every call succeeded (whether the values are right is a figure: the
  * fake driver does not run kernels); 1 with `error=<call>:<code>` otherwise.
@@ -183,12 +187,98 @@ static int free_info(void) {
     return 0;
 }
 
+/* A context and the PTX's function `name`; 0 or the failing call's code. */
+static CUresult load(const char *ptx_path, const char *name, CUfunction *fn) {
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *) = sym("cuModuleLoadData");
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *) =
+        sym("cuModuleGetFunction");
+    char *ptx = read_file(ptx_path);
+    if (!ptx) return 999;
+    CUmodule mod;
+    CUresult r = cuModuleLoadData(&mod, ptx);
+    if (r == 0) r = cuModuleGetFunction(fn, mod, name);
+    free(ptx);
+    return r;
+}
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, void *, void **, void **);
+
+static int costs(const char *ptx_path) {
+    CUresult (*cuMemGetInfo)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+    CUresult (*cuMemFree)(CUdeviceptr) = sym("cuMemFree_v2");
+    launch_fn cuLaunchKernel = (launch_fn)sym("cuLaunchKernel");
+    CUresult (*cuCtxSynchronize)(void) = sym("cuCtxSynchronize");
+    const int n = 1000;
+    double t0 = now_ms();
+    CUcontext ctx;
+    CHECK(open_ctx(&ctx));
+    double init_ms = now_ms() - t0;
+    CUdeviceptr p;
+    t0 = now_ms();
+    for (int i = 0; i < n; i++) {
+        CHECK(cuMemAlloc(&p, 1u << 20));
+        CHECK(cuMemFree(p));
+    }
+    double alloc_us = (now_ms() - t0) * 1e3 / n;
+    CUfunction fn;
+    CHECK(load(ptx_path, "kit_fill", &fn));
+    CUdeviceptr out;
+    CHECK(cuMemAlloc(&out, 1024));
+    unsigned nn = 256;
+    void *params[] = {&out, &nn};
+    CHECK(cuCtxSynchronize());
+    t0 = now_ms();
+    for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
+    double launch_us = (now_ms() - t0) * 1e3 / n;
+    CHECK(cuCtxSynchronize());
+    size_t f, t;
+    t0 = now_ms();
+    for (int i = 0; i < n; i++) CHECK(cuMemGetInfo(&f, &t));
+    double info_us = (now_ms() - t0) * 1e3 / n;
+    printf("init_ctx_ms=%.1f alloc_free_us=%.2f launch_us=%.2f meminfo_us=%.2f\n", init_ms,
+           alloc_us, launch_us, info_us);
+    return 0;
+}
+
+static int busy(double secs, const char *ptx_path) {
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+    launch_fn cuLaunchKernel = (launch_fn)sym("cuLaunchKernel");
+    CUresult (*cuCtxSynchronize)(void) = sym("cuCtxSynchronize");
+    CUcontext ctx;
+    CHECK(open_ctx(&ctx));
+    CUfunction fn;
+    CHECK(load(ptx_path, "kit_spin", &fn));
+    const unsigned blocks = 1056, threads = 256;
+    CUdeviceptr out;
+    CHECK(cuMemAlloc(&out, (size_t)blocks * threads * 4));
+    unsigned iters = 200000;
+    void *params[] = {&out, &iters};
+    unsigned long launches = 0;
+    double t0 = now_ms(), end = t0 + secs * 1e3;
+    while (now_ms() < end) {
+        CHECK(cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, NULL, params, NULL));
+        CHECK(cuCtxSynchronize());
+        launches++;
+    }
+    double took = now_ms() - t0;
+    printf("launches=%lu secs=%.2f ms_per_launch=%.3f\n", launches, took / 1e3,
+           launches ? took / launches : 0.0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
-    int ok = (argc == 3 && (!strcmp(mode, "kernel") || !strcmp(mode, "hold"))) ||
+    int ok = (argc == 3 && (!strcmp(mode, "kernel") || !strcmp(mode, "hold") ||
+                            !strcmp(mode, "costs"))) ||
+             (argc == 4 && !strcmp(mode, "busy")) ||
              (argc == 2 && (!strcmp(mode, "budget") || !strcmp(mode, "free")));
     if (!ok) {
-        fprintf(stderr, "usage: %s kernel PTXFILE | budget | hold MIB | free\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s kernel PTXFILE | budget | hold MIB | free | costs PTXFILE | busy "
+                "SECS PTXFILE\n",
+                argv[0]);
         return 2;
     }
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -199,5 +289,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "kernel")) return kernel(argv[2]);
     if (!strcmp(mode, "hold")) return hold(strtoull(argv[2], NULL, 10));
     if (!strcmp(mode, "budget")) return budget();
+    if (!strcmp(mode, "costs")) return costs(argv[2]);
+    if (!strcmp(mode, "busy")) return busy(atof(argv[2]), argv[3]);
     return free_info();
 }
