@@ -224,7 +224,8 @@ async fn run_phase(
         stale_min_age: Duration::from_secs(600),
         publish_debounce: Duration::from_millis(100),
         fail_points: FailPoints::default(),
-        adopt_unknown_mig: false,
+        // Never destroy MIG devices the kit did not make: the GPU is left as found.
+        adopt_unknown_mig: true,
         interception_lib: Some(setup.interception_lib.clone()),
         metrics_addr: None,
         watchdog: tessera::watchdog::Mode::Off,
