@@ -6,7 +6,13 @@
  *   kit_cuda kernel PTXFILE   cuInit + context (timed), cuMemGetInfo, the PTX's
  *                             kit_fill over 1 Mi ints, and how many values are right
  *   kit_cuda budget           cuMemGetInfo, then cuMemAlloc of all it says is free
- *                             (in 2 MiB pages) and of one byte more: the codes
+ *                             (in 2 MiB pages) and of one byte more: the codes; then,
+ *                             with the budget full and again after freeing it, the
+ *                             least allocation through cuMemAllocPitch,
+ *                             cuMemAllocManaged, cuMemAllocAsync (the device's default
+ *                             pool), cuMemCreate (2 MiB) and cuArrayCreate: the codes
+ *   kit_cuda nvml             NVML's memory total of the first GPU (libnvidia-ml.so.1)
+ *   kit_cuda nvml-proc PID    the device memory NVML lists for PID on the first GPU
  *   kit_cuda hold MIB         allocates MIB, prints `held`, and sleeps until killed
  *   kit_cuda free             cuMemGetInfo's free and total
  *   kit_cuda costs PTXFILE    cuInit + context, and the mean of 1000 alloc+free pairs
@@ -150,6 +156,8 @@ static CUresult open_ctx(CUcontext *ctx) {
     return r;
 }
 
+static void paths(char *out, size_t n);
+
 static int budget(void) {
     CUresult (*cuMemGetInfo)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
@@ -161,8 +169,127 @@ static int budget(void) {
     CUdeviceptr a = 0, b = 0;
     CUresult up_to = cuMemAlloc(&a, want);
     CUresult one_more = cuMemAlloc(&b, 1);
-    printf("total_mib=%zu free_mib=%zu alloc_free=%d one_more_byte=%d\n", total_b >> 20,
-           free_b >> 20, up_to, one_more);
+    char full[160], room[160];
+    paths(full, sizeof full);
+    CUresult (*cuMemFree)(CUdeviceptr) = sym("cuMemFree_v2");
+    if (up_to == 0) cuMemFree(a);
+    paths(room, sizeof room);
+    /* The line ends with the figures run.sh matches on. */
+    printf("full: %s; room: %s; total_mib=%zu free_mib=%zu alloc_free=%d one_more_byte=%d\n",
+           full, room, total_b >> 20, free_b >> 20, up_to, one_more);
+    return 0;
+}
+
+/* CUmemAllocationProp and CUDA_ARRAY_DESCRIPTOR, as cuda.h lays them out. */
+struct mem_prop {
+    int type, handle_types, loc_type, loc_id;
+    void *win32;
+    unsigned char flags[8];
+};
+struct array_desc {
+    size_t width, height;
+    int format;
+    unsigned channels;
+};
+
+/* The least allocation through each other path, freed again at once: the codes. */
+static void paths(char *out, size_t n) {
+    CUresult (*cuMemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) =
+        sym("cuMemAllocPitch_v2");
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned) = sym("cuMemAllocManaged");
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, void *) = sym("cuMemAllocAsync");
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
+    CUresult (*cuMemCreate)(unsigned long long *, size_t, const struct mem_prop *,
+                            unsigned long long) = sym("cuMemCreate");
+    CUresult (*cuMemRelease)(unsigned long long) = sym("cuMemRelease");
+    CUresult (*cuArrayCreate)(void **, const struct array_desc *) = sym("cuArrayCreate_v2");
+    CUresult (*cuArrayDestroy)(void *) = sym("cuArrayDestroy");
+    CUresult (*cuMemFree)(CUdeviceptr) = sym("cuMemFree_v2");
+    CUresult (*cuCtxSynchronize)(void) = sym("cuCtxSynchronize");
+    CUdeviceptr p;
+    size_t pitch;
+    CUresult pi = cuMemAllocPitch(&p, &pitch, 1, 1, 4);
+    if (pi == 0) cuMemFree(p);
+    CUresult ma = cuMemAllocManaged(&p, 1, 1 /* CU_MEM_ATTACH_GLOBAL */);
+    if (ma == 0) cuMemFree(p);
+    CUresult as = cuMemAllocAsync(&p, 1, NULL);
+    if (as == 0) cuMemFreeAsync(p, NULL);
+    cuCtxSynchronize();
+    struct mem_prop prop = {1 /* pinned */, 0, 1 /* device */, 0, NULL, {0}};
+    unsigned long long h;
+    CUresult cr = cuMemCreate(&h, 2u << 20, &prop, 0);
+    if (cr == 0) cuMemRelease(h);
+    struct array_desc d = {1, 1, 0x01 /* CU_AD_FORMAT_UNSIGNED_INT8 */, 1};
+    void *arr;
+    CUresult ar = cuArrayCreate(&arr, &d);
+    if (ar == 0) cuArrayDestroy(arr);
+    snprintf(out, n, "pitch=%d managed=%d async=%d create=%d array=%d", pi, ma, as, cr, ar);
+}
+
+/* nvmlProcessInfo_t (v2 and v3 share the layout). */
+struct proc_info {
+    unsigned pid;
+    unsigned long long used;
+    unsigned gi, ci;
+};
+
+static int nvml_proc(unsigned pid) {
+    void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!ml) {
+        printf("error=dlopen:%s\n", dlerror());
+        return 1;
+    }
+    int (*init)(void) = dlsym(ml, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*procs)(void *, unsigned *, struct proc_info *) =
+        dlsym(ml, "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!procs) procs = dlsym(ml, "nvmlDeviceGetComputeRunningProcesses_v2");
+    if (!init || !by_index || !procs) {
+        printf("error=dlsym:nvml\n");
+        return 1;
+    }
+    void *dev;
+    struct proc_info list[256];
+    unsigned n = 256;
+    int r = init();
+    if (r == 0) r = by_index(0, &dev);
+    if (r == 0) r = procs(dev, &n, list);
+    if (r != 0) {
+        printf("error=nvml:%d\n", r);
+        return 1;
+    }
+    for (unsigned i = 0; i < n; i++)
+        if (list[i].pid == pid) {
+            printf("nvml_proc_mib=%llu\n", list[i].used >> 20);
+            return 0;
+        }
+    printf("nvml_proc_mib=none processes=%u\n", n);
+    return 0;
+}
+
+static int nvml(void) {
+    void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!ml) {
+        printf("error=dlopen:%s\n", dlerror());
+        return 1;
+    }
+    struct { unsigned long long total, free, used; } mem = {0, 0, 0};
+    int (*init)(void) = dlsym(ml, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*info)(void *, void *) = dlsym(ml, "nvmlDeviceGetMemoryInfo");
+    if (!init || !by_index || !info) {
+        printf("error=dlsym:nvml\n");
+        return 1;
+    }
+    void *dev;
+    int r = init();
+    if (r == 0) r = by_index(0, &dev);
+    if (r == 0) r = info(dev, &mem);
+    if (r != 0) {
+        printf("error=nvml:%d\n", r);
+        return 1;
+    }
+    printf("nvml_total_mib=%llu nvml_used_mib=%llu\n", mem.total >> 20, mem.used >> 20);
     return 0;
 }
 
@@ -271,16 +398,20 @@ static int busy(double secs, const char *ptx_path) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     int ok = (argc == 3 && (!strcmp(mode, "kernel") || !strcmp(mode, "hold") ||
-                            !strcmp(mode, "costs"))) ||
+                            !strcmp(mode, "costs") || !strcmp(mode, "nvml-proc"))) ||
              (argc == 4 && !strcmp(mode, "busy")) ||
-             (argc == 2 && (!strcmp(mode, "budget") || !strcmp(mode, "free")));
+             (argc == 2 && (!strcmp(mode, "budget") || !strcmp(mode, "free") ||
+                            !strcmp(mode, "nvml")));
     if (!ok) {
         fprintf(stderr,
-                "usage: %s kernel PTXFILE | budget | hold MIB | free | costs PTXFILE | busy "
-                "SECS PTXFILE\n",
+                "usage: %s kernel PTXFILE | budget | hold MIB | free | nvml | nvml-proc PID | "
+                "costs PTXFILE | "
+                "busy SECS PTXFILE\n",
                 argv[0]);
         return 2;
     }
+    if (!strcmp(mode, "nvml")) return nvml();
+    if (!strcmp(mode, "nvml-proc")) return nvml_proc((unsigned)atoi(argv[2]));
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
         printf("error=dlopen:%s\n", dlerror());
