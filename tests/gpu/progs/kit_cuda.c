@@ -13,6 +13,8 @@
  *                             pool), cuMemCreate (2 MiB) and cuArrayCreate: the codes
  *   kit_cuda nvml             NVML's memory total of the first GPU (libnvidia-ml.so.1)
  *   kit_cuda nvml-proc PID    the device memory NVML lists for PID on the first GPU
+ *   kit_cuda nvml-util SECS PID1 PID2  NVML's SM utilization of the two processes on the
+ *                             first GPU, averaged over its samples of SECS seconds
  *   kit_cuda hold MIB         allocates MIB, prints `held`, and sleeps until killed
  *   kit_cuda free             cuMemGetInfo's free and total
  *   kit_cuda costs PTXFILE    cuInit + context, and the mean of 1000 alloc+free pairs
@@ -267,6 +269,64 @@ static int nvml_proc(unsigned pid) {
     return 0;
 }
 
+/* nvmlProcessUtilizationSample_t. */
+struct util_sample {
+    unsigned pid;
+    unsigned long long ts;
+    unsigned sm, mem, enc, dec;
+};
+
+static int nvml_util(double secs, unsigned p1, unsigned p2) {
+    void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!ml) {
+        printf("error=dlopen:%s\n", dlerror());
+        return 1;
+    }
+    int (*init)(void) = dlsym(ml, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*util)(void *, struct util_sample *, unsigned *, unsigned long long) =
+        dlsym(ml, "nvmlDeviceGetProcessUtilization");
+    if (!init || !by_index || !util) {
+        printf("error=dlsym:nvml\n");
+        return 1;
+    }
+    void *dev;
+    int r = init();
+    if (r == 0) r = by_index(0, &dev);
+    if (r != 0) {
+        printf("error=nvml:%d\n", r);
+        return 1;
+    }
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    unsigned long long last = (unsigned long long)t.tv_sec * 1000000ull + t.tv_nsec / 1000;
+    double sum1 = 0, sum2 = 0, end = now_ms() + secs * 1e3;
+    unsigned n1 = 0, n2 = 0;
+    int err = 0;
+    while (now_ms() < end) {
+        sleep(1);
+        struct util_sample samples[512];
+        unsigned n = 512;
+        r = util(dev, samples, &n, last);
+        if (r != 0) {
+            err = r;
+            continue;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            if (samples[i].ts > last) last = samples[i].ts;
+            if (samples[i].pid == p1) sum1 += samples[i].sm, n1++;
+            if (samples[i].pid == p2) sum2 += samples[i].sm, n2++;
+        }
+    }
+    if (!n1 && !n2) {
+        printf("nvml_util=none error=%d\n", err);
+        return 0;
+    }
+    printf("nvml_util1=%.1f nvml_util2=%.1f samples=%u,%u\n", n1 ? sum1 / n1 : 0.0,
+           n2 ? sum2 / n2 : 0.0, n1, n2);
+    return 0;
+}
+
 static int nvml(void) {
     void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!ml) {
@@ -399,12 +459,13 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     int ok = (argc == 3 && (!strcmp(mode, "kernel") || !strcmp(mode, "hold") ||
                             !strcmp(mode, "costs") || !strcmp(mode, "nvml-proc"))) ||
-             (argc == 4 && !strcmp(mode, "busy")) ||
+             (argc == 4 && !strcmp(mode, "busy")) || (argc == 5 && !strcmp(mode, "nvml-util")) ||
              (argc == 2 && (!strcmp(mode, "budget") || !strcmp(mode, "free") ||
                             !strcmp(mode, "nvml")));
     if (!ok) {
         fprintf(stderr,
                 "usage: %s kernel PTXFILE | budget | hold MIB | free | nvml | nvml-proc PID | "
+                "nvml-util SECS PID1 PID2 | "
                 "costs PTXFILE | "
                 "busy SECS PTXFILE\n",
                 argv[0]);
@@ -412,6 +473,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "nvml")) return nvml();
     if (!strcmp(mode, "nvml-proc")) return nvml_proc((unsigned)atoi(argv[2]));
+    if (!strcmp(mode, "nvml-util"))
+        return nvml_util(atof(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]));
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
         printf("error=dlopen:%s\n", dlerror());
