@@ -10,7 +10,7 @@
 # After CI's main job and zigbuild phase it builds nothing (pack.sh's cargo build is the
 # README's); it packs the glibc 2.17 libraries from target/zig.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 kit=${1:-target/gpu-kit}
 out=${2:-target/gpu-kit-out}
 # Every check run.sh has, in its order.
@@ -28,7 +28,8 @@ done_at=$(date +%s)
 
 bad=0
 for c in "${checks[@]}"; do
-  f=$(ls "$out"/checks/[0-9][0-9]-"$c".json 2>/dev/null | head -1)
+  f=""
+  for g in "$out"/checks/[0-9][0-9]-"$c".json; do [ -f "$g" ] && f=$g; done
   if [ -z "$f" ]; then
     echo "ci.sh: check $c did not report" >&2
     bad=1
@@ -52,7 +53,7 @@ for c in "${checks[@]}"; do
       ;;
   esac
 done
-n=$(ls "$out"/checks/*.json | wc -l)
+n=$(find "$out/checks" -name '*.json' | wc -l)
 [ "$n" = ${#checks[@]} ] || { echo "ci.sh: $n reports, ${#checks[@]} checks expected" >&2; bad=1; }
 echo "ci.sh: packed in $((packed - start)) s, ran in $((done_at - packed)) s; $([ "$bad" = 0 ] && echo ok || echo FAILED)"
 exit "$bad"

@@ -57,10 +57,10 @@ report() {
   local check=$1 verdict=$2 figure=$3 d details=""
   shift 3
   for d in "$@"; do
-    d=$(printf '%s' "$d" | tr -d '"\\' | tr '\n\t' '  ')
+    d=$(printf '%s' "$d" | tr -d "\"\\\\" | tr '\n\t' '  ')
     details+="${details:+,}\"$d\""
   done
-  figure=$(printf '%s' "$figure" | tr -d '"\\' | tr '\n\t' '  ')
+  figure=$(printf '%s' "$figure" | tr -d "\"\\\\" | tr '\n\t' '  ')
   n=$((n + 1))
   printf '{"check":"%s","verdict":"%s","figure":"%s","details":[%s]}\n' \
     "$check" "$verdict" "$figure" "$details" >"$(file "$check")"
@@ -323,6 +323,7 @@ lib=""
 true_ms() { # mean ms of /bin/true over 200 runs, in the given runner
   local t0 t1
   t0=$(date +%s%N)
+  # shellcheck disable=SC2016 # the loop's variables are the inner shell's
   "$@" sh -c 'i=0; while [ $i -lt 200 ]; do /bin/true; i=$((i + 1)); done'
   t1=$(date +%s%N)
   awk -v d=$((t1 - t0)) 'BEGIN { printf "%.3f", d / 200 / 1e6 }'
