@@ -216,6 +216,31 @@ mod tests {
         );
     }
 
+    /// A GPU whose memory differs by more than 1 % or whose MIG mode differs fails the
+    /// comparison, naming the field.
+    #[test]
+    fn differing_fields_fail_discovery_by_name() {
+        let node = tessera::inventory::mock::MockNode::embedded_default().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let inv = tessera::inventory::mock::MockBackend::new(
+            node,
+            dir.path().to_path_buf(),
+            tessera::inventory::mock::StateAccess::ReadWrite,
+        );
+        let inv = tessera::inventory::GpuBackend::discover(&inv).unwrap();
+        let mut reference = reference_from_inventory(&inv);
+        assert_eq!(
+            compare(&inv, &reference).verdict,
+            super::super::Verdict::Pass
+        );
+        reference[0].memory_bytes /= 2;
+        reference[1].mig_enabled = !reference[1].mig_enabled;
+        let r = compare(&inv, &reference);
+        assert_eq!(r.verdict, super::super::Verdict::Fail);
+        assert!(r.details[0].contains("memory"), "{:?}", r.details);
+        assert!(r.details[1].contains("MIG mode"), "{:?}", r.details);
+    }
+
     /// Bus IDs compare equal whatever the domain's width or the case.
     #[test]
     fn bus_ids_normalize_to_a_four_digit_domain() {

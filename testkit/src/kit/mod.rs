@@ -108,3 +108,38 @@ pub fn sandbox_edits(spec: &serde_json::Value) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sandbox gets the spec's mounts with their options and its environment, the
+    /// spec's own edits before its devices'.
+    #[test]
+    fn sandbox_edits_list_mounts_with_options_then_env() {
+        let spec = serde_json::json!({
+            "containerEdits": {
+                "mounts": [{"hostPath": "/h/lib", "containerPath": "/c/lib", "options": ["ro", "bind"]}],
+                "env": ["A=1"]
+            },
+            "devices": [{"name": "d", "containerEdits": {
+                "mounts": [{"hostPath": "/h/limits", "containerPath": "/c/limits"}]
+            }}]
+        });
+        assert_eq!(
+            sandbox_edits(&spec),
+            "mount /h/lib /c/lib ro,bind\nenv A=1\nmount /h/limits /c/limits -\n"
+        );
+    }
+
+    /// A report fails exactly when it has a failure; notes follow the failures.
+    #[test]
+    fn reports_fail_on_any_failure() {
+        let ok = CheckReport::from_findings("c", "f".into(), vec![], vec!["note".into()]);
+        assert_eq!(ok.verdict, Verdict::Pass);
+        let bad =
+            CheckReport::from_findings("c", "f".into(), vec!["bad".into()], vec!["note".into()]);
+        assert_eq!(bad.verdict, Verdict::Fail);
+        assert_eq!(bad.details, ["bad", "note"]);
+    }
+}
