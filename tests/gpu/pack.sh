@@ -16,7 +16,10 @@
 # preload --release`: tessera-kit is a default member's binary), a no-op after CI's
 # main job. TESSERA_KIT_PROFILE=debug packs debug builds instead (a
 # developer's quick check; the binaries are stripped either way).
-# TESSERA_KIT_NO_BUILD=1 packs what is built, building nothing.
+# TESSERA_KIT_NO_BUILD=1 packs what is built, building nothing. The kit's GLIBC file
+# says the glibc it needs (run.sh checks the host's); bin/ needs the build host's unless
+# TESSERA_KIT_ZIGBUILD=1 builds tessera and tessera-kit for glibc 2.17 (cargo-zigbuild,
+# as cuda/ci-setup.sh installs it; an extra release build, not tried yet).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -27,6 +30,14 @@ nice=(nice -n "${TESSERA_BUILD_NICE:-19}")
 
 flag=()
 [ "$profile" = release ] && flag=(--release)
+bin_dir=target/$profile
+[ "$profile" = release ] || bin_dir=target/debug
+if [ "${TESSERA_KIT_ZIGBUILD:-}" = 1 ]; then
+  # tessera and tessera-kit for glibc 2.17 as well (an extra release build).
+  "${nice[@]}" cargo zigbuild -q --offline --release -p tessera -p tessera-testkit --bin tessera --bin tessera-kit \
+    --target x86_64-unknown-linux-gnu.2.17 --target-dir target/zig
+  bin_dir=target/zig/x86_64-unknown-linux-gnu/release
+fi
 if [ "${TESSERA_KIT_NO_BUILD:-}" != 1 ]; then
   "${nice[@]}" cargo build -q "${flag[@]}"
   "${nice[@]}" cargo preload -q "${flag[@]}"
@@ -39,7 +50,7 @@ mkdir -p "$kit"/{bin,lib,progs,ptx,sim}
 kit=$(cd "$kit" && pwd)
 
 for b in tessera tessera-kit; do
-  install -m 0755 "$dir/$b" "$kit/bin/$b"
+  install -m 0755 "$bin_dir/$b" "$kit/bin/$b"
 done
 libs=(libtessera_cuda.so libtessera_preload.so libtessera_shim_cuda.so libtessera_shim_nvml.so tessera-cdi-hook)
 zig_dir=target/zig/x86_64-unknown-linux-gnu/release
@@ -70,8 +81,12 @@ for src in tests/gpu/progs/*.c; do
   "${nice[@]}" "${cc[@]}" -O2 -std=gnu11 -Wall -Wextra -Werror -o "$kit/progs/$name" "$src" -ldl -lpthread
 done
 cp tests/gpu/ptx/*.ptx "$kit/ptx/"
-need=$(objdump -T "$kit"/progs/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 || true)
-echo "progs/: need ${need:-no versioned glibc symbol}"
+# The glibc each part needs (the newest versioned symbol), and the kit's: run.sh
+# compares it with the host's before it starts.
+glibc_of() { objdump -T "$@" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 || true; }
+for part in bin lib progs; do echo "$part/: need $(glibc_of "$kit/$part"/*)"; done
+glibc_of "$kit"/bin/* "$kit"/lib/* "$kit"/progs/* | sed 's/^GLIBC_//' >"$kit/GLIBC"
+echo "kit: needs glibc $(cat "$kit/GLIBC") on the GPU host (a release build of bin/ needs the build host's; TESSERA_KIT_ZIGBUILD=1 builds bin/ for glibc 2.17 with cargo-zigbuild)"
 
 # The simulated node's fakes (the host's compiler: they run where the kit is packed).
 "${nice[@]}" gcc -shared -fPIC -pthread -std=c11 -O1 -Wall -Wextra -Werror \

@@ -35,6 +35,13 @@ done
 kit=$(cd "${args[0]}" && pwd) || usage
 mkdir -p "${args[1]}" && out=$(cd "${args[1]}" && pwd)
 [ -x "$kit/bin/tessera-kit" ] || { echo "$kit is not a packed kit (tests/gpu/pack.sh)" >&2; exit 2; }
+host_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+need_glibc=$(cat "$kit/GLIBC" 2>/dev/null)
+if [ -n "$host_glibc" ] && [ -n "$need_glibc" ] &&
+  [ "$(printf '%s\n%s\n' "$need_glibc" "$host_glibc" | sort -V | head -1)" != "$need_glibc" ]; then
+  echo "the kit needs glibc $need_glibc, this host has $host_glibc: pack it with TESSERA_KIT_ZIGBUILD=1" >&2
+  exit 2
+fi
 root=0
 [ "$(id -u)" = 0 ] && root=1
 if [ "$root" != 1 ]; then
