@@ -317,8 +317,86 @@ else
   fi
 fi
 
-# 8. Watchdog: not implemented yet (reported as a failure, never as a pass).
-report watchdog FAIL "not implemented"
+# 8. Watchdog: the plugin runs with its watchdog enforcing over a 2 GiB shared claim
+# reserved for a made-up pod; two processes in that pod's cgroup (made here under
+# kubepods.slice, removed after) reach the driver without the library: one holds 3 GiB
+# (over the budget and its 256 MiB tolerance) and must be killed within 2 s (the
+# watchdog judges by NVML's per-process memory), one holds 512 MiB and is left alone.
+# In the simulated node the fake NVML lists no processes: nothing is killed there.
+echo "== watchdog" >&2
+watchdog_check() {
+  local uid cg w in_fifo big small t0 killed="" fails=() i
+  uid=$(cat /proc/sys/kernel/random/uuid)
+  # The pod's cgroup in the cgroupfs layout (kubepods/pod<uid>/<container>), in the
+  # unified hierarchy, else the hybrid layout's, else cgroup v1's pids hierarchy.
+  local base=""
+  for base in /sys/fs/cgroup /sys/fs/cgroup/unified /sys/fs/cgroup/pids ""; do
+    [ -n "$base" ] && [ -f "$base/cgroup.procs" ] && break
+  done
+  if [ -z "$base" ]; then
+    report watchdog FAIL "no cgroup hierarchy to make the pod's cgroup in"
+    return
+  fi
+  cg=$base/kubepods/pod$uid
+  w=$work/watchdog
+  mkdir -p "$w"
+  in_fifo=$w/in
+  mkfifo "$in_fifo"
+  "$kitbin/tessera-kit" watch --backend "$backend" --proc-root "$proc_root" \
+    --sys-root "$sys_root" --dev-root "$dev_root" --driver-root "$driver_root" \
+    --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$w/plugin" --pod-uid "$uid" \
+    "${sim_flag[@]}" <"$in_fifo" >"$w/out" 2>"$w/err" &
+  local plugin=$!
+  exec 9>"$in_fifo"
+  for i in $(seq 300); do grep -q ready "$w/out" && break; kill -0 "$plugin" 2>/dev/null || break; sleep 0.1; done
+  if ! grep -q ready "$w/out"; then
+    exec 9>&-
+    wait "$plugin"
+    report watchdog FAIL "the plugin did not get ready" "$(tail -5 "$w/err")"
+    return
+  fi
+  mkdir -p "$cg/kit-big" "$cg/kit-small"
+  # shellcheck disable=SC2016 # $$ is the inner shell's: it moves itself, then execs
+  "${cuda_env[@]}" sh -c 'echo $$ >"$1/cgroup.procs" && exec "$2" hold "$3"' sh "$cg/kit-small" "$kit/progs/kit_cuda" 512 >"$w/small" 2>&1 &
+  small=$!
+  # shellcheck disable=SC2016
+  "${cuda_env[@]}" sh -c 'echo $$ >"$1/cgroup.procs" && exec "$2" hold "$3"' sh "$cg/kit-big" "$kit/progs/kit_cuda" 3072 >"$w/big" 2>&1 &
+  big=$!
+  for i in $(seq 300); do grep -q held "$w/big" && break; kill -0 "$big" 2>/dev/null || break; sleep 0.05; done
+  t0=$(date +%s%N)
+  for i in $(seq 100); do
+    kill -0 "$big" 2>/dev/null || { killed=$((($(date +%s%N) - t0) / 1000000)); break; }
+    sleep 0.05
+  done
+  sleep 1
+  local small_alive=no
+  kill -0 "$small" 2>/dev/null && small_alive=yes
+  kill -9 "$big" "$small" 2>/dev/null
+  wait "$big" "$small" 2>/dev/null
+  exec 9>&-
+  wait "$plugin"
+  rmdir "$cg/kit-big" "$cg/kit-small" "$cg" 2>/dev/null
+  rmdir "$base/kubepods" 2>/dev/null # only if the kit made it (empty)
+  local figure="3 GiB holder: "
+  grep -q held "$w/big" || figure+="never held its memory, "
+  if [ -n "$killed" ]; then figure+="killed ${killed} ms after it held"; else figure+="not killed in 5 s"; fi
+  figure+="; 512 MiB holder: $([ "$small_alive" = yes ] && echo alive || echo gone) after 6 s"
+  if [ "$simulated" != 1 ]; then
+    grep -q held "$w/big" || fails+=("the 3 GiB holder did not get its memory: $(tail -1 "$w/big")")
+    if [ -z "$killed" ]; then
+      fails+=("the 3 GiB holder was not killed")
+    elif [ "$killed" -gt 2000 ]; then
+      fails+=("the 3 GiB holder was killed after ${killed} ms (> 2000)")
+    fi
+    [ "$small_alive" = yes ] || fails+=("the 512 MiB holder was killed too: $(tail -1 "$w/small")")
+  fi
+  if [ ${#fails[@]} = 0 ]; then
+    report watchdog PASS "$figure"
+  else
+    report watchdog FAIL "$figure" "${fails[@]}"
+  fi
+}
+watchdog_check
 
 # 9. Costs on the real driver, bare and under the library (the first claim's sandbox):
 # cuInit + context, alloc+free, cuLaunchKernel, cuMemGetInfo; and /bin/true with the

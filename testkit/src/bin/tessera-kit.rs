@@ -103,6 +103,24 @@ enum Command {
         #[arg(long)]
         simulated: bool,
     },
+    /// The watchdog check's plugin: a 2 GiB shared claim reserved for the pod
+    /// --pod-uid, the watchdog enforcing; prints `ready`, runs until stdin ends.
+    Watch {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long, default_value = "/")]
+        dev_root: PathBuf,
+        #[arg(long, default_value = "/")]
+        driver_root: PathBuf,
+        #[arg(long)]
+        interception_lib: PathBuf,
+        #[arg(long)]
+        workdir: PathBuf,
+        #[arg(long)]
+        pod_uid: String,
+        #[arg(long)]
+        simulated: bool,
+    },
     /// A CDI spec's container edits as lines for tests/gpu/sandbox.sh: `mount HOST
     /// CONTAINER OPTIONS` and `env KEY=VALUE`, the spec's and then its devices'.
     CdiEdits { spec: PathBuf },
@@ -203,6 +221,27 @@ fn main() -> Result<std::process::ExitCode> {
             for s in specs {
                 println!("{}", s.display());
             }
+        }
+        Command::Watch {
+            node,
+            dev_root,
+            driver_root,
+            interception_lib,
+            workdir,
+            pod_uid,
+            simulated,
+        } => {
+            let setup = prepare::PrepareSetup {
+                backend: node.backend.clone(),
+                backend_paths: node.paths(workdir.join("backend-state")),
+                dev_root,
+                driver_root,
+                interception_lib,
+                simulated,
+            };
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            rt.block_on(prepare::watch(&setup, &workdir, &pod_uid))
+                .map_err(anyhow::Error::msg)?;
         }
         Command::CdiEdits { spec } => {
             let text = std::fs::read_to_string(&spec)

@@ -52,6 +52,9 @@ struct Phase {
     claims: Vec<DemoClaim>,
     /// Leave the claims prepared (the interception check's sandbox binds their files).
     keep: bool,
+    /// The watchdog check: the pod the claims are reserved for (its UID), with the
+    /// watchdog enforcing; the plugin keeps running until stdin ends.
+    watch_pod: Option<String>,
 }
 
 fn phases() -> Vec<Phase> {
@@ -71,6 +74,7 @@ fn phases() -> Vec<Phase> {
             mode: "exclusive",
             claims: vec![claim("whole", None)],
             keep: false,
+            watch_pod: None,
         },
         Phase {
             mode: "shared",
@@ -79,6 +83,7 @@ fn phases() -> Vec<Phase> {
                 claim("share60", Some(("2Gi", 60))),
             ],
             keep: false,
+            watch_pod: None,
         },
     ]
 }
@@ -124,6 +129,7 @@ pub async fn prepare_shared(
         mode: "shared",
         claims,
         keep: true,
+        watch_pod: None,
     };
     let mut f = Findings::default();
     run_phase(setup, workdir, &phase, &mut f).await?;
@@ -131,6 +137,35 @@ pub async fn prepare_shared(
         return Err(f.failures.join("; "));
     }
     Ok(f.kept)
+}
+
+/// The watchdog check's half in Rust: a 2 GiB shared claim reserved for the pod
+/// `pod_uid`, prepared with the plugin's watchdog enforcing; prints `ready` on stdout
+/// and keeps the plugin (and its watchdog) running until stdin ends. Owns side effects:
+/// the plugin, its files in `workdir`.
+///
+/// # Errors
+/// What failed, as one line.
+pub async fn watch(setup: &PrepareSetup, workdir: &Path, pod_uid: &str) -> Result<(), String> {
+    let phase = Phase {
+        mode: "shared",
+        claims: vec![DemoClaim {
+            name: "kit-watched",
+            class: "shared.tessera.dev",
+            wants: "",
+            count: 1,
+            share: Some(("2Gi", 25)),
+        }],
+        keep: true,
+        watch_pod: Some(pod_uid.to_string()),
+    };
+    let mut f = Findings::default();
+    run_phase(setup, workdir, &phase, &mut f).await?;
+    if f.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(f.failures.join("; "))
+    }
 }
 
 /// Runs both phases in `workdir` (one subdirectory each). Owns side effects: starts a
@@ -228,7 +263,11 @@ async fn run_phase(
         adopt_unknown_mig: true,
         interception_lib: Some(setup.interception_lib.clone()),
         metrics_addr: None,
-        watchdog: tessera::watchdog::Mode::Off,
+        watchdog: if phase.watch_pod.is_some() {
+            tessera::watchdog::Mode::Enforce
+        } else {
+            tessera::watchdog::Mode::Off
+        },
         watchdog_tolerance: tessera::watchdog::DEFAULT_TOLERANCE,
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
@@ -303,10 +342,15 @@ async fn drive(
             .create(&PostParams::default(), &claim_object(c))
             .await
             .map_err(err("create claim"))?;
-        let allocated = crate::claims::ClaimBuilder::from_claim(created.clone())
+        let mut allocated = crate::claims::ClaimBuilder::from_claim(created.clone())
             .allocation(allocation)
             .reserved_for_its_pod()
             .build();
+        if let (Some(uid), Some(status)) = (&phase.watch_pod, allocated.status.as_mut()) {
+            for r in status.reserved_for.iter_mut().flatten() {
+                r.uid = uid.clone();
+            }
+        }
         claims_api
             .replace_status(c.name, &PostParams::default(), &allocated)
             .await
@@ -346,6 +390,15 @@ async fn drive(
                 limits.trim().replace('\n', "; ")
             ));
         }
+    }
+    if phase.watch_pod.is_some() {
+        println!("ready");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = tokio::task::spawn_blocking(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        })
+        .await;
     }
     if phase.keep {
         return Ok(());
