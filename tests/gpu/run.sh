@@ -122,7 +122,7 @@ if ! timeout 60 "$kitbin/tessera" inventory --backend "$backend" --node-name kit
   >"$out/inventory.json" 2>"$work/inventory.stderr"; then
   report inventory FAIL "tessera inventory --backend nvml failed" "$(tail -5 "$work/inventory.stderr")"
 else
-  report inventory PASS "tessera inventory --backend nvml: $(grep -c '"name"' "$out/inventory.json") named object(s), in OUT/inventory.json"
+  report inventory PASS "tessera inventory --backend nvml: $(grep -c '"kind": "ResourceSlice"' "$out/inventory.json") ResourceSlice(s), $(grep -o '"productName"' "$out/inventory.json" | wc -l) device(s) (GPUs and MIG partitions), in OUT/inventory.json"
 fi
 if [ "$simulated" = 1 ]; then
   ref=(--reference-mock "$sim/node.yaml" --state-dir "$sim/state")
