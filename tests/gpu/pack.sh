@@ -93,7 +93,7 @@ echo "kit: needs glibc $(cat "$kit/GLIBC") on the GPU host (a release build of b
   -Wl,-soname,libnvidia-ml.so.1 -o "$kit/sim/libnvidia-ml.so.1" tests/fakes/fake_nvml.c
 "${nice[@]}" gcc -shared -fPIC -pthread -O1 -Wall -Wextra \
   -Wl,-soname,libcuda.so.1 -o "$kit/sim/libcuda.so.1" cuda/tests/fakes/fake_cuda.c
-cp tests/gpu/sim-node.yaml "$kit/sim/"
+cp tests/gpu/sim-node.yaml tests/gpu/sim-node-mig.yaml "$kit/sim/"
 git -C "$repo" rev-parse HEAD >"$kit/COMMIT" 2>/dev/null || true
 
 size_kib=$(du -sk "$kit" | cut -f1)

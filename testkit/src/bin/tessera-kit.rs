@@ -121,6 +121,22 @@ enum Command {
         #[arg(long)]
         simulated: bool,
     },
+    /// The MIG check (only on a GPU already in MIG mode): one claim of each profile
+    /// published, prepared and unprepared; the GPU's MIG state must be as found.
+    Mig {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long, default_value = "/")]
+        dev_root: PathBuf,
+        #[arg(long, default_value = "/")]
+        driver_root: PathBuf,
+        #[arg(long)]
+        interception_lib: PathBuf,
+        #[arg(long)]
+        workdir: PathBuf,
+        #[arg(long)]
+        simulated: bool,
+    },
     /// A CDI spec's container edits as lines for tests/gpu/sandbox.sh: `mount HOST
     /// CONTAINER OPTIONS` and `env KEY=VALUE`, the spec's and then its devices'.
     CdiEdits { spec: PathBuf },
@@ -242,6 +258,25 @@ fn main() -> Result<std::process::ExitCode> {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(prepare::watch(&setup, &workdir, &pod_uid))
                 .map_err(anyhow::Error::msg)?;
+        }
+        Command::Mig {
+            node,
+            dev_root,
+            driver_root,
+            interception_lib,
+            workdir,
+            simulated,
+        } => {
+            let setup = prepare::PrepareSetup {
+                backend: node.backend.clone(),
+                backend_paths: node.paths(workdir.join("backend-state")),
+                dev_root,
+                driver_root,
+                interception_lib,
+                simulated,
+            };
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            print(&rt.block_on(prepare::mig(&setup, &workdir)))?;
         }
         Command::CdiEdits { spec } => {
             let text = std::fs::read_to_string(&spec)

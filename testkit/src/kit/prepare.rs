@@ -13,6 +13,7 @@
 //! semantics), then unprepares them and checks that no spec and no claim directory is
 //! left.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -168,6 +169,137 @@ pub async fn watch(setup: &PrepareSetup, workdir: &Path, pod_uid: &str) -> Resul
     }
 }
 
+/// The MIG check: on a GPU already in MIG mode, one claim of each MIG profile the
+/// plugin publishes, prepared and unprepared in turn (a profile that does not fit the
+/// free slices is noted, not failed), with the node config `defaultMode: mig` and
+/// MIG devices the kit did not make adopted, never destroyed; then the GPU's MIG mode
+/// and instances must be as found. Owns side effects: creates and destroys MIG
+/// instances through the plugin. Never fails: what went wrong is in the report.
+pub async fn mig(setup: &PrepareSetup, workdir: &Path) -> CheckReport {
+    let started = Instant::now();
+    let mut f = Findings::default();
+    let phase = Phase {
+        mode: "mig",
+        claims: Vec::new(),
+        keep: false,
+        watch_pod: None,
+    };
+    if let Err(e) = run_phase(setup, workdir, &phase, &mut f).await {
+        f.failures.push(format!("MIG: {e}"));
+    }
+    let figure = format!(
+        "{} MIG claim(s) prepared and unprepared, {} spec(s) valid, {} file(s) left; {:.1} s",
+        f.prepared,
+        f.specs,
+        f.left,
+        started.elapsed().as_secs_f64()
+    );
+    CheckReport::from_findings("mig", figure, f.failures, f.notes)
+}
+
+/// Each MIG-mode GPU's MIG state, described for comparison.
+fn mig_layout(
+    backend: &dyn tessera::inventory::GpuBackend,
+    mig: &BTreeMap<u32, tessera::inventory::MigStatus>,
+) -> Vec<(u32, String)> {
+    mig.keys()
+        .map(|m| (*m, describe_mig(backend, *m)))
+        .collect()
+}
+
+/// One GPU's MIG mode and instances (GI, profile, placement), as text. Deterministic
+/// for an unchanged GPU.
+fn describe_mig(backend: &dyn tessera::inventory::GpuBackend, minor: u32) -> String {
+    match backend.mig_status(minor) {
+        Ok(st) => {
+            let mut inst: Vec<String> = st
+                .instances
+                .iter()
+                .map(|i| format!("GI {} profile {} at {}", i.gi_id, i.profile_id, i.start))
+                .collect();
+            inst.sort();
+            format!(
+                "mode {} with [{}]",
+                if st.enabled { "on" } else { "off" },
+                inst.join(", ")
+            )
+        }
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// One claim per MIG profile published, prepared and unprepared in turn.
+async fn drive_mig(
+    setup: &PrepareSetup,
+    api: &FakeApiServer,
+    client: kube::Client,
+    paths: &PluginPaths,
+    reg_socket: &Path,
+    version: KubeVersion,
+    f: &mut Findings,
+) -> Result<(), String> {
+    let slices = wait_for("the ResourceSlices", || {
+        let s = api.resource_slices();
+        let complete = s
+            .first()
+            .is_some_and(|f| s.len() as i64 == f.spec.pool.resource_slice_count);
+        complete.then_some(s)
+    })
+    .await?;
+    let profiles: BTreeSet<String> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter_map(|d| {
+            let a = d.attributes.as_ref()?;
+            if a.get("type")?.string.as_deref() != Some("mig") {
+                return None;
+            }
+            a.get("profile")?.string.clone()
+        })
+        .collect();
+    if profiles.is_empty() {
+        return Err("no MIG partition published".into());
+    }
+    for p in profiles {
+        // Claim names and selectors live as long as the process (a CLI's few).
+        let name: &'static str =
+            Box::leak(format!("kit-mig-{}", p.replace(['.', '+'], "-")).into_boxed_str());
+        let wants: &'static str = Box::leak(p.clone().into_boxed_str());
+        let phase = Phase {
+            mode: "mig-profile",
+            claims: vec![DemoClaim {
+                name,
+                class: "mig.tessera.dev",
+                wants,
+                count: 1,
+                share: None,
+            }],
+            keep: false,
+            watch_pod: None,
+        };
+        match drive(
+            setup,
+            api,
+            client.clone(),
+            paths,
+            reg_socket,
+            &phase,
+            version,
+            f,
+        )
+        .await
+        {
+            Ok(()) => {}
+            Err(e) if e.contains("cannot be allocated") => {
+                f.notes
+                    .push(format!("{p}: does not fit the free slices ({e})"));
+            }
+            Err(e) => f.failures.push(format!("{p}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// Runs both phases in `workdir` (one subdirectory each). Owns side effects: starts a
 /// fake API server and the plugin per phase, writes specs and claim files under
 /// `workdir`, and removes them through unprepare. Never fails: what went wrong is in
@@ -272,10 +404,16 @@ async fn run_phase(
     };
     let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let backend = model.backend.clone();
+    let mig_before: Vec<(u32, String)> = mig_layout(&*backend, &model.mig);
     let plugin_task = tokio::spawn(plugin::run(opts, model, client.clone(), async {
         let _ = stop_rx.await;
     }));
-    let result = drive(setup, &api, client, &paths, &reg_socket, phase, version, f).await;
+    let result = if phase.mode == "mig" {
+        drive_mig(setup, &api, client, &paths, &reg_socket, version, f).await
+    } else {
+        drive(setup, &api, client, &paths, &reg_socket, phase, version, f).await
+    };
     let _ = stop_tx.send(());
     match plugin_task.await {
         Ok(Ok(())) => {}
@@ -285,6 +423,17 @@ async fn run_phase(
         Err(e) => f
             .failures
             .push(format!("phase {}: plugin task: {e}", phase.mode)),
+    }
+    if phase.mode == "mig" {
+        for (m, b) in &mig_before {
+            let a = describe_mig(&*backend, *m);
+            if &a != b {
+                f.failures
+                    .push(format!("gpu-{m}: MIG was {b} before the check, {a} after"));
+            } else {
+                f.notes.push(format!("gpu-{m}: MIG {a}, as found"));
+            }
+        }
     }
     result
 }

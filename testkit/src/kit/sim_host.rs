@@ -9,7 +9,7 @@
 //! | `state/` | its state file, which the fake NVML reads (`TESSERA_FAKE_NVML_STATE_DIR`) |
 //! | `proc/devices`, `sys/` | the driver's majors, each GPU's sysfs entry |
 //! | `root/usr/lib/x86_64-linux-gnu`, `root/usr/bin` | the driver files the CDI specs bind |
-//! | `dev/` | `nvidia*` device nodes with the node's majors (character devices as root, else empty files) |
+//! | `dev/` | `nvidia*` and `nvidia-caps/nvidia-cap*` device nodes with the node's majors (character devices as root, else empty files) |
 
 use std::path::{Path, PathBuf};
 
@@ -135,12 +135,23 @@ pub fn create(
             .iter()
             .map(|g| (format!("nvidia{}", g.minor), majors.nvidia, g.minor)),
     );
+    // MIG capabilities (`/dev/nvidia-caps/nvidia-cap<minor>`), which a MIG device's
+    // CDI edits name: every minor the driver may use, as nvidia-modprobe makes them.
+    if let Some(caps) = majors.nvidia_caps {
+        nodes.extend((0..=255).map(|m| (format!("nvidia-caps/nvidia-cap{m}"), caps, m)));
+    }
     std::fs::create_dir_all(&dev).map_err(|source| SimHostError::Write {
         path: dev.clone(),
         source,
     })?;
     for (name, major, minor) in nodes {
         let path = dev.join(&name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| SimHostError::Write {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
         if testkit_lite::sys::mknod_char(&path, major, minor).is_err() {
             write(&path, b"")?;
         }
