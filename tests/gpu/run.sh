@@ -69,6 +69,10 @@ report() {
     details+="${details:+,}\"$d\""
   done
   figure=$(printf '%s' "$figure" | tr -d "\"\\\\" | tr '\n\t' '  ')
+  # The checks judged only on a GPU say so in the simulated node's table.
+  case " cuda-kernel interception compute-shares watchdog " in
+    *" $check "*) [ "$simulated" = 1 ] && figure="[simulated: not judged] $figure" ;;
+  esac
   n=$((n + 1))
   printf '{"check":"%s","verdict":"%s","figure":"%s","details":[%s]}\n' \
     "$check" "$verdict" "$figure" "$details" >"$(file "$check")"
