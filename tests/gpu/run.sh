@@ -53,6 +53,8 @@ fi
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out/checks" && mkdir -p "$out/checks"
 work=$(mktemp -d /tmp/tessera-gpu-kit.XXXXXX)
+export TESSERA_KIT_SANDBOX_DIR=$work/sandboxes
+mkdir -p "$TESSERA_KIT_SANDBOX_DIR"
 holder=""
 trap '[ -z "$holder" ] || kill -9 "$holder" 2>/dev/null; rm -rf "$work"' EXIT
 started=$(date +%s)

@@ -8,7 +8,9 @@
 set -euo pipefail
 edits=$1
 shift
-up=$(mktemp -d /tmp/tessera-kit-sandbox.XXXXXX)
+# The overlays' upper layers: a tmpfs on a fresh directory under TESSERA_KIT_SANDBOX_DIR
+# (run.sh's work dir, removed with it; default /tmp).
+up=$(mktemp -d "${TESSERA_KIT_SANDBOX_DIR:-/tmp}/tessera-kit-sandbox.XXXXXX")
 mount -t tmpfs tmpfs "$up"
 overlaid=" "
 under_overlay() {
