@@ -218,7 +218,7 @@ else
   fails=()
   budget=$(sbx "$work/edits1" "$kit/progs/kit_cuda" budget 2>&1 | tail -1)
   case $budget in
-    "full: pitch=2 managed=2 async=2 create=2 array=2; room: pitch=0 managed=0 async=0 create=0 array=0; total_mib=2048 "*" alloc_free=0 one_more_byte=2") ;;
+    "full: pitch=2 managed=2 async=2 pool=2 create=2 array=2; room: pitch=0 managed=0 async=0 pool=0 create=0 array=0; total_mib=2048 "*" alloc_free=0 one_more_byte=2") ;;
     *) fails+=("budget: want total_mib=2048, the free bytes allocated (0) and one more byte OUT_OF_MEMORY (2), every other path OUT_OF_MEMORY (2) when full and 0 with room: $budget") ;;
   esac
   nvml=$(sbx "$work/edits1" "$kit/progs/kit_cuda" nvml 2>&1 | tail -1)

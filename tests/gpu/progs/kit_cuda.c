@@ -10,7 +10,8 @@
  *                             with the budget full and again after freeing it, the
  *                             least allocation through cuMemAllocPitch,
  *                             cuMemAllocManaged, cuMemAllocAsync (the device's default
- *                             pool), cuMemCreate (2 MiB) and cuArrayCreate: the codes
+ *                             pool), cuMemAllocFromPoolAsync (a pool of its own),
+ *                             cuMemCreate (2 MiB) and cuArrayCreate: the codes
  *   kit_cuda nvml             NVML's memory total of the first GPU (libnvidia-ml.so.1)
  *   kit_cuda nvml-proc PID    the device memory NVML lists for PID on the first GPU
  *   kit_cuda nvml-util SECS PID1 PID2  NVML's SM utilization of the two processes on the
@@ -171,7 +172,7 @@ static int budget(void) {
     CUdeviceptr a = 0, b = 0;
     CUresult up_to = cuMemAlloc(&a, want);
     CUresult one_more = cuMemAlloc(&b, 1);
-    char full[160], room[160];
+    char full[200], room[200];
     paths(full, sizeof full);
     CUresult (*cuMemFree)(CUdeviceptr) = sym("cuMemFree_v2");
     if (up_to == 0) cuMemFree(a);
@@ -201,6 +202,10 @@ static void paths(char *out, size_t n) {
     CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned) = sym("cuMemAllocManaged");
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, void *) = sym("cuMemAllocAsync");
     CUresult (*cuMemFreeAsync)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
+    CUresult (*cuMemPoolCreate)(void **, const void *) = sym("cuMemPoolCreate");
+    CUresult (*cuMemPoolDestroy)(void *) = sym("cuMemPoolDestroy");
+    CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, void *, void *) =
+        sym("cuMemAllocFromPoolAsync");
     CUresult (*cuMemCreate)(unsigned long long *, size_t, const struct mem_prop *,
                             unsigned long long) = sym("cuMemCreate");
     CUresult (*cuMemRelease)(unsigned long long) = sym("cuMemRelease");
@@ -217,6 +222,23 @@ static void paths(char *out, size_t n) {
     CUresult as = cuMemAllocAsync(&p, 1, NULL);
     if (as == 0) cuMemFreeAsync(p, NULL);
     cuCtxSynchronize();
+    /* CUmemPoolProps: type, handle types, location, win32 attributes, maxSize, usage,
+     * reserved (88 bytes in all). */
+    struct {
+        int type, handle_types, loc_type, loc_id;
+        void *win32;
+        size_t max_size;
+        unsigned short usage;
+        unsigned char reserved[54];
+    } pool_props = {1 /* pinned */, 0, 1 /* device */, 0, NULL, 0, 0, {0}};
+    void *pool = NULL;
+    CUresult po = cuMemPoolCreate(&pool, &pool_props);
+    if (po == 0) {
+        po = cuMemAllocFromPoolAsync(&p, 1, pool, NULL);
+        if (po == 0) cuMemFreeAsync(p, NULL);
+        cuCtxSynchronize();
+        cuMemPoolDestroy(pool);
+    }
     struct mem_prop prop = {1 /* pinned */, 0, 1 /* device */, 0, NULL, {0}};
     unsigned long long h;
     CUresult cr = cuMemCreate(&h, 2u << 20, &prop, 0);
@@ -225,7 +247,8 @@ static void paths(char *out, size_t n) {
     void *arr;
     CUresult ar = cuArrayCreate(&arr, &d);
     if (ar == 0) cuArrayDestroy(arr);
-    snprintf(out, n, "pitch=%d managed=%d async=%d create=%d array=%d", pi, ma, as, cr, ar);
+    snprintf(out, n, "pitch=%d managed=%d async=%d pool=%d create=%d array=%d", pi, ma, as, po,
+             cr, ar);
 }
 
 /* nvmlProcessInfo_t (v2 and v3 share the layout). */
