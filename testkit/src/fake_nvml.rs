@@ -225,7 +225,7 @@ pub fn with_fake_host(test_name: &str, node_yaml: &str, check: impl FnOnce(&Fake
 }
 
 /// `proc/devices` as the kernel prints it, with the node's driver majors.
-fn write_proc_devices(proc_root: &Path, inventory: &NodeInventory) {
+pub fn write_proc_devices(proc_root: &Path, inventory: &NodeInventory) {
     let majors = &inventory.char_majors;
     let mut text = String::from("Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n");
     text += &format!(
@@ -244,7 +244,7 @@ fn write_proc_devices(proc_root: &Path, inventory: &NodeInventory) {
 /// `bus/pci/devices/<bdf>` symlink to it. A GPU with a PCIe root sits below a bridge
 /// of that root (`devices/pci0000:80/0000:80:01.0/<bdf>`); one without sits outside
 /// any root (`devices/platform/<bdf>`), so that resolving its root finds none.
-fn write_sysfs_device(sys_root: &Path, gpu: &GpuInfo) {
+pub fn write_sysfs_device(sys_root: &Path, gpu: &GpuInfo) {
     let bdf = &gpu.pci_bus_id;
     let rel = match gpu.pcie_root.as_deref() {
         Some(root) => match root.strip_prefix("pci") {

@@ -16,6 +16,7 @@
 //!   `tessera-cdi`, `tessera-interpose` and the real-cluster crate use): `in_ci`, the
 //!   skip-or-fail rule, progress lines. The CDI schema fixtures are that crate's
 //!   `testkit_lite::cdi` (feature `cdi`, a dev-dependency only);
+//! * [`kit`]: the GPU acceptance kit's checks (`tessera-kit`, `tests/gpu/`);
 //! * [`demo`], [`admission`], [`rbac`]: the demo's harness, the admission policies'
 //!   evaluator, RBAC checks.
 
@@ -32,6 +33,7 @@ pub mod fake_nvml;
 pub mod fakeapi;
 pub mod harness;
 pub mod interpose;
+pub mod kit;
 pub mod kubelet_standin;
 pub mod rbac;
 pub mod runtime;

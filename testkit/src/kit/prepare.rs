@@ -1,0 +1,657 @@
+//! Prepare check: the plugin on `--backend nvml`, the fake API server and the kubelet
+//! stand-in over the plugin's real sockets, as the demo does. Two phases, each with its
+//! own plugin (a GPU is either whole or shared, by the node config):
+//!
+//! | phase | node config | claims |
+//! |---|---|---|
+//! | whole | `defaultMode: exclusive` | `whole`: one GPU |
+//! | shared | `defaultMode: shared` | `share25`: 2 GiB, 25 % compute; `share60`: 2 GiB, 60 % |
+//!
+//! Each phase prepares its claims through gRPC, checks that every host path its CDI
+//! specs name exists (device nodes as character devices with the spec's major), that
+//! the specs validate (`tessera_cdi::validate::validate_json`: version, strict fields,
+//! semantics), then unprepares them and checks that no spec and no claim directory is
+//! left.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_model::release::{FeatureGates, KubeVersion};
+use k8s_model::schedule;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use tessera::inventory::mock::StateAccess;
+use tessera::node::{BackendPaths, BackendSpec, load_node};
+use tessera::plugin::{self, PluginOptions, PluginPaths};
+use tessera::prepare::failpoints::FailPoints;
+
+use super::CheckReport;
+use crate::demo::{DRIVER, DemoClaim, NAMESPACE, NODE, claim_object};
+use crate::fakeapi::{FakeApiConfig, FakeApiServer};
+use crate::kubelet_standin::{self, DraClient, KubeletClaim};
+
+/// Where the plugin finds the node and what the specs bind.
+#[derive(Debug, Clone)]
+pub struct PrepareSetup {
+    pub backend: BackendSpec,
+    pub backend_paths: BackendPaths,
+    /// Where the device nodes are (`<dev_root>/dev`; the simulated node's dir in CI).
+    pub dev_root: PathBuf,
+    /// The driver's files (`/` on a real host).
+    pub driver_root: PathBuf,
+    /// `libtessera_cuda.so`, with its front, shims and CDI hook beside it.
+    pub interception_lib: PathBuf,
+    /// Device nodes may be plain files (a simulated node made without root).
+    pub simulated: bool,
+}
+
+/// One phase's mode and claims.
+struct Phase {
+    mode: &'static str,
+    claims: Vec<DemoClaim>,
+    /// Leave the claims prepared (the interception check's sandbox binds their files).
+    keep: bool,
+    /// The watchdog check: the pod the claims are reserved for (its UID), with the
+    /// watchdog enforcing; the plugin keeps running until stdin ends.
+    watch_pod: Option<String>,
+}
+
+fn phases() -> Vec<Phase> {
+    let claim = |name, share: Option<(&'static str, u32)>| DemoClaim {
+        name,
+        class: if share.is_some() {
+            "shared.tessera.dev"
+        } else {
+            "gpu.tessera.dev"
+        },
+        wants: "",
+        count: 1,
+        share,
+    };
+    vec![
+        Phase {
+            mode: "exclusive",
+            claims: vec![claim("whole", None)],
+            keep: false,
+            watch_pod: None,
+        },
+        Phase {
+            mode: "shared",
+            claims: vec![
+                claim("share25", Some(("2Gi", 25))),
+                claim("share60", Some(("2Gi", 60))),
+            ],
+            keep: false,
+            watch_pod: None,
+        },
+    ]
+}
+
+/// What the phases found, accumulated.
+#[derive(Default)]
+struct Findings {
+    failures: Vec<String>,
+    notes: Vec<String>,
+    prepared: usize,
+    paths: usize,
+    specs: usize,
+    left: usize,
+    /// The specs of claims left prepared (`Phase::keep`).
+    kept: Vec<PathBuf>,
+}
+
+/// Prepares shared claims of `memory` and each of `compute` percents on the first GPU
+/// and leaves them prepared: their specs are returned, in order. Owns side effects: the
+/// plugin runs in `workdir` for the preparation only; the claim files stay there.
+///
+/// # Errors
+/// What failed, as one line.
+pub async fn prepare_shared(
+    setup: &PrepareSetup,
+    workdir: &Path,
+    memory: &'static str,
+    compute: &[u32],
+) -> Result<Vec<PathBuf>, String> {
+    const NAMES: [&str; 4] = ["kit-share-a", "kit-share-b", "kit-share-c", "kit-share-d"];
+    let claims = NAMES
+        .iter()
+        .zip(compute)
+        .map(|(name, pct)| DemoClaim {
+            name,
+            class: "shared.tessera.dev",
+            wants: "",
+            count: 1,
+            share: Some((memory, *pct)),
+        })
+        .collect();
+    let phase = Phase {
+        mode: "shared",
+        claims,
+        keep: true,
+        watch_pod: None,
+    };
+    let mut f = Findings::default();
+    run_phase(setup, workdir, &phase, &mut f).await?;
+    if !f.failures.is_empty() {
+        return Err(f.failures.join("; "));
+    }
+    Ok(f.kept)
+}
+
+/// The watchdog check's half in Rust: a 2 GiB shared claim reserved for the pod
+/// `pod_uid`, prepared with the plugin's watchdog enforcing; prints `ready` on stdout
+/// and keeps the plugin (and its watchdog) running until stdin ends. Owns side effects:
+/// the plugin, its files in `workdir`.
+///
+/// # Errors
+/// What failed, as one line.
+pub async fn watch(setup: &PrepareSetup, workdir: &Path, pod_uid: &str) -> Result<(), String> {
+    let phase = Phase {
+        mode: "shared",
+        claims: vec![DemoClaim {
+            name: "kit-watched",
+            class: "shared.tessera.dev",
+            wants: "",
+            count: 1,
+            share: Some(("2Gi", 25)),
+        }],
+        keep: true,
+        watch_pod: Some(pod_uid.to_string()),
+    };
+    let mut f = Findings::default();
+    run_phase(setup, workdir, &phase, &mut f).await?;
+    if f.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(f.failures.join("; "))
+    }
+}
+
+/// The MIG check: on a GPU already in MIG mode, one claim of each MIG profile the
+/// plugin publishes, prepared and unprepared in turn (a profile that does not fit the
+/// free slices is noted, not failed), with the node config `defaultMode: mig` and
+/// MIG devices the kit did not make adopted, never destroyed; then the GPU's MIG mode
+/// and instances must be as found. Owns side effects: creates and destroys MIG
+/// instances through the plugin. Never fails: what went wrong is in the report.
+pub async fn mig(setup: &PrepareSetup, workdir: &Path) -> CheckReport {
+    let started = Instant::now();
+    let mut f = Findings::default();
+    let phase = Phase {
+        mode: "mig",
+        claims: Vec::new(),
+        keep: false,
+        watch_pod: None,
+    };
+    if let Err(e) = run_phase(setup, workdir, &phase, &mut f).await {
+        f.failures.push(format!("MIG: {e}"));
+    }
+    let figure = format!(
+        "{} MIG claim(s) prepared and unprepared, {} spec(s) valid, {} file(s) left; {:.1} s",
+        f.prepared,
+        f.specs,
+        f.left,
+        started.elapsed().as_secs_f64()
+    );
+    CheckReport::from_findings("mig", figure, f.failures, f.notes)
+}
+
+/// Each MIG-mode GPU's MIG state, described for comparison.
+fn mig_layout(
+    backend: &dyn tessera::inventory::GpuBackend,
+    mig: &BTreeMap<u32, tessera::inventory::MigStatus>,
+) -> Vec<(u32, String)> {
+    mig.keys()
+        .map(|m| (*m, describe_mig(backend, *m)))
+        .collect()
+}
+
+/// One GPU's MIG mode and instances (GI, profile, placement), as text. Deterministic
+/// for an unchanged GPU.
+fn describe_mig(backend: &dyn tessera::inventory::GpuBackend, minor: u32) -> String {
+    match backend.mig_status(minor) {
+        Ok(st) => {
+            let mut inst: Vec<String> = st
+                .instances
+                .iter()
+                .map(|i| format!("GI {} profile {} at {}", i.gi_id, i.profile_id, i.start))
+                .collect();
+            inst.sort();
+            format!(
+                "mode {} with [{}]",
+                if st.enabled { "on" } else { "off" },
+                inst.join(", ")
+            )
+        }
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// One claim per MIG profile published, prepared and unprepared in turn.
+async fn drive_mig(
+    setup: &PrepareSetup,
+    api: &FakeApiServer,
+    client: kube::Client,
+    paths: &PluginPaths,
+    reg_socket: &Path,
+    version: KubeVersion,
+    f: &mut Findings,
+) -> Result<(), String> {
+    let slices = wait_for("the ResourceSlices", || {
+        let s = api.resource_slices();
+        let complete = s
+            .first()
+            .is_some_and(|f| s.len() as i64 == f.spec.pool.resource_slice_count);
+        complete.then_some(s)
+    })
+    .await?;
+    let profiles: BTreeSet<String> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter_map(|d| {
+            let a = d.attributes.as_ref()?;
+            if a.get("type")?.string.as_deref() != Some("mig") {
+                return None;
+            }
+            a.get("profile")?.string.clone()
+        })
+        .collect();
+    if profiles.is_empty() {
+        return Err("no MIG partition published".into());
+    }
+    for p in profiles {
+        // Claim names and selectors live as long as the process (a CLI's few).
+        let name: &'static str =
+            Box::leak(format!("kit-mig-{}", p.replace(['.', '+'], "-")).into_boxed_str());
+        let wants: &'static str = Box::leak(p.clone().into_boxed_str());
+        let phase = Phase {
+            mode: "mig-profile",
+            claims: vec![DemoClaim {
+                name,
+                class: "mig.tessera.dev",
+                wants,
+                count: 1,
+                share: None,
+            }],
+            keep: false,
+            watch_pod: None,
+        };
+        match drive(
+            setup,
+            api,
+            client.clone(),
+            paths,
+            reg_socket,
+            &phase,
+            version,
+            f,
+        )
+        .await
+        {
+            Ok(()) => {}
+            Err(e) if e.contains("cannot be allocated") => {
+                f.notes
+                    .push(format!("{p}: does not fit the free slices ({e})"));
+            }
+            Err(e) => f.failures.push(format!("{p}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Runs both phases in `workdir` (one subdirectory each). Owns side effects: starts a
+/// fake API server and the plugin per phase, writes specs and claim files under
+/// `workdir`, and removes them through unprepare. Never fails: what went wrong is in
+/// the report.
+pub async fn run(setup: &PrepareSetup, workdir: &Path) -> CheckReport {
+    let started = Instant::now();
+    let mut f = Findings::default();
+    for phase in phases() {
+        if let Err(e) = run_phase(setup, &workdir.join(phase.mode), &phase, &mut f).await {
+            f.failures.push(format!("phase {}: {e}", phase.mode));
+        }
+    }
+    let figure = format!(
+        "{} claim(s) prepared (1 whole, 2 shared), {} spec(s) valid, {} host path(s) exist, {} file(s) left; {:.1} s",
+        f.prepared,
+        f.specs,
+        f.paths,
+        f.left,
+        started.elapsed().as_secs_f64()
+    );
+    CheckReport::from_findings("prepare", figure, f.failures, f.notes)
+}
+
+async fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> Result<T, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = probe() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+async fn run_phase(
+    setup: &PrepareSetup,
+    dir: &Path,
+    phase: &Phase,
+    f: &mut Findings,
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(err("work dir"))?;
+    let config = dir.join("node-config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndefaultMode: {}\n",
+            phase.mode
+        ),
+    )
+    .map_err(err("node config"))?;
+    let model = load_node(
+        &setup.backend,
+        Some(&config),
+        &setup.backend_paths,
+        StateAccess::ReadWrite,
+    )
+    .map_err(err("discovery"))?;
+    let version = KubeVersion::NEWEST;
+    let api = FakeApiServer::start(FakeApiConfig::new(version))
+        .await
+        .map_err(err("fake API server"))?;
+    api.add_node(NODE);
+    let client = api.client().map_err(err("API client"))?;
+    let paths = PluginPaths {
+        plugin_registry_dir: dir.join("plugins_registry"),
+        plugin_dir: dir.join("plugins").join(DRIVER),
+        cdi_dir: dir.join("cdi"),
+        state_dir: dir.join("state"),
+        run_dir: dir.join("run"),
+        host_run_dir: dir.join("run"),
+        dev_root: setup.dev_root.clone(),
+        host_dev_root: setup.dev_root.clone(),
+        driver_root: setup.driver_root.clone(),
+        host_driver_root: setup.driver_root.clone(),
+        proc_root: setup.backend_paths.proc_root.clone(),
+    };
+    let opts = PluginOptions {
+        driver_name: DRIVER.into(),
+        node_name: NODE.into(),
+        paths: paths.clone(),
+        rolling_update_pod_uid: None,
+        stale_check_interval: Duration::from_secs(600),
+        stale_min_age: Duration::from_secs(600),
+        publish_debounce: Duration::from_millis(100),
+        fail_points: FailPoints::default(),
+        // Never destroy MIG devices the kit did not make: the GPU is left as found.
+        adopt_unknown_mig: true,
+        interception_lib: Some(setup.interception_lib.clone()),
+        metrics_addr: None,
+        watchdog: if phase.watch_pod.is_some() {
+            tessera::watchdog::Mode::Enforce
+        } else {
+            tessera::watchdog::Mode::Off
+        },
+        watchdog_tolerance: tessera::watchdog::DEFAULT_TOLERANCE,
+    };
+    let reg_socket = plugin::registration_socket_path(&paths.plugin_registry_dir, DRIVER, None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let backend = model.backend.clone();
+    let mig_before: Vec<(u32, String)> = mig_layout(&*backend, &model.mig);
+    let plugin_task = tokio::spawn(plugin::run(opts, model, client.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    let result = if phase.mode == "mig" {
+        drive_mig(setup, &api, client, &paths, &reg_socket, version, f).await
+    } else {
+        drive(setup, &api, client, &paths, &reg_socket, phase, version, f).await
+    };
+    let _ = stop_tx.send(());
+    match plugin_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => f
+            .failures
+            .push(format!("phase {}: plugin: {e}", phase.mode)),
+        Err(e) => f
+            .failures
+            .push(format!("phase {}: plugin task: {e}", phase.mode)),
+    }
+    if phase.mode == "mig" {
+        for (m, b) in &mig_before {
+            let a = describe_mig(&*backend, *m);
+            if &a != b {
+                f.failures
+                    .push(format!("gpu-{m}: MIG was {b} before the check, {a} after"));
+            } else {
+                f.notes.push(format!("gpu-{m}: MIG {a}, as found"));
+            }
+        }
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    setup: &PrepareSetup,
+    api: &FakeApiServer,
+    client: kube::Client,
+    paths: &PluginPaths,
+    reg_socket: &Path,
+    phase: &Phase,
+    version: KubeVersion,
+    f: &mut Findings,
+) -> Result<(), String> {
+    wait_for("the registration socket", || {
+        reg_socket.exists().then_some(())
+    })
+    .await?;
+    let (info, _) = kubelet_standin::register(reg_socket, &["v1.DRAPlugin"])
+        .await
+        .map_err(err("registration"))?;
+    let dra = DraClient::connect(Path::new(&info.endpoint))
+        .await
+        .map_err(err("connect"))?;
+    let slices = wait_for("the ResourceSlices", || {
+        let s = api.resource_slices();
+        let complete = s
+            .first()
+            .is_some_and(|f| s.len() as i64 == f.spec.pool.resource_slice_count);
+        complete.then_some(s)
+    })
+    .await?;
+    let classes = tessera::device_classes::read(None).map_err(err("device classes"))?;
+    let steps: Vec<schedule::Step> = phase
+        .claims
+        .iter()
+        .map(|c| schedule::Step::Allocate(Box::new(claim_object(c))))
+        .collect();
+    let planned = schedule::run(&slices, &classes, &steps, &FeatureGates::defaults(version))
+        .map_err(err("plan"))?;
+    let claims_api: Api<ResourceClaim> = Api::namespaced(client, NAMESPACE);
+    let mut kclaims = Vec::new();
+    for (c, o) in phase.claims.iter().zip(planned.outcomes) {
+        let allocation = match o {
+            schedule::Outcome::Allocated(a) => {
+                a.status.and_then(|s| s.allocation).unwrap_or_default()
+            }
+            schedule::Outcome::Failed { reason, .. } => {
+                return Err(format!("claim {} cannot be allocated: {reason}", c.name));
+            }
+            schedule::Outcome::Released { .. } => continue,
+        };
+        let created = claims_api
+            .create(&PostParams::default(), &claim_object(c))
+            .await
+            .map_err(err("create claim"))?;
+        let mut allocated = crate::claims::ClaimBuilder::from_claim(created.clone())
+            .allocation(allocation)
+            .reserved_for_its_pod()
+            .build();
+        if let (Some(uid), Some(status)) = (&phase.watch_pod, allocated.status.as_mut()) {
+            for r in status.reserved_for.iter_mut().flatten() {
+                r.uid = uid.clone();
+            }
+        }
+        claims_api
+            .replace_status(c.name, &PostParams::default(), &allocated)
+            .await
+            .map_err(err("allocate claim"))?;
+        kclaims.push(KubeletClaim {
+            namespace: NAMESPACE.into(),
+            uid: created.metadata.uid.clone().unwrap_or_default(),
+            name: c.name.into(),
+        });
+    }
+    let resp = dra.prepare_v1(&kclaims).await.map_err(err("prepare"))?;
+    for kc in &kclaims {
+        let Some(r) = resp.claims.get(&kc.uid) else {
+            f.failures
+                .push(format!("{}: no answer from prepare", kc.name));
+            continue;
+        };
+        if !r.error.is_empty() {
+            f.failures
+                .push(format!("{}: prepare: {}", kc.name, r.error));
+            continue;
+        }
+        f.prepared += 1;
+        let devices: Vec<&str> = r.devices.iter().map(|d| d.device_name.as_str()).collect();
+        f.notes
+            .push(format!("{}: devices {}", kc.name, devices.join(", ")));
+        let spec = paths
+            .cdi_dir
+            .join(format!("tessera.dev-gpu-{}.json", kc.uid));
+        check_spec(setup, &spec, &kc.name, f);
+        f.kept.push(spec);
+        let claim_dir = tessera::prepare::claim_files::claim_dir(&paths.run_dir, &kc.uid);
+        if let Ok(limits) = std::fs::read_to_string(claim_dir.join(tessera_abi::LIMITS_FILE)) {
+            f.notes.push(format!(
+                "{}: limits {}",
+                kc.name,
+                limits.trim().replace('\n', "; ")
+            ));
+        }
+    }
+    if phase.watch_pod.is_some() {
+        println!("ready");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = tokio::task::spawn_blocking(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        })
+        .await;
+    }
+    if phase.keep {
+        return Ok(());
+    }
+    let resp = dra.unprepare_v1(&kclaims).await.map_err(err("unprepare"))?;
+    for (uid, r) in &resp.claims {
+        if !r.error.is_empty() {
+            f.failures.push(format!("unprepare {uid}: {}", r.error));
+        }
+    }
+    for d in [paths.cdi_dir.clone(), paths.run_dir.join("claims")] {
+        let left: Vec<String> = std::fs::read_dir(&d)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        f.left += left.len();
+        if !left.is_empty() {
+            f.failures
+                .push(format!("after unprepare, {} holds {left:?}", d.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one claim's spec: it validates, and every host path it names exists.
+fn check_spec(setup: &PrepareSetup, spec: &Path, claim: &str, f: &mut Findings) {
+    let json: Value = match std::fs::read(spec)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(v) => v,
+        Err(e) => {
+            f.failures
+                .push(format!("{claim}: spec {}: {e}", spec.display()));
+            return;
+        }
+    };
+    match tessera_cdi::validate::validate_json(&json) {
+        Ok(_) => f.specs += 1,
+        Err(e) => f
+            .failures
+            .push(format!("{claim}: spec does not validate: {e}")),
+    }
+    let mut edits: Vec<&Value> = vec![&json["containerEdits"]];
+    if let Some(devs) = json["devices"].as_array() {
+        edits.extend(devs.iter().map(|d| &d["containerEdits"]));
+    }
+    for e in edits {
+        for n in e["deviceNodes"].as_array().into_iter().flatten() {
+            let path = n["hostPath"].as_str().or(n["path"].as_str()).unwrap_or("");
+            check_device_node(setup, Path::new(path), n["major"].as_u64(), claim, f);
+        }
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            check_exists(m["hostPath"].as_str().unwrap_or(""), claim, f);
+        }
+        for h in e["hooks"].as_array().into_iter().flatten() {
+            check_exists(h["path"].as_str().unwrap_or(""), claim, f);
+        }
+    }
+}
+
+fn check_exists(path: &str, claim: &str, f: &mut Findings) {
+    f.paths += 1;
+    if !Path::new(path).exists() {
+        f.failures.push(format!("{claim}: {path:?} does not exist"));
+    }
+}
+
+fn check_device_node(
+    setup: &PrepareSetup,
+    path: &Path,
+    major: Option<u64>,
+    claim: &str,
+    f: &mut Findings,
+) {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
+    f.paths += 1;
+    let Ok(meta) = std::fs::metadata(path) else {
+        f.failures.push(format!(
+            "{claim}: device node {} does not exist",
+            path.display()
+        ));
+        return;
+    };
+    if !meta.file_type().is_char_device() {
+        if !setup.simulated {
+            f.failures.push(format!(
+                "{claim}: {} is not a character device",
+                path.display()
+            ));
+        }
+        return;
+    }
+    let found = (meta.rdev() >> 8) & 0xfff;
+    if let Some(want) = major
+        && want != found
+    {
+        f.failures.push(format!(
+            "{claim}: {} has major {found}, the spec says {want}",
+            path.display()
+        ));
+    }
+}
