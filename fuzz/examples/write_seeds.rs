@@ -144,7 +144,7 @@ fn main() {
         let caps: Vec<_> = plan
             .devices
             .iter()
-            .map(|d| d.mig.map(|m| (m.gi_id, 0)))
+            .map(|d| d.mig.map(|m| (m.gi_id, 0, None)))
             .collect();
         let spec = tessera::prepare::cdi_spec::render_claim_spec(&plan, &f.cdi, &caps).unwrap();
         write(

@@ -127,7 +127,7 @@ pub fn claim_plan(data: &[u8]) {
     let caps: Vec<_> = plan
         .devices
         .iter()
-        .map(|d| d.mig.map(|m| (m.gi_id, 0)))
+        .map(|d| d.mig.map(|m| (m.gi_id, 0, None)))
         .collect();
     let spec = cdi_spec::render_claim_spec(&plan, &f.cdi, &caps)
         .unwrap_or_else(|e| panic!("an accepted claim's spec does not render: {e}"));

@@ -180,7 +180,7 @@ proptest! {
         for d in &plan.devices {
             prop_assert!(!held.devices.contains_key(&d.hold_key()), "{} is held", d.device);
         }
-        let caps: Vec<_> = plan.devices.iter().map(|d| d.mig.map(|m| (m.gi_id, 0))).collect();
+        let caps: Vec<_> = plan.devices.iter().map(|d| d.mig.map(|m| (m.gi_id, 0, None))).collect();
         let spec = cdi_spec::render_claim_spec(&plan, &f.cdi, &caps)
             .map_err(|e| TestCaseError::fail(format!("render: {e}")))?;
         let names = cdi_spec::spec_file_names(UID).unwrap();
