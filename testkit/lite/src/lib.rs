@@ -20,21 +20,21 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Cargo's `CARGO_TARGET_TMPDIR` (`<target dir>/tmp`) for the running test or bench
-/// binary, for a helper compiled outside it (cargo sets the variable only when it
-/// compiles a test or bench): the binary lives in `<target dir>/[<triple>/]<profile>/
-/// deps/`, and the target directory is the nearest one holding cargo's `CACHEDIR.TAG`.
+/// A stand-in for cargo's `CARGO_TARGET_TMPDIR` for the running test or bench binary,
+/// for a helper compiled outside it (cargo sets the variable only when it compiles a
+/// test or bench): `tmp/` beside the binary's profile directory, the binary being
+/// `<target dir>/[<triple>/]<profile>/deps/<name>`. Inside the target directory, so
+/// that `cargo clean` removes what tests leave there.
 ///
 /// # Panics
-/// When the binary's path is unknown or not inside a cargo target directory.
+/// When the binary's path is unknown or too short, or the directory cannot be made.
 pub fn target_tmpdir() -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the running binary's path");
-    let target = exe
+    let base = exe
         .ancestors()
-        .skip(1)
-        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .nth(3)
         .unwrap_or_else(|| panic!("{}: not in a cargo target directory", exe.display()));
-    let tmp = target.join("tmp");
+    let tmp = base.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
     tmp
 }
