@@ -43,6 +43,40 @@ impl Node {
     }
 }
 
+/// What every check that runs the plugin takes: its node, roots, library and work dir.
+#[derive(clap::Args)]
+struct PluginArgs {
+    #[command(flatten)]
+    node: Node,
+    /// Where the device nodes are (<dev-root>/dev).
+    #[arg(long, default_value = "/")]
+    dev_root: PathBuf,
+    #[arg(long, default_value = "/")]
+    driver_root: PathBuf,
+    #[arg(long)]
+    interception_lib: PathBuf,
+    #[arg(long)]
+    workdir: PathBuf,
+    /// Device nodes may be plain files.
+    #[arg(long)]
+    simulated: bool,
+}
+
+impl PluginArgs {
+    /// The plugin's setup (its backend state in `<workdir>/backend-state`), and the work dir.
+    fn setup(self) -> (prepare::PrepareSetup, PathBuf) {
+        let setup = prepare::PrepareSetup {
+            backend: self.node.backend.clone(),
+            backend_paths: self.node.paths(self.workdir.join("backend-state")),
+            dev_root: self.dev_root,
+            driver_root: self.driver_root,
+            interception_lib: self.interception_lib,
+            simulated: self.simulated,
+        };
+        (setup, self.workdir)
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Lays out the simulated node in DIR (see `testkit::kit::sim_host`).
@@ -71,71 +105,29 @@ enum Command {
     /// A whole-GPU claim and two shared claims through the plugin's gRPC.
     Prepare {
         #[command(flatten)]
-        node: Node,
-        /// Where the device nodes are (<dev-root>/dev).
-        #[arg(long, default_value = "/")]
-        dev_root: PathBuf,
-        #[arg(long, default_value = "/")]
-        driver_root: PathBuf,
-        #[arg(long)]
-        interception_lib: PathBuf,
-        #[arg(long)]
-        workdir: PathBuf,
-        /// Device nodes may be plain files.
-        #[arg(long)]
-        simulated: bool,
+        plugin: PluginArgs,
     },
     /// Prepares shared claims (2 GiB each, one per --compute percent) and leaves them
     /// prepared; prints each one's CDI spec path.
     Share {
         #[command(flatten)]
-        node: Node,
-        #[arg(long, default_value = "/")]
-        dev_root: PathBuf,
-        #[arg(long, default_value = "/")]
-        driver_root: PathBuf,
-        #[arg(long)]
-        interception_lib: PathBuf,
-        #[arg(long)]
-        workdir: PathBuf,
+        plugin: PluginArgs,
         #[arg(long, value_delimiter = ',', default_value = "25")]
         compute: Vec<u32>,
-        #[arg(long)]
-        simulated: bool,
     },
     /// The watchdog check's plugin: a 2 GiB shared claim reserved for the pod
     /// --pod-uid, the watchdog enforcing; prints `ready`, runs until stdin ends.
     Watch {
         #[command(flatten)]
-        node: Node,
-        #[arg(long, default_value = "/")]
-        dev_root: PathBuf,
-        #[arg(long, default_value = "/")]
-        driver_root: PathBuf,
-        #[arg(long)]
-        interception_lib: PathBuf,
-        #[arg(long)]
-        workdir: PathBuf,
+        plugin: PluginArgs,
         #[arg(long)]
         pod_uid: String,
-        #[arg(long)]
-        simulated: bool,
     },
     /// The MIG check (only on a GPU already in MIG mode): one claim of each profile
     /// published, prepared and unprepared; the GPU's MIG state must be as found.
     Mig {
         #[command(flatten)]
-        node: Node,
-        #[arg(long, default_value = "/")]
-        dev_root: PathBuf,
-        #[arg(long, default_value = "/")]
-        driver_root: PathBuf,
-        #[arg(long)]
-        interception_lib: PathBuf,
-        #[arg(long)]
-        workdir: PathBuf,
-        #[arg(long)]
-        simulated: bool,
+        plugin: PluginArgs,
     },
     /// A CDI spec's container edits as lines for tests/gpu/sandbox.sh: `mount HOST
     /// CONTAINER OPTIONS` and `env KEY=VALUE`, the spec's and then its devices'.
@@ -194,42 +186,13 @@ fn main() -> Result<std::process::ExitCode> {
             };
             print(&report)?;
         }
-        Command::Prepare {
-            node,
-            dev_root,
-            driver_root,
-            interception_lib,
-            workdir,
-            simulated,
-        } => {
-            let setup = prepare::PrepareSetup {
-                backend: node.backend.clone(),
-                backend_paths: node.paths(workdir.join("backend-state")),
-                dev_root,
-                driver_root,
-                interception_lib,
-                simulated,
-            };
+        Command::Prepare { plugin } => {
+            let (setup, workdir) = plugin.setup();
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             print(&rt.block_on(prepare::run(&setup, &workdir)))?;
         }
-        Command::Share {
-            node,
-            dev_root,
-            driver_root,
-            interception_lib,
-            workdir,
-            compute,
-            simulated,
-        } => {
-            let setup = prepare::PrepareSetup {
-                backend: node.backend.clone(),
-                backend_paths: node.paths(workdir.join("backend-state")),
-                dev_root,
-                driver_root,
-                interception_lib,
-                simulated,
-            };
+        Command::Share { plugin, compute } => {
+            let (setup, workdir) = plugin.setup();
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let specs = rt
                 .block_on(prepare::prepare_shared(&setup, &workdir, "2Gi", &compute))
@@ -238,43 +201,14 @@ fn main() -> Result<std::process::ExitCode> {
                 println!("{}", s.display());
             }
         }
-        Command::Watch {
-            node,
-            dev_root,
-            driver_root,
-            interception_lib,
-            workdir,
-            pod_uid,
-            simulated,
-        } => {
-            let setup = prepare::PrepareSetup {
-                backend: node.backend.clone(),
-                backend_paths: node.paths(workdir.join("backend-state")),
-                dev_root,
-                driver_root,
-                interception_lib,
-                simulated,
-            };
+        Command::Watch { plugin, pod_uid } => {
+            let (setup, workdir) = plugin.setup();
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(prepare::watch(&setup, &workdir, &pod_uid))
                 .map_err(anyhow::Error::msg)?;
         }
-        Command::Mig {
-            node,
-            dev_root,
-            driver_root,
-            interception_lib,
-            workdir,
-            simulated,
-        } => {
-            let setup = prepare::PrepareSetup {
-                backend: node.backend.clone(),
-                backend_paths: node.paths(workdir.join("backend-state")),
-                dev_root,
-                driver_root,
-                interception_lib,
-                simulated,
-            };
+        Command::Mig { plugin } => {
+            let (setup, workdir) = plugin.setup();
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             print(&rt.block_on(prepare::mig(&setup, &workdir)))?;
         }
