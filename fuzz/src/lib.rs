@@ -151,7 +151,7 @@ pub fn claim_plan(data: &[u8]) {
 
 /// Every release the model knows.
 fn versions() -> impl Iterator<Item = KubeVersion> {
-    (34..=37).filter_map(KubeVersion::new)
+    KubeVersion::ALL.into_iter()
 }
 
 /// A node config or a mock node (YAML); an accepted one publishes, on every release,

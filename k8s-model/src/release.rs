@@ -1,4 +1,4 @@
-//! Kubernetes server versions (1.34–1.37) and DRA feature gates: which fields each
+//! Kubernetes server versions (1.34–1.38) and DRA feature gates: which fields each
 //! version's `resource.k8s.io/v1` API has, and which ones a disabled gate drops.
 //! Pure data, shared by the slice builder, the publisher, `tessera plan` and the fake
 //! API server (`kubernetes-dra-api.md` §4, §7).
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-/// A supported Kubernetes minor release (1.34 to 1.37).
+/// A supported Kubernetes minor release (1.34 to 1.38; 1.38 as of v1.38.0-beta.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KubeVersion {
     minor: u32,
@@ -15,17 +15,18 @@ pub struct KubeVersion {
 
 impl KubeVersion {
     pub const OLDEST: KubeVersion = KubeVersion { minor: 34 };
-    pub const NEWEST: KubeVersion = KubeVersion { minor: 37 };
-    pub const ALL: [KubeVersion; 4] = [
+    pub const NEWEST: KubeVersion = KubeVersion { minor: 38 };
+    pub const ALL: [KubeVersion; 5] = [
         KubeVersion { minor: 34 },
         KubeVersion { minor: 35 },
         KubeVersion { minor: 36 },
         KubeVersion { minor: 37 },
+        KubeVersion { minor: 38 },
     ];
 
-    /// `Some` for 1.34..=1.37.
+    /// `Some` for 1.34..=1.38.
     pub fn new(minor: u32) -> Option<Self> {
-        (34..=37).contains(&minor).then_some(KubeVersion { minor })
+        (34..=38).contains(&minor).then_some(KubeVersion { minor })
     }
 
     pub fn minor(self) -> u32 {
@@ -103,7 +104,7 @@ impl FromStr for KubeVersion {
 pub enum VersionError {
     #[error("cannot parse Kubernetes version {0:?}")]
     Unparsable(String),
-    #[error("Kubernetes {0} is not supported (1.34 to 1.37 are)")]
+    #[error("Kubernetes {0} is not supported (1.34 to 1.38 are)")]
     Unsupported(String),
     #[error("unknown feature gate {0:?}")]
     UnknownGate(String),
@@ -112,86 +113,98 @@ pub enum VersionError {
 }
 
 /// DRA-related feature gates Tessera knows, with their default per release (index 0 =
-/// 1.34 … 3 = 1.37; `None` = the gate does not exist in that release).
-const GATES: &[(&str, [Option<bool>; 4])] = &[
+/// 1.34 … 4 = 1.38; `None` = the gate does not exist in that release). 1.38 is
+/// v1.38.0-beta.0's `kube_features.go`: DynamicResourceAllocation is gone (GA since
+/// 1.35), and DRAConsumableCapacity, DRADeviceBindingConditions, DRADeviceTaints,
+/// DRADeviceTaintRules, DRAPartitionableDevices and DRAFractionalCapacityRange are GA.
+const GATES: &[(&str, [Option<bool>; 5])] = &[
     (
         "DynamicResourceAllocation",
-        [Some(true), Some(true), Some(true), Some(true)],
+        [Some(true), Some(true), Some(true), Some(true), None],
     ),
     (
         "DRAPrioritizedList",
-        [Some(true), Some(true), Some(true), Some(true)],
+        [Some(true), Some(true), Some(true), Some(true), Some(true)],
     ),
     (
         "DRAAdminAccess",
-        [Some(true), Some(true), Some(true), Some(true)],
+        [Some(true), Some(true), Some(true), Some(true), Some(true)],
     ),
     (
         "DRAResourceClaimDeviceStatus",
-        [Some(true), Some(true), Some(true), Some(true)],
+        [Some(true), Some(true), Some(true), Some(true), Some(true)],
     ),
     (
         "DRADeviceTaints",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRADeviceTaintRules",
-        [None, Some(false), Some(false), Some(true)],
+        [None, Some(false), Some(false), Some(true), Some(true)],
     ),
     (
         "DRAPartitionableDevices",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRAConsumableCapacity",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRADeviceBindingConditions",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRAExtendedResource",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRASchedulerFilterTimeout",
-        [Some(true), Some(true), Some(true), Some(true)],
+        [Some(true), Some(true), Some(true), Some(true), Some(true)],
     ),
     (
         "ResourceHealthStatus",
-        [Some(false), Some(false), Some(true), Some(true)],
+        [Some(false), Some(false), Some(true), Some(true), Some(true)],
     ),
     (
         "DRAResourceClaimGranularStatusAuthorization",
-        [None, None, Some(true), Some(true)],
+        [None, None, Some(true), Some(true), Some(true)],
     ),
     (
         "DRAListTypeAttributes",
-        [None, None, Some(false), Some(false)],
+        [None, None, Some(false), Some(false), Some(false)],
     ),
     (
         "DRANodeAllocatableResources",
-        [None, None, Some(false), Some(false)],
+        [None, None, Some(false), Some(false), Some(false)],
     ),
     (
         "DRAWorkloadResourceClaims",
-        [None, None, Some(false), Some(false)],
+        [None, None, Some(false), Some(false), Some(false)],
     ),
     (
         "DRAResourcePoolStatus",
-        [None, None, Some(false), Some(false)],
+        [None, None, Some(false), Some(false), Some(false)],
     ),
-    ("DRAFractionalCapacityRange", [None, None, None, Some(true)]),
-    ("DRAOptionalNodeOperations", [None, None, None, Some(false)]),
-    ("DRADerivedAttributes", [None, None, None, Some(false)]),
+    (
+        "DRAFractionalCapacityRange",
+        [None, None, None, Some(true), Some(true)],
+    ),
+    (
+        "DRAOptionalNodeOperations",
+        [None, None, None, Some(false), Some(false)],
+    ),
+    (
+        "DRADerivedAttributes",
+        [None, None, None, Some(false), Some(false)],
+    ),
     (
         "DRADeviceCompatibilityGroups",
-        [None, None, None, Some(false)],
+        [None, None, None, Some(false), Some(false)],
     ),
     (
         "DRAPartitionableDevicesType",
-        [None, None, None, Some(false)],
+        [None, None, None, Some(false), Some(false)],
     ),
 ];
 

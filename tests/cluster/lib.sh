@@ -19,14 +19,35 @@ resolve_version() {
   K8S_MINOR=${BASH_REMATCH[1]}
   K8S_MOD=$here/k8s/v1.$K8S_MINOR
   [ -f "$K8S_MOD/go.mod" ] || { echo "no module for $arg: $K8S_MOD/go.mod (make one with k8s/gen.sh)" >&2; return 2; }
-  K8S_VERSION=$(sed -n 's/^\tk8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$K8S_MOD/go.mod")
+  K8S_VERSION=$(sed -n 's/^\tk8s\.io\/kubernetes \(v[0-9.]*\(-[a-z]*\.[0-9]*\)\{0,1\}\)$/\1/p' "$K8S_MOD/go.mod")
   [ -n "$K8S_VERSION" ] || { echo "no k8s.io/kubernetes require in $K8S_MOD/go.mod" >&2; return 1; }
   if [ -n "${BASH_REMATCH[2]}" ] && [ "v${arg#v}" != "$K8S_VERSION" ]; then
     echo "$K8S_MOD/go.mod pins $K8S_VERSION, not $arg (k8s/gen.sh v${arg#v} to change it)" >&2; return 2
   fi
+  go_for_module "$K8S_MOD/go.mod" || return 1
   local key
-  key=$(build_key "$K8S_MOD/go.mod" "$K8S_MOD/go.sum" "$K8S_MOD/main.go" "$here/build.sh") || return 1
+  local inputs=("$K8S_MOD/go.mod" "$K8S_MOD/go.sum" "$K8S_MOD/main.go" "$here/build.sh")
+  # A module replaced by a directory of this repo (k8s/iptables-wrappers) is an input too.
+  if grep -q '=> \.\./iptables-wrappers$' "$K8S_MOD/go.mod"; then
+    inputs+=("$here/k8s/iptables-wrappers/go.mod" "$here/k8s/iptables-wrappers/pkg/iptables/iptables.go")
+  fi
+  key=$(build_key "${inputs[@]}") || return 1
   K8S_BIN=$repo/target/k8s/$K8S_VERSION-$key
+}
+
+# go_for_module GO_MOD: exports GOTOOLCHAIN=go1.27.3 when GO_MOD's go directive is newer
+# than the machine's Go (1.26): Kubernetes 1.38 needs Go 1.27, which the go command then
+# takes from the module proxy (about 76 MB, once per machine). The only approved newer
+# toolchain here; CI's releases (1.34, 1.37) build with the machine's own Go.
+go_for_module() {
+  local want have
+  want=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$1")
+  have=$(GOTOOLCHAIN=local "${GO:-go}" env GOVERSION) || return 1
+  have=${have#go}
+  [ -n "$want" ] || return 0
+  if [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | tail -1)" != "$have" ]; then
+    export GOTOOLCHAIN=${TESSERA_GOTOOLCHAIN:-go1.27.3}
+  fi
 }
 
 # build_key FILE...: 12 hex digits of a hash of the files' contents and `go version`

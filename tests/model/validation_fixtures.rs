@@ -12,8 +12,8 @@ use k8s_model::validation::{
     validate_resource_claim_status, validate_resource_slice,
 };
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceCounterConsumption, DeviceRequest,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, CapacityRequirements, Counter, CounterSet,
+    Device, DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceCounterConsumption, DeviceRequest,
     DeviceRequestAllocationResult, DeviceTaint, ExactDeviceRequest, ResourceClaim,
     ResourceClaimSpec, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
@@ -802,6 +802,72 @@ fn claim_specs_follow_the_request_rules() {
     ];
     for (case, c, want) in cases {
         check(case, 37, &validate_resource_claim(&c, &g), want);
+    }
+}
+
+/// A request's `capacity.requests`: stored unchecked up to 1.37; from 1.38 at most 32
+/// entries, qualified names and no negative quantity (v1.38.0-beta.0's
+/// `validateCapacityRequirements` and its declarative rules).
+#[test]
+fn capacity_requests_are_checked_from_1_38() {
+    let with_capacity = |entries: Vec<(String, &str)>| {
+        let mut r = request("gpu", "gpu.tessera.dev");
+        r.exactly.as_mut().expect("exactly").capacity = Some(CapacityRequirements {
+            requests: Some(
+                entries
+                    .into_iter()
+                    .map(|(k, q)| (k, Q(q.to_string())))
+                    .collect(),
+            ),
+        });
+        claim(vec![r])
+    };
+    let path = "spec.devices.requests[0].exactly.capacity.requests";
+    let cases = [
+        (
+            "memory and compute",
+            with_capacity(vec![
+                ("memory".into(), "2Gi"),
+                ("gpu.tessera.dev/compute".into(), "25"),
+            ]),
+            Want::Accept,
+            Want::Accept,
+        ),
+        (
+            "a name that is not a qualified name",
+            with_capacity(vec![("memory!".into(), "2Gi")]),
+            Want::Accept,
+            Want::Reject(path, FieldErrorKind::Invalid),
+        ),
+        (
+            "a negative quantity",
+            with_capacity(vec![("memory".into(), "-1")]),
+            Want::Accept,
+            Want::Reject(
+                "spec.devices.requests[0].exactly.capacity.requests[memory]",
+                FieldErrorKind::Invalid,
+            ),
+        ),
+        (
+            "33 entries",
+            with_capacity((0..33).map(|i| (format!("c{i}"), "1")).collect()),
+            Want::Accept,
+            Want::Reject(path, FieldErrorKind::TooMany),
+        ),
+    ];
+    for (case, c, on_137, on_138) in cases {
+        check(
+            case,
+            37,
+            &validate_resource_claim(&c, &FeatureGates::defaults(v(37))),
+            on_137,
+        );
+        check(
+            case,
+            38,
+            &validate_resource_claim(&c, &FeatureGates::defaults(v(38))),
+            on_138,
+        );
     }
 }
 

@@ -54,7 +54,7 @@ fn devices(slices: &[ResourceSlice]) -> Vec<&k8s_openapi::api::resource::v1::Dev
 #[tokio::test]
 async fn shared_gpu_slices_on_every_version() {
     let mut seen = Vec::new();
-    for minor in 34..=37 {
+    for minor in 34..=38 {
         for overrides in [
             "",
             "DRAConsumableCapacity=true",

@@ -12,26 +12,28 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
-    AllocatedDeviceStatus, AllocationResult, DeviceAllocationConfiguration, DeviceClaim,
-    DeviceClaimConfiguration, DeviceConstraint, DeviceDerivedAttribute, DeviceRequest,
+    AllocatedDeviceStatus, AllocationResult, CapacityRequirements, DeviceAllocationConfiguration,
+    DeviceClaim, DeviceClaimConfiguration, DeviceConstraint, DeviceDerivedAttribute, DeviceRequest,
     DeviceRequestAllocationResult, DeviceSelector, DeviceSubRequest, DeviceToleration,
     ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimConsumerReference,
     ResourceClaimStatus,
 };
 
-use super::device::{taint_effects, validate_binding_conditions};
+use super::device::{parse_quantity, taint_effects, validate_binding_conditions};
 use super::field::{BadValue, FieldError, FieldPath, validate_list, validate_unique_list};
 use super::format::{
     validate_dns_label, validate_dns_subdomain, validate_driver_name,
     validate_fully_qualified_name, validate_label_name, validate_label_value,
-    validate_node_selector, validate_object_name, validate_pool_name, validate_raw_extension,
-    validate_uid,
+    validate_node_selector, validate_object_name, validate_pool_name, validate_qualified_name,
+    validate_raw_extension, validate_uid,
 };
 use super::slice::validate_skip_node_operations;
 use crate::release::{FeatureGates, KubeVersion};
 
 /// `resource.DeviceRequestsMaxSize` (also constraints' and configs' request lists).
 pub const DEVICE_REQUESTS_MAX: usize = 32;
+/// `resource.MaxCapacityRequirements` (1.38): entries in a request's `capacity.requests`.
+pub const CAPACITY_REQUIREMENTS_MAX: usize = 32;
 /// `resource.FirstAvailableDeviceRequestMaxSize`.
 pub const FIRST_AVAILABLE_MAX: usize = 8;
 /// `resource.DeviceSelectorsMaxSize`.
@@ -275,6 +277,11 @@ fn validate_exact_request(
         &path.child("tolerations"),
         ctx.gates.version(),
     ));
+    errs.extend(validate_capacity_requirements(
+        e.capacity.as_ref(),
+        &path.child("capacity"),
+        ctx.gates.version(),
+    ));
     errs
 }
 
@@ -309,6 +316,52 @@ fn validate_sub_request(
         &path.child("tolerations"),
         ctx.gates.version(),
     ));
+    errs.extend(validate_capacity_requirements(
+        s.capacity.as_ref(),
+        &path.child("capacity"),
+        ctx.gates.version(),
+    ));
+    errs
+}
+
+/// A request's `capacity.requests`, checked from 1.38 on (`validateCapacityRequirements`
+/// and the declarative `maxProperties=32`, `minimum=0`; 1.37 stored any names and
+/// values): at most 32 entries (short-circuits the rest), each name a qualified name
+/// (reported on the map, as `validateMap` does), each quantity at least 0.
+fn validate_capacity_requirements(
+    capacity: Option<&CapacityRequirements>,
+    path: &FieldPath,
+    v: KubeVersion,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let Some(requests) = capacity.and_then(|c| c.requests.as_ref()) else {
+        return errs;
+    };
+    if v.minor() < 38 {
+        return errs;
+    }
+    let path = path.child("requests");
+    if requests.len() > CAPACITY_REQUIREMENTS_MAX {
+        errs.push(FieldError::too_many(
+            &path,
+            requests.len(),
+            CAPACITY_REQUIREMENTS_MAX,
+        ));
+        return errs;
+    }
+    for (name, q) in requests {
+        errs.extend(validate_qualified_name(name, &path, v));
+        let entry = path.key(name);
+        if let Some(q) = parse_quantity(&q.0, &entry, &mut errs)
+            && q.sign() < 0
+        {
+            errs.push(FieldError::invalid(
+                &entry,
+                BadValue::Str(q.to_string()),
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
     errs
 }
 

@@ -1,4 +1,4 @@
-//! The Kubernetes API rules for `resource.k8s.io/v1` objects, per release 1.34–1.37 and
+//! The Kubernetes API rules for `resource.k8s.io/v1` objects, per release 1.34–1.38 and
 //! feature gates: what the API server drops ([`drop_disabled_fields`]), what it refuses
 //! ([`validate_resource_slice`], [`validate_resource_claim`],
 //! [`validate_resource_claim_status`]) and the cross-slice pool rules the scheduler and

@@ -1,4 +1,4 @@
-//! ResourceSlice validation as the API server of each release (1.34–1.37) performs it
+//! ResourceSlice validation as the API server of each release (1.34–1.38) performs it
 //! on create (`ValidateResourceSlice` in `pkg/apis/resource/validation/validation.go`),
 //! and the per-release limits a publisher must respect when it splits a pool into
 //! slices. Pure and deterministic.

@@ -11,7 +11,7 @@
 //! (strategic merge, JSON patch, apply) are refused with 415, and PATCH of other
 //! resources with 405.
 //!
-//! It is parameterized by Kubernetes version (1.34–1.37) and feature gates: disabled
+//! It is parameterized by Kubernetes version (1.34–1.38) and feature gates: disabled
 //! gates drop their fields silently, and ResourceSlices are validated per version
 //! ([`k8s_model::validation`]) with `Status` bodies and 404/409/422 codes. Every request is
 //! logged ([`RequestRecord`]) so that tests can check the plugin's calls against its RBAC;

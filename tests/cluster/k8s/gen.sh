@@ -4,13 +4,19 @@
 # v0.<minor>.<patch>` per staging module, read from the `replace` block of the release's
 # own go.mod (served by the module proxy). Then `go mod tidy` pins everything else.
 # Usage: gen.sh v1.34.4      (run again with another patch release to bump)
+#        gen.sh v1.38.0-beta.0   (a pre-release: its staging modules are v0.38.0-beta.0)
+# A release whose go.mod needs a newer Go than the machine's (1.38 needs 1.27) is tidied
+# and built with GOTOOLCHAIN=go1.27.3 (lib.sh go_for_module), which the go command takes
+# from the module proxy like any module.
 set -euo pipefail
-v=${1:?usage: gen.sh vMAJOR.MINOR.PATCH}
-[[ $v =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || { echo "not a release version: $v" >&2; exit 2; }
-minor=${BASH_REMATCH[1]} patch=${BASH_REMATCH[2]}
+v=${1:?usage: gen.sh vMAJOR.MINOR.PATCH[-beta.N|-rc.N]}
+[[ $v =~ ^v1\.([0-9]+)\.([0-9]+)(-(alpha|beta|rc)\.[0-9]+)?$ ]] || { echo "not a release or pre-release version: $v" >&2; exit 2; }
+minor=${BASH_REMATCH[1]} patch=${BASH_REMATCH[2]}${BASH_REMATCH[3]}
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$here/v1.$minor
-mod=$(go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+# (Its exit status is ignored: a release needing a newer Go is "an error" for the
+# machine's Go, yet its go.mod is downloaded, and that is all this reads.)
+mod=$({ go mod download -json "k8s.io/kubernetes@$v" || true; } | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
 [ -f "$mod" ] || { echo "no go.mod for k8s.io/kubernetes@$v from the module proxy" >&2; exit 1; }
 # The release's own go directive and godebug default (kept so the build behaves as upstream's).
 godir=$(sed -n 's/^go \(.*\)$/\1/p' "$mod")
@@ -30,9 +36,15 @@ mkdir -p "$dir"
   echo
   echo "replace ("
   for m in $staging; do printf '\t%s => %s v0.%s.%s\n' "$m" "$m" "$minor" "$patch"; done
+  # Not served by the module proxy here (1.38's kubelet imports it): ../iptables-wrappers.
+  if grep -qE '^[[:space:]]+sigs\.k8s\.io/iptables-wrappers ' "$mod"; then
+    printf '\t%s => %s\n' sigs.k8s.io/iptables-wrappers ../iptables-wrappers
+  fi
   echo ")"
 } > "$dir/go.mod"
 ln -sf ../mux/main.go "$dir/main.go"
 rm -f "$dir/go.sum"
+. "$here/../lib.sh"
+go_for_module "$dir/go.mod"
 cd "$dir" && nice -n 19 go mod tidy
 echo "wrote $dir/go.mod ($(echo "$staging" | wc -l) staging modules)"

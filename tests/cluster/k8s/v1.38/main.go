@@ -1,0 +1,1 @@
+../mux/main.go
