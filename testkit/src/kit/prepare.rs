@@ -446,6 +446,28 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
+/// The MIG phases' node config rules that keep every GPU whose MIG mode is off
+/// `exclusive`: in `mig` mode the plugin would switch MIG on for a MIG claim allocated
+/// there (dynamic MIG on Hopper and later), and the kit changes MIG mode only through
+/// `--allow-mig-changes`, which switches it on first. Reads only.
+fn mig_off_rules(setup: &PrepareSetup) -> Result<String, String> {
+    let (backend, _) =
+        tessera::node::open_backend(&setup.backend, &setup.backend_paths, StateAccess::ReadOnly)
+            .map_err(err("the backend"))?;
+    let inv = backend.discover().map_err(err("discovery"))?;
+    let off: Vec<String> = inv
+        .gpus
+        .iter()
+        .filter(|g| !g.mig_enabled)
+        .map(|g| format!("- match: {{uuid: {}}}\n  mode: exclusive\n", g.uuid))
+        .collect();
+    Ok(if off.is_empty() {
+        String::new()
+    } else {
+        format!("gpus:\n{}", off.concat())
+    })
+}
+
 async fn run_phase(
     setup: &PrepareSetup,
     dir: &Path,
@@ -454,14 +476,14 @@ async fn run_phase(
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(err("work dir"))?;
     let config = dir.join("node-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndefaultMode: {}\n",
-            phase.mode
-        ),
-    )
-    .map_err(err("node config"))?;
+    let mut text = format!(
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndefaultMode: {}\n",
+        phase.mode
+    );
+    if phase.mode == "mig" {
+        text += &mig_off_rules(setup)?;
+    }
+    std::fs::write(&config, text).map_err(err("node config"))?;
     let model = load_node(
         &setup.backend,
         Some(&config),
