@@ -4,14 +4,16 @@
 #   lib/   the interception library, its front, the soname shims and the CDI hook: the
 #          glibc 2.17 builds (target/zig/x86_64-unknown-linux-gnu/release) when all are
 #          there, else target/release; it says which
-#   progs/ the C test programs (tests/gpu/progs/*.c), which dlopen the real libcuda.so.1
-#          and load the kit's PTX (tests/gpu/ptx/*.ptx, copied to ptx/) with
-#          cuModuleLoadData: no CUDA toolkit or compiler is needed where the kit runs.
+#   progs/ the C test programs (tests/gpu/progs/*.c): kit_cuda dlopens the real
+#          libcuda.so.1 and loads the kit's PTX (tests/gpu/ptx/*.ptx, copied to ptx/)
+#          with cuModuleLoadData: no CUDA toolkit or compiler is needed where the kit
+#          runs; kit_nvml reads MIG modes and profiles from the real libnvidia-ml.so.1.
 #          Built with `zig cc` for glibc 2.17 when zig is there (python3 -m ziglang, as
 #          cuda/ci-setup.sh installs it), else with gcc (it prints the glibc they need)
 #   sim/   the simulated node for `run.sh --simulated`: the fake NVML
 #          (tests/fakes/fake_nvml.c), the fake CUDA driver (cuda/tests/fakes/fake_cuda.c)
-#          and tests/gpu/sim-node.yaml
+#          and the simulated nodes tests/gpu/sim-node.yaml (MIG off) and
+#          sim-node-mig.yaml (MIG on)
 # It builds what is missing with the README's build (`cargo build --release && cargo
 # preload --release`: tessera-kit is a default member's binary), a no-op after CI's
 # main job. TESSERA_KIT_PROFILE=debug packs debug builds instead (a

@@ -7,16 +7,33 @@
 #
 # KIT is what tests/gpu/pack.sh made. As root, on a host with the NVIDIA driver; it
 # needs no network, Kubernetes, container runtime or compiler, and takes a few minutes
-# (its budget: 8 on one H100). It never changes the GPU's settings: no MIG mode switch,
-# no reset, no clocks or compute mode. The MIG check runs only if the GPU is already in
-# MIG mode (then the whole and shared claim checks are not run: they fail as not
-# implemented there); --allow-mig-changes is for an operator on their own machine, for
-# the full MIG lifecycle (switching MIG mode on and off again; not implemented yet).
+# (its budget: 8 on one H100). Without --allow-mig-changes it never changes the GPU's
+# settings: no MIG mode switch, no reset, no clocks or compute mode (with it, only MIG
+# mode, and back).
+#
+# MIG mode as found decides what runs. Off: the whole-GPU and shared claim checks; the
+# MIG check reports "MIG mode off: skipped". Already on: Tessera offers whole-GPU and
+# shared claims there only by switching MIG mode off, so the kit runs what it does
+# offer: prepare holds one MIG claim (the smallest profile that fits, created by the
+# plugin), cuda-kernel and the bare driver's costs run in that MIG instance (by its
+# UUID), interception, compute-shares and watchdog (shared claims only) are SKIPs that
+# say why, discovery compares the MIG partitions published with NVML's profiles and
+# placements (progs/kit_nvml), and the MIG check prepares one instance of each profile
+# that fits the free slices, leaving the GPU as found.
+#
+# --allow-mig-changes, for an operator on their own machine: with MIG off, the full MIG
+# lifecycle after the claim checks: each GPU's MIG mode recorded, MIG switched on
+# (nvmlDeviceSetMigMode through Tessera's backend; a GPU that needs a reset, or a change
+# already pending, is a SKIP and nothing is left changed), NVML's profiles compared,
+# the MIG check run, and every GPU switched back to the mode found, even if the check
+# fails (and by the exit trap if run.sh dies). Without the flag MIG mode is never
+# changed.
 #
 # --simulated (or TESSERA_KIT_SIMULATED=1): the simulated node instead of the GPU: the
-# fake NVML (tests/fakes/fake_nvml.c) over tests/gpu/sim-node.yaml and the fake CUDA
-# driver (cuda/tests/fakes/fake_cuda.c), as CI runs it. Every check must run and report
-# there; its figures are not judged.
+# fake NVML (tests/fakes/fake_nvml.c) over KIT/sim/sim-node.yaml (an H100, MIG off; or
+# the node TESSERA_KIT_SIM_NODE names in KIT/sim/, e.g. sim-node-mig.yaml with MIG on)
+# and the fake CUDA driver (cuda/tests/fakes/fake_cuda.c), as CI runs it. Every check
+# must run and report there; its figures are not judged.
 set -uo pipefail
 
 usage() { echo "usage: $0 [--simulated] [--allow-mig-changes] KIT OUT" >&2; exit 2; }
@@ -27,7 +44,7 @@ for a in "$@"; do
   case $a in
     --simulated) simulated=1 ;;
     --allow-mig-changes) allow_mig=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     -*) usage ;;
     *) args+=("$a") ;;
   esac
@@ -36,6 +53,11 @@ done
 kit=$(cd "${args[0]}" && pwd) || usage
 mkdir -p "${args[1]}" && out=$(cd "${args[1]}" && pwd)
 [ -x "$kit/bin/tessera-kit" ] || { echo "$kit is not a packed kit (tests/gpu/pack.sh)" >&2; exit 2; }
+sim_node=${TESSERA_KIT_SIM_NODE:-sim-node.yaml}
+if [ "$simulated" = 1 ] && [ ! -f "$kit/sim/$sim_node" ]; then
+  echo "no simulated node $kit/sim/$sim_node (TESSERA_KIT_SIM_NODE)" >&2
+  exit 2
+fi
 host_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
 need_glibc=$(cat "$kit/GLIBC" 2>/dev/null)
 if [ -n "$host_glibc" ] && [ -n "$need_glibc" ] &&
@@ -55,8 +77,30 @@ rm -rf "$out/checks" && mkdir -p "$out/checks"
 work=$(mktemp -d /tmp/tessera-gpu-kit.XXXXXX)
 export TESSERA_KIT_SANDBOX_DIR=$work/sandboxes
 mkdir -p "$TESSERA_KIT_SANDBOX_DIR"
-holder=""
-trap '[ -z "$holder" ] || kill -9 "$holder" 2>/dev/null; rm -rf "$work"' EXIT
+holder="" mig_holder="" mig_done=0
+# On exit: kill the interception check's holder; end a held MIG claim's stdin, so that
+# it unprepares (destroys its MIG instance), and wait for it; put every GPU back in the
+# MIG mode found if --allow-mig-changes recorded one (a no-op when the MIG check did).
+cleanup() {
+  [ -z "$holder" ] || kill -9 "$holder" 2>/dev/null
+  if [ -n "$mig_holder" ]; then
+    exec 8>&-
+    wait "$mig_holder" 2>/dev/null
+  fi
+  if [ -s "$work/mig-found" ]; then
+    if ! "$kitbin/tessera-kit" mig-restore --backend "$backend" --proc-root "$proc_root" \
+      --sys-root "$sys_root" "$work/mig-found" 2>"$work/mig-restore.stderr"; then
+      cat "$work/mig-restore.stderr" >&2
+      echo "run.sh: a GPU is NOT in the MIG mode it was found in (above)" >&2
+    elif [ "$mig_done" != 1 ]; then
+      cat "$work/mig-restore.stderr" >&2 # the MIG check did not finish: say what was put back
+    fi
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 started=$(date +%s)
 kitbin=$kit/bin
 n=0
@@ -72,27 +116,35 @@ report() {
   done
   figure=$(printf '%s' "$figure" | tr -d "\"\\\\" | tr '\n\t' '  ')
   # The checks judged only on a GPU say so in the simulated node's table.
-  if [ "$simulated" = 1 ]; then
+  if [ "$simulated" = 1 ] && [ "$verdict" != SKIP ]; then
     case $check in
       cuda-kernel | compute-shares | watchdog) figure="[simulated: not judged] $figure" ;;
       interception) figure="[simulated: kernel values and NVML per-process memory not judged] $figure" ;;
     esac
   fi
-  n=$((n + 1))
+  # The next number, or the file report_file names (a number taken earlier).
+  local f=${report_file:-}
+  if [ -z "$f" ]; then
+    n=$((n + 1))
+    f=$(file "$check")
+  fi
   printf '{"check":"%s","verdict":"%s","figure":"%s","details":[%s]}\n' \
-    "$check" "$verdict" "$figure" "$details" >"$(file "$check")"
+    "$check" "$verdict" "$figure" "$details" >"$f"
 }
 # The current report file's path: numbered in the order the checks ran.
 file() { printf '%s/checks/%02d-%s.json' "$out" "$n" "$1"; }
-# Runs a tessera-kit check whose stdout is its JSON report, with a time limit.
+# Runs a tessera-kit check whose stdout is its JSON report, with a time limit; its
+# exit status in kit_rc, its report file in kit_file.
 kitcheck() {
   local check=$1 limit=$2 f
   shift 2
   n=$((n + 1))
   f=$(file "$check")
+  kit_file=$f
   [ "$check" = doctor ] || echo "== $check" >&2
   timeout "$limit" "$@" >"$f" 2>"$work/$check.stderr"
   local rc=$?
+  kit_rc=$rc
   if [ ! -s "$f" ]; then
     n=$((n - 1))
     report "$check" FAIL "could not run (exit $rc)" "$(tail -5 "$work/$check.stderr")"
@@ -101,9 +153,9 @@ kitcheck() {
 
 # The host: the real one, or the simulated node.
 if [ "$simulated" = 1 ]; then
-  mode="simulated node (fake NVML and fake CUDA driver; figures not judged)"
+  mode="simulated node $sim_node (fake NVML and fake CUDA driver; figures not judged)"
   sim=$work/sim
-  "$kitbin/tessera-kit" sim-host "$sim" "$kit/sim/sim-node.yaml" \
+  "$kitbin/tessera-kit" sim-host "$sim" "$kit/sim/$sim_node" \
     --nvml-lib "$kit/sim/libnvidia-ml.so.1" --cuda-lib "$kit/sim/libcuda.so.1" || exit 1
   export TESSERA_FAKE_NVML_STATE_DIR=$sim/state
   backend=nvml:$sim/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
@@ -112,6 +164,15 @@ if [ "$simulated" = 1 ]; then
 else
   mode="this host's GPU ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1))"
   backend=nvml proc_root=/proc sys_root=/sys dev_root=/ driver_root=/ host_root=/
+fi
+sim_flag=() cuda_env=() bare_nvml=() nvml_dir=()
+if [ "$simulated" = 1 ]; then
+  sim_flag=(--simulated)
+  # The fake driver's libraries for the programs run outside a sandbox.
+  cuda_env=(env "LD_LIBRARY_PATH=$sim/root/usr/lib/x86_64-linux-gnu")
+  # NVML outside the sandboxes: the host's (simulated: the fake in the driver root).
+  bare_nvml=("${cuda_env[@]}")
+  nvml_dir=(--nvml-lib-dir "$sim/root/usr/lib/x86_64-linux-gnu")
 fi
 echo "Tessera GPU acceptance kit ($(cat "$kit/COMMIT" 2>/dev/null || echo unknown commit)) on $mode" >&2
 
@@ -140,27 +201,116 @@ else
   nvidia-smi -q -x >"$out/nvidia-smi.xml" 2>"$work/nvidia-smi.stderr"
   ref=(--reference-xml "$out/nvidia-smi.xml" --state-dir "$work/inventory-state")
 fi
-kitcheck discovery 60 "$kitbin/tessera-kit" discovery --backend "$backend" \
-  --proc-root "$proc_root" --sys-root "$sys_root" "${ref[@]}"
-
-# MIG mode as found: the claim checks below need it off, and never change it.
+# MIG mode as found (it decides the checks below, which never change it).
 if [ "$simulated" = 1 ]; then
   mig_on=$(grep -c 'migEnabled: true' "$sim/node.yaml" || true)
 else
   mig_on=$(grep -c '<current_mig>Enabled</current_mig>' "$out/nvidia-smi.xml" || true)
 fi
 mig_on=${mig_on:-0}
+# With MIG on, discovery also compares the MIG partitions published with the GPU
+# instance profiles and placements NVML reports (what nvidia-smi mig -lgip and -lgipp
+# print), read by the kit's own kit_nvml.
+partitions=()
 if [ "$mig_on" -gt 0 ]; then
-  # The claim checks prepare whole and shared GPUs; on a GPU in MIG mode they are not
-  # implemented (and must not touch its instances): they fail, saying so.
-  for c in prepare cuda-kernel interception compute-shares watchdog costs; do
-    report "$c" FAIL "not implemented on a GPU in MIG mode (not run: the kit leaves MIG as it is)"
+  timeout 60 "${bare_nvml[@]}" "$kit/progs/kit_nvml" mig-profiles >"$out/nvml-mig-profiles.txt" 2>&1
+  partitions=(--inventory-json "$out/inventory.json" --nvml-profiles "$out/nvml-mig-profiles.txt")
+fi
+kitcheck discovery 60 "$kitbin/tessera-kit" discovery --backend "$backend" \
+  --proc-root "$proc_root" --sys-root "$sys_root" "${ref[@]}" "${partitions[@]}"
+
+# Runs a command in the sandbox of the claim whose edits are in $1 (at most 60 s; with
+# SBX_NO_TIMEOUT=1, as its own process: unshare and sandbox.sh exec it).
+cuda_fake=()
+sbx() {
+  local edits=$1 limit=(timeout 60)
+  shift
+  [ "${SBX_NO_TIMEOUT:-}" = 1 ] && limit=(exec)
+  "${limit[@]}" unshare -m --propagation private "$here/sandbox.sh" "$edits" \
+    env "${cuda_fake[@]}" LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu "$@"
+}
+
+# 3-9 with MIG mode on: what Tessera offers there, one MIG claim held (see the top).
+mig_claim_checks() {
+  local w=$work/mig-claim pfile spec uuid mem line rc right total
+  mkdir -p "$w"
+  mkfifo "$w/in"
+  n=$((n + 1))
+  pfile=$(file prepare)
+  echo "== prepare (MIG mode on: one MIG claim, held)" >&2
+  timeout 300 "$kitbin/tessera-kit" mig-claim --backend "$backend" --proc-root "$proc_root" \
+    --sys-root "$sys_root" --dev-root "$dev_root" --driver-root "$driver_root" \
+    --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$w/plugin" "${sim_flag[@]}" \
+    <"$w/in" >"$w/out" 2>"$w/err" &
+  mig_holder=$!
+  exec 8>"$w/in"
+  for _ in $(seq 1200); do
+    grep -q '^ready$' "$w/out" && break
+    kill -0 "$mig_holder" 2>/dev/null || break
+    sleep 0.1
   done
+  spec=$(sed -n 's/^spec //p' "$w/out" | head -1)
+  uuid=$(sed -n 's/^mig-uuid //p' "$w/out" | head -1)
+  mem=$(sed -n 's/^memory-mib //p' "$w/out" | head -1)
+  # The MIG instance, by its UUID, in the claim's sandbox (its CDI edits: the
+  # driver's files, the MIG device's UUID variable). Simulated: the fake driver's
+  # only device is the MIG device (it takes CUDA_VISIBLE_DEVICES as indices only).
+  local visible=(CUDA_VISIBLE_DEVICES="$uuid")
+  if [ "$simulated" = 1 ]; then
+    visible=()
+    cuda_fake=("FAKE_CUDA_DEVICES=$uuid:$((${mem:-0} << 20))")
+  fi
+  echo "== cuda-kernel (in the MIG instance)" >&2
+  if ! grep -q '^ready$' "$w/out" || [ -z "$uuid" ] || [ -z "$mem" ]; then
+    report cuda-kernel FAIL "no MIG claim held (see prepare)" "$(tail -3 "$w/err")"
+  else
+    "$kitbin/tessera-kit" cdi-edits "$spec" >"$work/edits-mig"
+    line=$(sbx "$work/edits-mig" env "${visible[@]}" "$kit/progs/kit_cuda" kernel "$kit/ptx/kit_fill.ptx" 2>"$work/cuda.stderr" | tail -1)
+    rc=$?
+    right=$(printf '%s' "$line" | sed -n 's/.* right=\([0-9]*\) of=\([0-9]*\).*/\1 \2/p')
+    total=$(printf '%s' "$line" | sed -n 's/.* total_mib=\([0-9]*\).*/\1/p')
+    if [ "$rc" != 0 ] || [ -z "$right" ]; then
+      report cuda-kernel FAIL "kit_cuda in MIG instance $uuid failed (exit $rc): $line" "$(tail -3 "$work/cuda.stderr")"
+    elif [ "$simulated" != 1 ] && [ "${right% *}" != "${right#* }" ]; then
+      report cuda-kernel FAIL "MIG instance $uuid: wrong values: $line"
+    elif [ "${total:-0}" -gt $((mem + 64)) ]; then
+      report cuda-kernel FAIL "MIG instance $uuid: CUDA sees ${total} MiB, more than the partition's ${mem} MiB: not the MIG instance: $line"
+    else
+      report cuda-kernel PASS "MIG instance $uuid (${mem} MiB partition), in the claim's sandbox: $line"
+    fi
+  fi
+  report interception SKIP "not offered with MIG mode on: a shared claim (the library's budget) needs MIG off; here Tessera would switch MIG mode off for it (or refuse it while MIG devices exist), a change the kit does not make"
+  report compute-shares SKIP "not offered with MIG mode on: compute shares are shared claims' (see interception); a MIG instance's compute is its own slices"
+  report watchdog SKIP "not offered with MIG mode on: the watchdog enforces shared claims' budgets (see interception); a MIG claim's memory is bounded by its instance"
+  echo "== costs (bare driver, in the MIG instance)" >&2
+  if [ -z "$uuid" ] || ! grep -q '^ready$' "$w/out"; then
+    report costs FAIL "no MIG claim held (see prepare)"
+  else
+    line=$(sbx "$work/edits-mig" env "${visible[@]}" "$kit/progs/kit_cuda" costs "$kit/ptx/kit_fill.ptx" 2>&1 | tail -1)
+    case $line in
+      *init_ctx_ms=*) report costs SKIP "the library's costs need a shared claim, not offered with MIG mode on (see interception); bare driver in MIG instance $uuid: $line" ;;
+      *) report costs FAIL "the bare driver's costs in MIG instance $uuid failed: $line" ;;
+    esac
+  fi
+  cuda_fake=()
+  # End the claim's stdin: it unprepares, checks nothing is left and the GPU as found,
+  # and prints its report last.
+  exec 8>&-
+  wait "$mig_holder"
+  rc=$?
+  mig_holder=""
+  if tail -1 "$w/out" | grep -q '^{'; then
+    tail -1 "$w/out" >"$pfile"
+  else
+    report_file=$pfile report prepare FAIL "tessera-kit mig-claim did not report (exit $rc)" "$(tail -5 "$w/err")"
+  fi
+}
+
+if [ "$mig_on" -gt 0 ]; then
+  mig_claim_checks
 else
 
 # 3. prepare: a whole-GPU claim and two shared claims through the plugin's gRPC.
-sim_flag=()
-[ "$simulated" = 1 ] && sim_flag=(--simulated)
 kitcheck prepare 120 "$kitbin/tessera-kit" prepare --backend "$backend" \
   --proc-root "$proc_root" --sys-root "$sys_root" --dev-root "$dev_root" \
   --driver-root "$driver_root" --interception-lib "$kit/lib/libtessera_cuda.so" \
@@ -168,8 +318,6 @@ kitcheck prepare 120 "$kitbin/tessera-kit" prepare --backend "$backend" \
 
 # 4. The real driver, bare (no Tessera): the kit's PTX through cuModuleLoadData.
 echo "== cuda-kernel" >&2
-cuda_env=()
-[ "$simulated" = 1 ] && cuda_env=(env "LD_LIBRARY_PATH=$sim/root/usr/lib/x86_64-linux-gnu")
 line=$(timeout 60 "${cuda_env[@]}" "$kit/progs/kit_cuda" kernel "$kit/ptx/kit_fill.ptx" 2>"$work/cuda.stderr")
 rc=$?
 right=$(printf '%s' "$line" | sed -n 's/.* right=\([0-9]*\) of=\([0-9]*\).*/\1 \2/p')
@@ -186,24 +334,11 @@ fi
 # mounts (tests/gpu/sandbox.sh), as a container would have them.
 echo "== interception" >&2
 ic=$work/interception
-cuda_fake=()
 if [ "$simulated" = 1 ]; then
   uuid=$(sed -n 's/^ *uuid: *//p' "$sim/node.yaml" | head -1)
   bytes=$(sed -n 's/^ *memoryBytes: *\([0-9]*\).*/\1/p' "$sim/node.yaml" | head -1)
   cuda_fake=("FAKE_CUDA_DEVICES=$uuid:$bytes")
 fi
-# NVML outside the sandboxes: the host's (simulated: the fake in the driver root).
-bare_nvml=()
-[ "$simulated" = 1 ] && bare_nvml=(env "LD_LIBRARY_PATH=$sim/root/usr/lib/x86_64-linux-gnu")
-# Runs a command in the sandbox of the claim whose edits are in $1 (at most 60 s; with
-# SBX_NO_TIMEOUT=1, as its own process: unshare and sandbox.sh exec it).
-sbx() {
-  local edits=$1 limit=(timeout 60)
-  shift
-  [ "${SBX_NO_TIMEOUT:-}" = 1 ] && limit=(exec)
-  "${limit[@]}" unshare -m --propagation private "$here/sandbox.sh" "$edits" \
-    env "${cuda_fake[@]}" LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu "$@"
-}
 if ! timeout 60 "$kitbin/tessera-kit" share --backend "$backend" --proc-root "$proc_root" \
   --sys-root "$sys_root" --dev-root "$dev_root" --driver-root "$driver_root" \
   --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$ic" --compute 25,60 \
@@ -372,7 +507,7 @@ watchdog_check() {
   # shellcheck disable=SC2016
   "${cuda_env[@]}" sh -c 'echo $$ >"$1/cgroup.procs" && exec "$2" hold "$3"' sh "$cg/kit-big" "$kit/progs/kit_cuda" 3072 >"$w/big" 2>&1 &
   big=$!
-  for i in $(seq 300); do grep -q held "$w/big" && break; kill -0 "$big" 2>/dev/null || break; sleep 0.05; done
+  for i in $(seq 300); do grep -q held "$w/big" 2>/dev/null && break; kill -0 "$big" 2>/dev/null || break; sleep 0.05; done
   t0=$(date +%s%N)
   for i in $(seq 100); do
     kill -0 "$big" 2>/dev/null || { killed=$((($(date +%s%N) - t0) / 1000000)); break; }
@@ -434,25 +569,29 @@ esac
 
 fi
 
-# 10. MIG: only if the GPU is already in MIG mode (simulated: a second simulated node,
-# tests/gpu/sim-node-mig.yaml, the same H100 with MIG mode on).
-if [ "$simulated" = 1 ]; then
-  simm=$work/sim-mig
-  "$kitbin/tessera-kit" sim-host "$simm" "$kit/sim/sim-node-mig.yaml" \
-    --nvml-lib "$kit/sim/libnvidia-ml.so.1" --cuda-lib "$kit/sim/libcuda.so.1" 2>/dev/null
-  kitcheck mig 300 env "TESSERA_FAKE_NVML_STATE_DIR=$simm/state" "$kitbin/tessera-kit" mig \
-    --backend "nvml:$simm/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" \
-    --proc-root "$simm/proc" --sys-root "$simm/sys" --dev-root "$simm" \
-    --driver-root "$simm/root" --interception-lib "$kit/lib/libtessera_cuda.so" \
-    --workdir "$work/mig" --simulated
-elif [ "$mig_on" -gt 0 ]; then
-  kitcheck mig 300 "$kitbin/tessera-kit" mig --backend "$backend" --proc-root "$proc_root" \
-    --sys-root "$sys_root" --dev-root "$dev_root" --driver-root "$driver_root" \
-    --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$work/mig"
+# 10. MIG: on a GPU already in MIG mode, one instance of each profile that fits;
+# with --allow-mig-changes and MIG off, the full lifecycle (see the top); else skipped.
+mig_args=(--backend "$backend" --proc-root "$proc_root" --sys-root "$sys_root"
+  --dev-root "$dev_root" --driver-root "$driver_root"
+  --interception-lib "$kit/lib/libtessera_cuda.so" --workdir "$work/mig" "${sim_flag[@]}")
+if [ "$mig_on" -gt 0 ]; then
+  kitcheck mig 300 "$kitbin/tessera-kit" mig "${mig_args[@]}"
 elif [ "$allow_mig" = 1 ]; then
-  report mig FAIL "--allow-mig-changes: the full MIG lifecycle (switching MIG mode on and off) is not implemented"
+  kitcheck mig 300 "$kitbin/tessera-kit" mig "${mig_args[@]}" \
+    --switch-mig-on "$work/mig-found" --kit-nvml "$kit/progs/kit_nvml" "${nvml_dir[@]}"
+  if [ "$kit_rc" != 0 ] && [ -s "$work/mig-found" ]; then
+    # It died before putting MIG mode back itself: put it back here, and say so.
+    restored=$("$kitbin/tessera-kit" mig-restore --backend "$backend" --proc-root "$proc_root" \
+      --sys-root "$sys_root" "$work/mig-found" 2>&1)
+    restore_rc=$?
+    died=("$restored")
+    [ -s "$work/mig.stderr" ] && died+=("its stderr: $(tail -3 "$work/mig.stderr")")
+    report_file=$kit_file report mig FAIL "the MIG check died (exit $kit_rc); run.sh put back the MIG modes found: $([ "$restore_rc" = 0 ] && echo 'every GPU as found' || echo 'a GPU NOT as found')" \
+      "${died[@]}"
+  fi
+  mig_done=1
 else
-  report mig SKIP "MIG mode off: skipped"
+  report mig SKIP "MIG mode off: skipped (--allow-mig-changes switches it on for the check, and back)"
 fi
 
 echo "== report ($(($(date +%s) - started)) s)" >&2

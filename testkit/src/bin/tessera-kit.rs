@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use tessera::inventory::GpuBackend;
 use tessera::inventory::mock::{MockBackend, MockNode, StateAccess};
 use tessera::node::{BackendPaths, BackendSpec, open_backend};
-use testkit::kit::{CheckReport, discovery, prepare, sim_host};
+use testkit::kit::{CheckReport, discovery, mig_mode, prepare, sim_host};
 
 #[derive(Parser)]
 #[command(
@@ -101,6 +101,13 @@ enum Command {
         reference_mock: Option<PathBuf>,
         #[arg(long, default_value = "/var/lib/tessera")]
         state_dir: PathBuf,
+        /// With MIG on: the ResourceSlices Tessera publishes (`tessera inventory -o
+        /// json`), whose MIG partitions are compared with --nvml-profiles.
+        #[arg(long, requires = "nvml_profiles")]
+        inventory_json: Option<PathBuf>,
+        /// `kit_nvml mig-profiles`'s output: NVML's MIG profiles and placements.
+        #[arg(long, requires = "inventory_json")]
+        nvml_profiles: Option<PathBuf>,
     },
     /// A whole-GPU claim and two shared claims through the plugin's gRPC.
     Prepare {
@@ -123,11 +130,41 @@ enum Command {
         #[arg(long)]
         pod_uid: String,
     },
-    /// The MIG check (only on a GPU already in MIG mode): one claim of each profile
-    /// published, prepared and unprepared; the GPU's MIG state must be as found.
+    /// The MIG check (on a GPU already in MIG mode): one claim of each profile
+    /// published, prepared and unprepared; the GPU's MIG state must be as found. With
+    /// --switch-mig-on (run.sh's --allow-mig-changes, GPUs with MIG off): the full
+    /// lifecycle, MIG mode switched on for the check and back to the mode found.
     Mig {
         #[command(flatten)]
         plugin: PluginArgs,
+        /// `kit_nvml mig-profiles`'s output, to compare the partitions published with.
+        #[arg(long, conflicts_with = "switch_mig_on")]
+        nvml_profiles: Option<PathBuf>,
+        /// Switch MIG mode on for the check, recording the modes found in this file
+        /// (which `mig-restore` reads), and back after.
+        #[arg(long, requires = "kit_nvml")]
+        switch_mig_on: Option<PathBuf>,
+        /// The kit's NVML reader (progs/kit_nvml), for --switch-mig-on.
+        #[arg(long)]
+        kit_nvml: Option<PathBuf>,
+        /// Where kit_nvml's libnvidia-ml.so.1 is, when not the system's.
+        #[arg(long)]
+        nvml_lib_dir: Option<PathBuf>,
+    },
+    /// On a GPU in MIG mode, the prepare check: one MIG claim of the smallest profile
+    /// that fits, prepared and held (printing `spec`, `mig-uuid`, `memory-mib`,
+    /// `ready`) until stdin ends, then unprepared; its report last.
+    MigClaim {
+        #[command(flatten)]
+        plugin: PluginArgs,
+    },
+    /// Puts each GPU back in the MIG mode a file of `MINOR on|off` lines records (the
+    /// one `mig --switch-mig-on` wrote): run.sh's exit trap. Changes only GPUs that
+    /// differ; exits 1 if any is not as found.
+    MigRestore {
+        #[command(flatten)]
+        node: Node,
+        found: PathBuf,
     },
     /// A CDI spec's container edits as lines for tests/gpu/sandbox.sh: `mount HOST
     /// CONTAINER OPTIONS` and `env KEY=VALUE`, the spec's and then its devices'.
@@ -179,8 +216,12 @@ fn main() -> Result<std::process::ExitCode> {
             reference_xml,
             reference_mock,
             state_dir,
+            inventory_json,
+            nvml_profiles,
         } => {
-            let report = match discover(&node, reference_xml, reference_mock, state_dir) {
+            let partitions = inventory_json.zip(nvml_profiles);
+            let report = match discover(&node, reference_xml, reference_mock, state_dir, partitions)
+            {
                 Ok(r) => r,
                 Err(e) => CheckReport::could_not_run("discovery", format!("{e:#}")),
             };
@@ -207,10 +248,52 @@ fn main() -> Result<std::process::ExitCode> {
             rt.block_on(prepare::watch(&setup, &workdir, &pod_uid))
                 .map_err(anyhow::Error::msg)?;
         }
-        Command::Mig { plugin } => {
+        Command::Mig {
+            plugin,
+            nvml_profiles,
+            switch_mig_on,
+            kit_nvml,
+            nvml_lib_dir,
+        } => {
             let (setup, workdir) = plugin.setup();
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            print(&rt.block_on(prepare::mig(&setup, &workdir)))?;
+            let report = match (switch_mig_on, kit_nvml, nvml_profiles) {
+                (Some(found), Some(program), _) => {
+                    let reader = mig_mode::KitNvml {
+                        program,
+                        lib_dir: nvml_lib_dir,
+                    };
+                    rt.block_on(mig_mode::mig_lifecycle(&setup, &workdir, &found, &reader))
+                }
+                (_, _, Some(file)) => match read_profiles(&file) {
+                    Ok(p) => rt.block_on(prepare::mig(&setup, &workdir, Some(p))),
+                    Err(e) => CheckReport::could_not_run("mig", format!("{e:#}")),
+                },
+                _ => rt.block_on(prepare::mig(&setup, &workdir, None)),
+            };
+            print(&report)?;
+        }
+        Command::MigClaim { plugin } => {
+            let (setup, workdir) = plugin.setup();
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            print(&rt.block_on(prepare::mig_claim(&setup, &workdir)))?;
+        }
+        Command::MigRestore { node, found } => {
+            let text = std::fs::read_to_string(&found)
+                .with_context(|| format!("reading {}", found.display()))?;
+            let modes = mig_mode::parse(&text).map_err(anyhow::Error::msg)?;
+            let (backend, _) = open_backend(
+                &node.backend,
+                &node.paths(std::env::temp_dir()),
+                StateAccess::ReadWrite,
+            )?;
+            let (lines, all) = mig_mode::restore(&*backend, &modes);
+            for l in lines {
+                eprintln!("mig-restore: {l}");
+            }
+            if !all {
+                return Ok(std::process::ExitCode::FAILURE);
+            }
         }
         Command::CdiEdits { spec } => {
             let text = std::fs::read_to_string(&spec)
@@ -232,11 +315,21 @@ fn main() -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// `kit_nvml mig-profiles`'s output, parsed.
+fn read_profiles(file: &PathBuf) -> Result<discovery::NvmlProfiles> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    discovery::parse_kit_nvml_profiles(&text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("NVML's MIG profiles in {}", file.display()))
+}
+
 fn discover(
     node: &Node,
     reference_xml: Option<PathBuf>,
     reference_mock: Option<PathBuf>,
     state_dir: PathBuf,
+    partitions: Option<(PathBuf, PathBuf)>,
 ) -> Result<CheckReport> {
     let (backend, _) = open_backend(
         &node.backend,
@@ -259,7 +352,24 @@ fn discover(
         }
         (None, None) => anyhow::bail!("no reference: --reference-xml or --reference-mock"),
     };
-    Ok(discovery::compare(&found, &reference))
+    let partitions = match partitions {
+        Some((inventory, profiles)) => {
+            let text = std::fs::read_to_string(&inventory)
+                .with_context(|| format!("reading {}", inventory.display()))?;
+            let slices: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", inventory.display()))?;
+            Some((
+                discovery::offered_partitions(&slices),
+                read_profiles(&profiles)?,
+            ))
+        }
+        None => None,
+    };
+    Ok(discovery::compare(
+        &found,
+        &reference,
+        partitions.as_ref().map(|(o, n)| (o.as_slice(), n)),
+    ))
 }
 
 fn report(json: &PathBuf, files: &[PathBuf]) -> Result<std::process::ExitCode> {

@@ -3,13 +3,18 @@
 //! script prints in its verdict table and writes to its JSON.
 //!
 //! * [`discovery`]: what the NVML backend finds against a reference (`nvidia-smi -q -x`
-//!   on a real host, the simulated node's own state otherwise);
+//!   on a real host, the simulated node's own state otherwise), and with MIG on the MIG
+//!   partitions published against NVML's profiles (`kit_nvml mig-profiles`);
 //! * [`prepare`]: a whole-GPU claim and two shared claims through the plugin's gRPC, with
 //!   the fake API server and the kubelet stand-in, as the demo does, on `--backend nvml`;
+//!   on a GPU in MIG mode one MIG claim held, and the MIG check;
+//! * [`mig_mode`]: `--allow-mig-changes`, the operator's MIG lifecycle (MIG mode
+//!   switched on for the MIG check and back to the mode found);
 //! * [`sim_host`]: the simulated node the kit runs against in CI (`--simulated`).
 
 pub mod discovery;
 pub mod doctor;
+pub mod mig_mode;
 pub mod prepare;
 pub mod sim_host;
 

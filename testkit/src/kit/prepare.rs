@@ -13,13 +13,13 @@
 //! semantics), then unprepares them and checks that no spec and no claim directory is
 //! left.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_model::release::{FeatureGates, KubeVersion};
 use k8s_model::schedule;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use tessera::inventory::mock::StateAccess;
@@ -28,6 +28,7 @@ use tessera::plugin::{self, PluginOptions, PluginPaths};
 use tessera::prepare::failpoints::FailPoints;
 
 use super::CheckReport;
+use super::discovery::{NvmlProfiles, compare_partitions, offered_partitions};
 use crate::demo::{DRIVER, DemoClaim, NAMESPACE, NODE, claim_object};
 use crate::fakeapi::{FakeApiConfig, FakeApiServer};
 use crate::kubelet_standin::{self, DraClient, KubeletClaim};
@@ -48,6 +49,7 @@ pub struct PrepareSetup {
 }
 
 /// One phase's mode and claims.
+#[derive(Default)]
 struct Phase {
     mode: &'static str,
     claims: Vec<DemoClaim>,
@@ -56,6 +58,11 @@ struct Phase {
     /// The watchdog check: the pod the claims are reserved for (its UID), with the
     /// watchdog enforcing; the plugin keeps running until stdin ends.
     watch_pod: Option<String>,
+    /// Hold the prepared claims until stdin ends (printing each spec, its MIG device's
+    /// UUID and memory, then `ready`), then go on (unprepare unless `keep`).
+    hold: bool,
+    /// The `mig` phase: NVML's MIG profiles, to compare the published partitions with.
+    partitions: Option<NvmlProfiles>,
 }
 
 fn phases() -> Vec<Phase> {
@@ -76,6 +83,7 @@ fn phases() -> Vec<Phase> {
             claims: vec![claim("whole", None)],
             keep: false,
             watch_pod: None,
+            ..Phase::default()
         },
         Phase {
             mode: "shared",
@@ -85,6 +93,7 @@ fn phases() -> Vec<Phase> {
             ],
             keep: false,
             watch_pod: None,
+            ..Phase::default()
         },
     ]
 }
@@ -98,8 +107,12 @@ struct Findings {
     paths: usize,
     specs: usize,
     left: usize,
-    /// The specs of claims left prepared (`Phase::keep`).
+    /// The specs of claims left prepared (`Phase::keep`) or held (`Phase::hold`).
     kept: Vec<PathBuf>,
+    /// The MIG profile of the claim held ([`mig_claim`]).
+    held: Option<String>,
+    /// [`compare_partitions`]'s figure, when the `mig` phase compared them.
+    partitions: Option<String>,
 }
 
 /// Prepares shared claims of `memory` and each of `compute` percents on the first GPU
@@ -131,6 +144,7 @@ pub async fn prepare_shared(
         claims,
         keep: true,
         watch_pod: None,
+        ..Phase::default()
     };
     let mut f = Findings::default();
     run_phase(setup, workdir, &phase, &mut f).await?;
@@ -159,6 +173,7 @@ pub async fn watch(setup: &PrepareSetup, workdir: &Path, pod_uid: &str) -> Resul
         }],
         keep: true,
         watch_pod: Some(pod_uid.to_string()),
+        ..Phase::default()
     };
     let mut f = Findings::default();
     run_phase(setup, workdir, &phase, &mut f).await?;
@@ -175,26 +190,73 @@ pub async fn watch(setup: &PrepareSetup, workdir: &Path, pod_uid: &str) -> Resul
 /// MIG devices the kit did not make adopted, never destroyed; then the GPU's MIG mode
 /// and instances must be as found. Owns side effects: creates and destroys MIG
 /// instances through the plugin. Never fails: what went wrong is in the report.
-pub async fn mig(setup: &PrepareSetup, workdir: &Path) -> CheckReport {
+///
+/// With `partitions` (NVML's profiles, read after an operator's `--allow-mig-changes`
+/// switched MIG on), the partitions published are compared with them as the discovery
+/// check does ([`compare_partitions`]).
+pub async fn mig(
+    setup: &PrepareSetup,
+    workdir: &Path,
+    partitions: Option<NvmlProfiles>,
+) -> CheckReport {
     let started = Instant::now();
     let mut f = Findings::default();
     let phase = Phase {
         mode: "mig",
-        claims: Vec::new(),
-        keep: false,
-        watch_pod: None,
+        partitions,
+        ..Phase::default()
     };
     if let Err(e) = run_phase(setup, workdir, &phase, &mut f).await {
         f.failures.push(format!("MIG: {e}"));
     }
     let figure = format!(
-        "{} MIG claim(s) prepared and unprepared, {} spec(s) valid, {} file(s) left; {:.1} s",
+        "{} MIG claim(s) prepared and unprepared, {} spec(s) valid, {} file(s) left{}; {:.1} s",
         f.prepared,
         f.specs,
         f.left,
+        f.partitions.map(|p| format!("; {p}")).unwrap_or_default(),
         started.elapsed().as_secs_f64()
     );
     CheckReport::from_findings("mig", figure, f.failures, f.notes)
+}
+
+/// The prepare check on a GPU already in MIG mode. There Tessera offers whole-GPU and
+/// shared claims only by switching MIG mode off first (a reset-free GPU without MIG
+/// devices; refused while MIG devices exist, or on a GPU that needs a reset), a change
+/// the kit never makes: so it prepares what Tessera does offer, one MIG device created
+/// on demand: a claim of the smallest published profile that fits the free slices,
+/// through the plugin's gRPC (node config `defaultMode: mig`, MIG devices the kit did
+/// not make adopted), its spec checked as the prepare check's. It prints `spec PATH`,
+/// `mig-uuid UUID` (the spec's `TESSERA_MIG_UUID_*`), `memory-mib N` (the partition's)
+/// and `ready` on stdout, holds the claim until stdin ends (run.sh runs the cuda-kernel
+/// and costs checks in the MIG instance meanwhile), then unprepares it: nothing may be
+/// left, and the GPU's MIG mode and instances must be as found. Owns side effects: a
+/// MIG instance for the time held. Never fails: what went wrong is in the report.
+pub async fn mig_claim(setup: &PrepareSetup, workdir: &Path) -> CheckReport {
+    let started = Instant::now();
+    let mut f = Findings::default();
+    let phase = Phase {
+        mode: "mig",
+        hold: true,
+        ..Phase::default()
+    };
+    if let Err(e) = run_phase(setup, workdir, &phase, &mut f).await {
+        f.failures.push(format!("MIG claim: {e}"));
+    }
+    f.notes.push(
+        "whole-GPU and shared claims not run: with MIG mode on, Tessera offers them only by switching MIG mode off (refused while MIG devices exist or where that needs a GPU reset), a change the kit does not make"
+            .into(),
+    );
+    let figure = format!(
+        "MIG mode on: {} MIG claim(s) ({}) prepared, held and unprepared, {} spec(s) valid, {} host path(s) exist, {} file(s) left; whole-GPU and shared claims need MIG off: not run; {:.1} s",
+        f.prepared,
+        f.held.as_deref().unwrap_or("none"),
+        f.specs,
+        f.paths,
+        f.left,
+        started.elapsed().as_secs_f64()
+    );
+    CheckReport::from_findings("prepare", figure, f.failures, f.notes)
 }
 
 /// Each MIG-mode GPU's MIG state, described for comparison.
@@ -228,74 +290,118 @@ fn describe_mig(backend: &dyn tessera::inventory::GpuBackend, minor: u32) -> Str
     }
 }
 
-/// One claim per MIG profile published, prepared and unprepared in turn.
-async fn drive_mig(
-    setup: &PrepareSetup,
-    api: &FakeApiServer,
-    client: kube::Client,
-    paths: &PluginPaths,
-    reg_socket: &Path,
-    version: KubeVersion,
-    f: &mut Findings,
-) -> Result<(), String> {
-    let slices = wait_for("the ResourceSlices", || {
+/// The MIG profiles published, smallest memory first (then by name).
+fn published_profiles(slices: &[ResourceSlice]) -> Vec<String> {
+    let mut by_memory: BTreeMap<String, u64> = BTreeMap::new();
+    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        let Some(a) = d.attributes.as_ref() else {
+            continue;
+        };
+        if a.get("type").and_then(|t| t.string.as_deref()) != Some("mig") {
+            continue;
+        }
+        let Some(p) = a.get("profile").and_then(|p| p.string.clone()) else {
+            continue;
+        };
+        by_memory.insert(p, device_memory(d).unwrap_or(u64::MAX));
+    }
+    let mut profiles: Vec<(u64, String)> = by_memory.into_iter().map(|(p, m)| (m, p)).collect();
+    profiles.sort();
+    profiles.into_iter().map(|(_, p)| p).collect()
+}
+
+/// A device's published `memory` capacity in bytes.
+fn device_memory(d: &k8s_openapi::api::resource::v1::Device) -> Option<u64> {
+    d.capacity.as_ref()?.get("memory")?.value.0.parse().ok()
+}
+
+/// The phase of one claim of MIG profile `p`.
+fn mig_profile_phase(p: &str, hold: bool) -> Phase {
+    // Claim names and selectors live as long as the process (a CLI's few).
+    let name: &'static str =
+        Box::leak(format!("kit-mig-{}", p.replace(['.', '+'], "-")).into_boxed_str());
+    let wants: &'static str = Box::leak(p.to_string().into_boxed_str());
+    Phase {
+        mode: "mig-profile",
+        claims: vec![DemoClaim {
+            name,
+            class: "mig.tessera.dev",
+            wants,
+            count: 1,
+            share: None,
+        }],
+        hold,
+        ..Phase::default()
+    }
+}
+
+async fn published_slices(api: &FakeApiServer) -> Result<Vec<ResourceSlice>, String> {
+    wait_for("the ResourceSlices", || {
         let s = api.resource_slices();
         let complete = s
             .first()
             .is_some_and(|f| s.len() as i64 == f.spec.pool.resource_slice_count);
         complete.then_some(s)
     })
-    .await?;
-    let profiles: BTreeSet<String> = slices
-        .iter()
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .filter_map(|d| {
-            let a = d.attributes.as_ref()?;
-            if a.get("type")?.string.as_deref() != Some("mig") {
-                return None;
-            }
-            a.get("profile")?.string.clone()
-        })
-        .collect();
+    .await
+}
+
+/// One claim per MIG profile published, prepared and unprepared in turn; or, for a
+/// holding phase, one claim of the smallest profile that fits, held (see
+/// [`mig_claim`]). With `phase.partitions`, the published partitions are compared with
+/// NVML's profiles first.
+#[allow(clippy::too_many_arguments)]
+async fn drive_mig(
+    setup: &PrepareSetup,
+    api: &FakeApiServer,
+    client: kube::Client,
+    paths: &PluginPaths,
+    reg_socket: &Path,
+    phase: &Phase,
+    version: KubeVersion,
+    f: &mut Findings,
+) -> Result<(), String> {
+    let slices = published_slices(api).await?;
+    if let Some(nvml) = &phase.partitions {
+        let json = serde_json::to_value(&slices).map_err(err("the slices as JSON"))?;
+        let c = compare_partitions(&offered_partitions(&json), nvml);
+        f.failures.extend(c.failures);
+        f.notes.extend(c.notes);
+        f.partitions = Some(c.figure);
+    }
+    let profiles = published_profiles(&slices);
     if profiles.is_empty() {
         return Err("no MIG partition published".into());
     }
     for p in profiles {
-        // Claim names and selectors live as long as the process (a CLI's few).
-        let name: &'static str =
-            Box::leak(format!("kit-mig-{}", p.replace(['.', '+'], "-")).into_boxed_str());
-        let wants: &'static str = Box::leak(p.clone().into_boxed_str());
-        let phase = Phase {
-            mode: "mig-profile",
-            claims: vec![DemoClaim {
-                name,
-                class: "mig.tessera.dev",
-                wants,
-                count: 1,
-                share: None,
-            }],
-            keep: false,
-            watch_pod: None,
-        };
+        let one = mig_profile_phase(&p, phase.hold);
         match drive(
             setup,
             api,
             client.clone(),
             paths,
             reg_socket,
-            &phase,
+            &one,
             version,
             f,
         )
         .await
         {
+            Ok(()) if phase.hold => {
+                f.held = Some(p);
+                return Ok(());
+            }
             Ok(()) => {}
             Err(e) if e.contains("cannot be allocated") => {
                 f.notes
                     .push(format!("{p}: does not fit the free slices ({e})"));
             }
+            Err(e) if phase.hold => return Err(format!("{p}: {e}")),
             Err(e) => f.failures.push(format!("{p}: {e}")),
         }
+    }
+    if phase.hold {
+        return Err("no MIG profile published fits the free slices".into());
     }
     Ok(())
 }
@@ -340,6 +446,28 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
+/// The MIG phases' node config rules that keep every GPU whose MIG mode is off
+/// `exclusive`: in `mig` mode the plugin would switch MIG on for a MIG claim allocated
+/// there (dynamic MIG on Hopper and later), and the kit changes MIG mode only through
+/// `--allow-mig-changes`, which switches it on first. Reads only.
+fn mig_off_rules(setup: &PrepareSetup) -> Result<String, String> {
+    let (backend, _) =
+        tessera::node::open_backend(&setup.backend, &setup.backend_paths, StateAccess::ReadOnly)
+            .map_err(err("the backend"))?;
+    let inv = backend.discover().map_err(err("discovery"))?;
+    let off: Vec<String> = inv
+        .gpus
+        .iter()
+        .filter(|g| !g.mig_enabled)
+        .map(|g| format!("- match: {{uuid: {}}}\n  mode: exclusive\n", g.uuid))
+        .collect();
+    Ok(if off.is_empty() {
+        String::new()
+    } else {
+        format!("gpus:\n{}", off.concat())
+    })
+}
+
 async fn run_phase(
     setup: &PrepareSetup,
     dir: &Path,
@@ -348,14 +476,14 @@ async fn run_phase(
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(err("work dir"))?;
     let config = dir.join("node-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndefaultMode: {}\n",
-            phase.mode
-        ),
-    )
-    .map_err(err("node config"))?;
+    let mut text = format!(
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndefaultMode: {}\n",
+        phase.mode
+    );
+    if phase.mode == "mig" {
+        text += &mig_off_rules(setup)?;
+    }
+    std::fs::write(&config, text).map_err(err("node config"))?;
     let model = load_node(
         &setup.backend,
         Some(&config),
@@ -410,7 +538,7 @@ async fn run_phase(
         let _ = stop_rx.await;
     }));
     let result = if phase.mode == "mig" {
-        drive_mig(setup, &api, client, &paths, &reg_socket, version, f).await
+        drive_mig(setup, &api, client, &paths, &reg_socket, phase, version, f).await
     } else {
         drive(setup, &api, client, &paths, &reg_socket, phase, version, f).await
     };
@@ -511,6 +639,7 @@ async fn drive(
         });
     }
     let resp = dra.prepare_v1(&kclaims).await.map_err(err("prepare"))?;
+    let mut held_lines = Vec::new();
     for kc in &kclaims {
         let Some(r) = resp.claims.get(&kc.uid) else {
             f.failures
@@ -530,6 +659,24 @@ async fn drive(
             .cdi_dir
             .join(format!("tessera.dev-gpu-{}.json", kc.uid));
         check_spec(setup, &spec, &kc.name, f);
+        if phase.hold {
+            held_lines.push(format!("spec {}", spec.display()));
+            match spec_mig_uuid(&spec) {
+                Some(uuid) => held_lines.push(format!("mig-uuid {uuid}")),
+                None => f.failures.push(format!(
+                    "{}: its spec names no MIG device UUID (TESSERA_MIG_UUID_*)",
+                    kc.name
+                )),
+            }
+            let memory = slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .find(|d| devices.contains(&d.name.as_str()))
+                .and_then(device_memory);
+            if let Some(bytes) = memory {
+                held_lines.push(format!("memory-mib {}", bytes >> 20));
+            }
+        }
         f.kept.push(spec);
         let claim_dir = tessera::prepare::claim_files::claim_dir(&paths.run_dir, &kc.uid);
         if let Ok(limits) = std::fs::read_to_string(claim_dir.join(tessera_abi::LIMITS_FILE)) {
@@ -540,7 +687,10 @@ async fn drive(
             ));
         }
     }
-    if phase.watch_pod.is_some() {
+    if phase.watch_pod.is_some() || (phase.hold && !held_lines.is_empty()) {
+        for l in &held_lines {
+            println!("{l}");
+        }
         println!("ready");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
@@ -573,6 +723,18 @@ async fn drive(
         }
     }
     Ok(())
+}
+
+/// The MIG device UUID a claim's spec gives its container (`TESSERA_MIG_UUID_*`), if
+/// any.
+fn spec_mig_uuid(spec: &Path) -> Option<String> {
+    let json: Value = serde_json::from_slice(&std::fs::read(spec).ok()?).ok()?;
+    json["devices"]
+        .as_array()?
+        .iter()
+        .flat_map(|d| d["containerEdits"]["env"].as_array().into_iter().flatten())
+        .filter_map(|e| e.as_str()?.strip_prefix("TESSERA_MIG_UUID_"))
+        .find_map(|e| e.split_once('=').map(|(_, uuid)| uuid.to_string()))
 }
 
 /// Checks one claim's spec: it validates, and every host path it names exists.
