@@ -190,13 +190,15 @@ pub async fn run(
     }
     let (devices_tx, devices_rx) =
         watch::channel(health_watcher.device_list(crate::clock::unix_secs() as i64));
+    let devices_rx_for_status = devices_rx.clone();
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
     health.set_scraper(Box::new(move || {
         crate::telemetry::metrics::render(&crate::prepare::snapshot::gather(&scrape_state, &node))
     }));
 
     let dra_path = dra_socket_path(&opts);
-    let driver = Driver::new(state.clone(), client.clone());
+    let (status_queue, status_queue_rx) = crate::claim_status::reporter::queue();
+    let driver = Driver::new(state.clone(), client.clone()).reporting_to(status_queue);
     services.spawn(
         "DRA gRPC server",
         serve_dra(listen(&dra_path)?, driver, devices_rx, stop.clone()),
@@ -257,6 +259,18 @@ pub async fn run(
             watchdog(&opts, &state, &client).run(stop.clone()),
         );
     }
+    services.spawn_loop(
+        "claim status",
+        crate::claim_status::reporter::Reporter::new(
+            state.clone(),
+            Box::new(crate::claim_status::writer::KubeClaimStatus {
+                client: client.clone(),
+            }),
+            status_queue_rx,
+            devices_rx_for_status,
+        )
+        .run(stop.clone()),
+    );
     services.spawn_loop(
         "stale claim clean-up",
         stale_claim_cleanup(

@@ -223,6 +223,7 @@ def run_example(path, published, more_checks):
         expect(gpus_in_spec == want_gpus, f"claim {cname}: CDI spec's GPU nodes {sorted(gpus_in_spec)}",
                f"want {sorted(want_gpus)}")
         e["nodes"] = nodes
+        check_device_status(ns, cname)
     # Each container: exactly the device nodes of its claims' specs.
     by_container = {}
     for e in claims.values():
@@ -247,6 +248,49 @@ def run_example(path, published, more_checks):
     expect(not left, f"{name}: every claim unprepared after the namespace's deletion (CDI spec, checkpoint)",
            f"still prepared: {left}")
     return "run"
+
+
+def check_device_status(ns, cname):
+    """`kubectl get resourceclaim -o yaml` shows status.devices (KEP-4817): one Ready
+    entry per allocated device, whose data names the GPU's UUID and product and the CDI
+    device IDs, a MIG device created on demand its MIG UUID and placement, a share its
+    budget (the memory and compute its allocation consumed). The YAML is kept in OUT."""
+    def entries():
+        c = kj("-n", ns, "get", "resourceclaim", cname)
+        results = c["status"]["allocation"]["devices"]["results"]
+        got = c["status"].get("devices") or []
+        return (c, results, got) if len(got) >= len(results) else None
+    got = wait(f"{cname} status.devices", entries, timeout=30)
+    if not expect(got, f"claim {cname}: status.devices has an entry per allocated device"):
+        return
+    with open(f"{OUT}/{ns}-{cname}.status.yaml", "w") as f:
+        f.write(k("-n", ns, "get", "resourceclaim", cname, "-o", "yaml"))
+    claim, results, devices = got
+    for r in results:
+        d = next((d for d in devices if (d["driver"], d["pool"], d["device"], d.get("shareID"))
+                  == (r["driver"], r["pool"], r["device"], r.get("shareID"))), None)
+        if not expect(d, f"  {r['device']}: an entry for it", f"{devices}"):
+            continue
+        data = d.get("data") or {}
+        ready = [(c["status"], c["reason"]) for c in d.get("conditions", []) if c["type"] == "Ready"]
+        expect(ready == [("True", "Prepared")], f"  {r['device']}: Ready=True", f"{ready}")
+        expect(data.get("gpuUUID", "").startswith("GPU-") and data.get("productName")
+               and data.get("cdiDeviceIDs"),
+               f"  {r['device']}: data gpuUUID {data.get('gpuUUID')}, {data.get('productName')}, "
+               f"CDI {data.get('cdiDeviceIDs')}", f"{data}")
+        if "-mig-" in r["device"]:
+            mig = data.get("mig") or {}
+            expect(mig.get("uuid", "").startswith("MIG-") and mig.get("createdOnDemand") is True
+                   and "start" in mig.get("placement", {}),
+                   f"  {r['device']}: MIG {mig.get('uuid')} {mig.get('profile')} at {mig.get('placement')}",
+                   f"{mig}")
+        mem = (r.get("consumedCapacity") or {}).get("memory")
+        if mem:
+            budget = data.get("budget") or {}
+            expect(budget.get("memoryBytes") == quantity(mem)
+                   and str(budget.get("computePercent")) == str(r["consumedCapacity"].get("compute")),
+                   f"  {r['device']} share {r.get('shareID')}: budget {budget}",
+                   f"want memory {quantity(mem)}, compute {r['consumedCapacity'].get('compute')}")
 
 
 def prepared(uid):
