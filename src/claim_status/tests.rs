@@ -83,6 +83,7 @@ fn record(state: ClaimState, devices: Vec<PreparedDevice>) -> ClaimRecord {
         devices,
         cdi_spec: None,
         claim_files: false,
+        metadata: false,
         lib_version: None,
         pods: vec![],
         started_at: 0,

@@ -149,6 +149,7 @@ pub fn open_state(
         run_dir: opts.paths.run_dir.clone(),
         shared_slots: model.config.shared_slots,
         interception_source: opts.interception_lib.clone(),
+        device_metadata: model.config.device_metadata,
     };
     let (state, _recovery) =
         DeviceState::open(cfg, model.gpus.clone(), model.backend.clone(), cdi)?;
@@ -196,6 +197,10 @@ pub async fn run(
         crate::telemetry::metrics::render(&crate::prepare::snapshot::gather(&scrape_state, &node))
     }));
 
+    // The pool to publish, followed by the state from before the first prepare (the
+    // devices' attributes in their metadata files).
+    let (slices_tx, slices_rx) = watch::channel(health_watcher.pool());
+    state.follow_published(slices_rx.clone());
     let dra_path = dra_socket_path(&opts);
     let (status_queue, status_queue_rx) = crate::claim_status::reporter::queue();
     let driver = Driver::new(state.clone(), client.clone()).reporting_to(status_queue);
@@ -225,9 +230,7 @@ pub async fn run(
     info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
     health.set_serving(true);
 
-    let slices = health_watcher.pool();
-    publisher.prevalidate(&slices)?;
-    let (slices_tx, slices_rx) = watch::channel(slices);
+    publisher.prevalidate(&slices_rx.borrow())?;
     services.spawn_loop(
         "device health",
         health_watcher.run(

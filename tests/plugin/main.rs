@@ -8,6 +8,7 @@ mod claim_status;
 mod crash;
 mod demo;
 mod device_health;
+mod device_metadata;
 mod doctor;
 mod grpc_authority;
 mod metrics;
