@@ -409,6 +409,10 @@ def shared_gpu_checks(ns, docs, claims):
         return
     reserved = sorted(r["name"] for r in kj("-n", ns, "get", "resourceclaim", "two-pods")["status"]["reservedFor"])
     expect(reserved == ["user-a", "user-b"], f"  reserved for {reserved}")
+    # A claim the pods name (the examples' are all from templates): its status.devices,
+    # and each pod's metadata file under resourceclaims/two-pods/.
+    check_device_status(ns, "two-pods")
+    check_device_metadata(ns, "two-pods", [(p, "main", None, [None]) for p in ("user-a", "user-b")])
     # user-a holds 5 GiB in a process that stays; user-b sees it gone from the budget and
     # may take what is left (its free memory), not more. (A context is charged too: the
     # library counts each process's context as a real one takes, so "left" is less than
