@@ -631,6 +631,7 @@ fn mig_prepare(size: &Size) {
         run_dir: root.path().join("run"),
         shared_slots: 4,
         interception_source: None,
+        device_metadata: false,
     };
     let cdi = CdiContext {
         host_dev_root: PathBuf::from("/"),

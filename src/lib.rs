@@ -3,6 +3,7 @@
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod claim_status;
 pub mod clock;
 pub mod compute;
 pub mod config;

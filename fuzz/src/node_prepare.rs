@@ -132,6 +132,7 @@ fn build_world() -> World {
         run_dir: root.join("run"),
         shared_slots: f.config.shared_slots,
         interception_source: Some(fake_library(&root.join("lib-src"))),
+        device_metadata: false,
     };
     // Specs name the run dir as the host sees it: here, this temp dir's.
     let cdi = tessera::prepare::cdi_spec::CdiContext {

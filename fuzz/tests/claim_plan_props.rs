@@ -148,6 +148,7 @@ fn open_state(dir: &std::path::Path) -> DeviceState {
         run_dir: dir.join("run"),
         shared_slots: f.config.shared_slots,
         interception_source: None,
+        device_metadata: false,
     };
     let mut cdi = f.cdi.clone();
     cdi.interception = None;

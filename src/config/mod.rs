@@ -155,6 +155,11 @@ pub struct NodeConfig {
     /// What device health events do; absent: the defaults of [`HealthConfig`].
     #[serde(default, skip_serializing_if = "HealthConfig::is_default")]
     pub health: HealthConfig,
+    /// Write KEP-5304 device metadata files at prepare and mount them into the
+    /// containers (`src/prepare/device_metadata.rs`); off unless set, as in the Go
+    /// helper library (the shipped configs set it).
+    #[serde(default)]
+    pub device_metadata: bool,
 }
 
 impl Default for NodeConfig {
@@ -168,6 +173,7 @@ impl Default for NodeConfig {
             shared_slots: default_shared_slots(),
             default_mode: None,
             health: HealthConfig::default(),
+            device_metadata: false,
         }
     }
 }

@@ -22,21 +22,36 @@ use crate::publish::slices::ServerFeatures;
 /// The shipped RBAC manifest: its ClusterRole is what the plugin needs.
 const RBAC_MANIFEST: &str = include_str!("../../deploy/base/rbac.yaml");
 
-/// One permission: `verb` on `group`/`resource`, cluster-wide.
+/// One permission: `verb` on `group`/`resource` (`resource/subresource` for a
+/// subresource), cluster-wide, on the object `name` where the rule names one
+/// (`resourceNames`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Access {
     pub group: String,
     pub resource: String,
     pub verb: String,
+    pub name: Option<String>,
 }
 
 impl std::fmt::Display for Access {
+    /// `verb resource[.group][/subresource][ (name)]`, e.g.
+    /// `update resourceclaims.resource.k8s.io/status`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.group.is_empty() {
-            write!(f, "{} {}", self.verb, self.resource)
-        } else {
-            write!(f, "{} {}.{}", self.verb, self.resource, self.group)
+        let (resource, sub) = match self.resource.split_once('/') {
+            Some((r, s)) => (r, Some(s)),
+            None => (self.resource.as_str(), None),
+        };
+        write!(f, "{} {resource}", self.verb)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
         }
+        if let Some(sub) = sub {
+            write!(f, "/{sub}")?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " ({name})")?;
+        }
+        Ok(())
     }
 }
 
@@ -52,6 +67,8 @@ pub fn cluster_role_access(manifest: &str) -> Result<Vec<Access>, String> {
         api_groups: Vec<String>,
         resources: Vec<String>,
         verbs: Vec<String>,
+        #[serde(rename = "resourceNames", default)]
+        resource_names: Vec<String>,
     }
     #[derive(Deserialize)]
     struct Doc {
@@ -69,11 +86,19 @@ pub fn cluster_role_access(manifest: &str) -> Result<Vec<Access>, String> {
             for g in &r.api_groups {
                 for res in &r.resources {
                     for v in &r.verbs {
-                        out.push(Access {
-                            group: g.clone(),
-                            resource: res.clone(),
-                            verb: v.clone(),
-                        });
+                        let names = if r.resource_names.is_empty() {
+                            vec![None]
+                        } else {
+                            r.resource_names.iter().cloned().map(Some).collect()
+                        };
+                        for name in names {
+                            out.push(Access {
+                                group: g.clone(),
+                                resource: res.clone(),
+                                verb: v.clone(),
+                                name,
+                            });
+                        }
                     }
                 }
             }
@@ -180,11 +205,17 @@ pub async fn gather(input: &DoctorInput) -> SeenApi {
 /// One SelfSubjectAccessReview: may this identity `a.verb` `a.resource` cluster-wide?
 async fn review(client: &kube::Client, a: &Access) -> Review {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let (resource, subresource) = match a.resource.split_once('/') {
+        Some((r, s)) => (r.to_string(), Some(s.to_string())),
+        None => (a.resource.clone(), None),
+    };
     let req = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 group: Some(a.group.clone()),
-                resource: Some(a.resource.clone()),
+                resource: Some(resource),
+                subresource,
+                name: a.name.clone(),
                 verb: Some(a.verb.clone()),
                 ..Default::default()
             }),
@@ -333,6 +364,13 @@ mod tests {
         assert!(names.contains(&"get nodes".to_string()), "{names:?}");
         assert!(names.contains(&"watch resourceslices.resource.k8s.io".to_string()));
         assert!(names.contains(&"patch events.events.k8s.io".to_string()));
-        assert_eq!(names.len(), 12, "{names:?}");
+        assert!(names.contains(&"update resourceclaims.resource.k8s.io/status".to_string()));
+        assert!(
+            names.contains(
+                &"associated-node:update resourceclaims.resource.k8s.io/driver (gpu.tessera.dev)"
+                    .to_string()
+            )
+        );
+        assert_eq!(names.len(), 14, "{names:?}");
     }
 }

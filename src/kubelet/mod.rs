@@ -16,6 +16,8 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::claim_status::reporter::StatusQueue;
+use crate::claim_status::writer::ClaimKey;
 use crate::kubelet::proto::{dra_v1, dra_v1beta1, registration};
 use crate::prepare::checkpoint::PreparedDevice;
 use crate::prepare::state::DeviceState;
@@ -87,11 +89,34 @@ pub struct ClaimRef {
 pub struct Driver {
     state: Arc<DeviceState>,
     client: kube::Client,
+    /// Where prepared and unprepared claims are reported for their `status.devices`.
+    status: Option<StatusQueue>,
 }
 
 impl Driver {
     pub fn new(state: Arc<DeviceState>, client: kube::Client) -> Self {
-        Driver { state, client }
+        Driver {
+            state,
+            client,
+            status: None,
+        }
+    }
+
+    /// Reports each claim prepared or unprepared to `queue` (the `status.devices`
+    /// reporter), after answering it: the status write never fails a prepare.
+    pub fn reporting_to(mut self, queue: StatusQueue) -> Self {
+        self.status = Some(queue);
+        self
+    }
+
+    fn report(&self, c: &ClaimRef) {
+        if let Some(q) = &self.status {
+            q.claim_changed(ClaimKey {
+                uid: c.uid.clone(),
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+            });
+        }
     }
 
     /// GETs the claim the kubelet names and checks it is the one with its UID. A
@@ -158,6 +183,7 @@ impl Driver {
                         let names: Vec<&str> =
                             devs.iter().map(|d| d.device_name.as_str()).collect();
                         info!(devices = ?names, "prepared");
+                        self.report(&c);
                     }
                     Err(e) => warn!(error = %e, "prepare failed"),
                 }
@@ -185,7 +211,10 @@ impl Driver {
                 })
                 .and_then(|r| r.map_err(|e| e.chain()));
             match &r {
-                Ok(()) => info!(claim = %c.uid, "unprepared"),
+                Ok(()) => {
+                    info!(claim = %c.uid, "unprepared");
+                    self.report(&c);
+                }
                 Err(e) => warn!(claim = %c.uid, error = %e, "unprepare failed"),
             }
             out.insert(c.uid, r);

@@ -149,6 +149,7 @@ pub fn open_state(
         run_dir: opts.paths.run_dir.clone(),
         shared_slots: model.config.shared_slots,
         interception_source: opts.interception_lib.clone(),
+        device_metadata: model.config.device_metadata,
     };
     let (state, _recovery) =
         DeviceState::open(cfg, model.gpus.clone(), model.backend.clone(), cdi)?;
@@ -190,13 +191,19 @@ pub async fn run(
     }
     let (devices_tx, devices_rx) =
         watch::channel(health_watcher.device_list(crate::clock::unix_secs() as i64));
+    let devices_rx_for_status = devices_rx.clone();
     let (scrape_state, node) = (state.clone(), opts.node_name.clone());
     health.set_scraper(Box::new(move || {
         crate::telemetry::metrics::render(&crate::prepare::snapshot::gather(&scrape_state, &node))
     }));
 
+    // The pool to publish, followed by the state from before the first prepare (the
+    // devices' attributes in their metadata files).
+    let (slices_tx, slices_rx) = watch::channel(health_watcher.pool());
+    state.follow_published(slices_rx.clone());
     let dra_path = dra_socket_path(&opts);
-    let driver = Driver::new(state.clone(), client.clone());
+    let (status_queue, status_queue_rx) = crate::claim_status::reporter::queue();
+    let driver = Driver::new(state.clone(), client.clone()).reporting_to(status_queue);
     services.spawn(
         "DRA gRPC server",
         serve_dra(listen(&dra_path)?, driver, devices_rx, stop.clone()),
@@ -223,9 +230,7 @@ pub async fn run(
     info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
     health.set_serving(true);
 
-    let slices = health_watcher.pool();
-    publisher.prevalidate(&slices)?;
-    let (slices_tx, slices_rx) = watch::channel(slices);
+    publisher.prevalidate(&slices_rx.borrow())?;
     services.spawn_loop(
         "device health",
         health_watcher.run(
@@ -257,6 +262,18 @@ pub async fn run(
             watchdog(&opts, &state, &client).run(stop.clone()),
         );
     }
+    services.spawn_loop(
+        "claim status",
+        crate::claim_status::reporter::Reporter::new(
+            state.clone(),
+            Box::new(crate::claim_status::writer::KubeClaimStatus {
+                client: client.clone(),
+            }),
+            status_queue_rx,
+            devices_rx_for_status,
+        )
+        .run(stop.clone()),
+    );
     services.spawn_loop(
         "stale claim clean-up",
         stale_claim_cleanup(

@@ -95,6 +95,10 @@ pub struct ClaimRecord {
     /// Whether the claim owns `<run-dir>/claims/<uid>/` (recorded before it is created).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub claim_files: bool,
+    /// Whether the claim owns `<run-dir>/metadata/<uid>/`, its device metadata files
+    /// (recorded before they are created).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metadata: bool,
     /// The interception library version the claim's spec mounts (kept while referenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lib_version: Option<String>,
@@ -282,6 +286,7 @@ mod tests {
             devices: vec![],
             cdi_spec: Some("tessera.dev-gpu-u1.json".into()),
             claim_files: false,
+            metadata: false,
             lib_version: None,
             pods: Vec::new(),
             started_at: 1,

@@ -10,11 +10,13 @@ pub const FAIL_POINTS: &[&str] = &[
     "prepare-after-started",
     "prepare-after-mig-create",
     "prepare-after-claim-files",
+    "prepare-after-metadata",
     "prepare-after-cdi-write",
     "prepare-before-completed",
     "unprepare-after-mig-destroy",
     "unprepare-after-cdi-remove",
     "unprepare-after-claim-files-remove",
+    "unprepare-after-metadata-remove",
 ];
 
 /// The set of armed fail points; empty in production.

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim, ResourceSlice};
 use tessera_cdi::{SpecWriter, WriteError};
 use tracing::{info, warn};
 
@@ -63,6 +63,9 @@ pub struct StateConfig {
     /// Where the interception library is installed from, to reinstall a version that
     /// disappeared (an overlapping plugin instance's clean-up during a rolling update).
     pub interception_source: Option<PathBuf>,
+    /// Write KEP-5304 device metadata files and mount them (node config
+    /// `deviceMetadata`).
+    pub device_metadata: bool,
 }
 
 /// Start-up policy for MIG instances the checkpoint does not account for.
@@ -96,6 +99,8 @@ pub enum PrepareError {
     LibraryGc(#[source] std::io::Error),
     #[error(transparent)]
     Library(#[from] crate::prepare::library::InstallError),
+    #[error(transparent)]
+    Metadata(#[from] crate::prepare::device_metadata::MetadataError),
     #[error("taking the node lock {path} failed")]
     Lock {
         path: PathBuf,
@@ -116,6 +121,7 @@ impl PrepareError {
             PrepareError::LibraryGc(_) => "library",
             PrepareError::Library(_) => "library",
             PrepareError::Lock { .. } => "lock",
+            PrepareError::Metadata(_) => "metadata",
         }
     }
 
@@ -143,6 +149,9 @@ pub struct DeviceState {
     /// minor, GI ID), whose processes are listed and logged once the lock is released
     /// (no NVML call under the lock).
     busy_mig: Mutex<Vec<(String, u32, u32)>>,
+    /// The pool as last published, once the plugin follows it: the devices' attributes
+    /// for their metadata files.
+    published: std::sync::OnceLock<tokio::sync::watch::Receiver<Vec<ResourceSlice>>>,
 }
 
 /// A claim unprepared by this process, remembered for [`RECENT_UNPREPARED`] entries.
@@ -192,6 +201,7 @@ impl DeviceState {
             library: Mutex::new(None),
             unprepared: Mutex::new(std::collections::VecDeque::new()),
             busy_mig: Mutex::new(Vec::new()),
+            published: std::sync::OnceLock::new(),
         };
         let recovery = state.recover();
         state.log_mig_holders();
@@ -201,6 +211,51 @@ impl DeviceState {
 
     pub fn config(&self) -> &StateConfig {
         &self.cfg
+    }
+
+    /// From now on, devices' metadata files carry the attributes of the pool `slices`
+    /// holds (the last published). Only the first call counts.
+    pub fn follow_published(&self, slices: tokio::sync::watch::Receiver<Vec<ResourceSlice>>) {
+        let _ = self.published.set(slices);
+    }
+
+    /// A prepared device's attributes for its metadata file: those its ResourceSlice
+    /// publishes, plus `uuid` (`MIG-…`) for a MIG device; without a published pool (or
+    /// a device missing from it), the GPU's `uuid` and `productName` (and `parentUUID`
+    /// for a MIG device).
+    fn device_attributes(
+        &self,
+        d: &PreparedDevice,
+    ) -> std::collections::BTreeMap<String, DeviceAttribute> {
+        let string = |s: &str| DeviceAttribute {
+            string: Some(s.to_string()),
+            ..Default::default()
+        };
+        let published = self.published.get().and_then(|rx| {
+            rx.borrow()
+                .iter()
+                .filter(|s| s.spec.driver == self.cfg.driver && s.spec.pool.name == self.cfg.pool)
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .find(|dev| dev.name == d.device_name)
+                .map(|dev| dev.attributes.clone().unwrap_or_default())
+        });
+        let mut attrs = published.unwrap_or_else(|| {
+            let mut a = std::collections::BTreeMap::new();
+            if let Some(g) = self.gpus.iter().find(|g| g.gpu.uuid == d.gpu_uuid) {
+                a.insert("productName".to_string(), string(&g.gpu.product_name));
+            }
+            let key = if d.mig.is_some() {
+                "parentUUID"
+            } else {
+                "uuid"
+            };
+            a.insert(key.to_string(), string(&d.gpu_uuid));
+            a
+        });
+        if let Some(uuid) = d.mig.as_ref().and_then(|m| m.uuid.as_deref()) {
+            attrs.insert("uuid".to_string(), string(uuid));
+        }
+        attrs
     }
 
     /// The GPUs this state manages.
@@ -322,6 +377,8 @@ impl DeviceState {
         let names = cdi_spec::spec_file_names(uid).map_err(PrepareError::Cdi)?;
         tessera_cdi::render_spec(&spec, cdi_spec::VERSION_POLICY, names.file_name())
             .map_err(PrepareError::Cdi)?;
+        let identity = crate::prepare::device_metadata::ClaimIdentity::of(claim, uid);
+        let metadata = self.cfg.device_metadata;
         let claim_files = if shared {
             Some(
                 crate::prepare::claim_files::render(&plan)
@@ -354,6 +411,12 @@ impl DeviceState {
                 budget: d.budget,
             })
             .collect();
+        if metadata {
+            // Refuse names that cannot be paths before recording anything.
+            crate::prepare::device_metadata::render(&self.cfg.driver, &identity, &devices, &|d| {
+                self.device_attributes(d)
+            })?;
+        }
         cp.claims.insert(
             uid.to_string(),
             ClaimRecord {
@@ -363,6 +426,7 @@ impl DeviceState {
                 devices: devices.clone(),
                 cdi_spec: Some(names.file_name().to_string()),
                 claim_files: shared,
+                metadata,
                 // Every spec rendered with the library mounts its version (the
                 // soname shims and the library directory: `cdi_spec::driver_mounts`),
                 // whole-GPU ones included, so every such claim keeps it installed.
@@ -382,7 +446,22 @@ impl DeviceState {
                 info!(claim = uid, dir = %dir.display(), budgets = ?plan.budgets_by_uuid(), "wrote claim files");
                 self.cfg.fail_points.hit("prepare-after-claim-files");
             }
-            let spec = cdi_spec::render_claim_spec(&plan, &cdi, &caps).map_err(ClaimError::Cdi)?;
+            let mut spec =
+                cdi_spec::render_claim_spec(&plan, &cdi, &caps).map_err(ClaimError::Cdi)?;
+            if metadata {
+                use crate::prepare::device_metadata as dm;
+                let devices = cp
+                    .claims
+                    .get(uid)
+                    .map(|r| r.devices.clone())
+                    .unwrap_or_default();
+                let files = dm::render(&self.cfg.driver, &identity, &devices, &|d| {
+                    self.device_attributes(d)
+                })?;
+                dm::create(&self.cfg.run_dir, uid, &self.cfg.driver, &files)?;
+                self.cfg.fail_points.hit("prepare-after-metadata");
+                dm::add_mounts(&mut spec, &files, &self.cfg.driver, &cdi.host_run_dir, uid);
+            }
             self.writer
                 .write(&names, &spec, cdi_spec::VERSION_POLICY)
                 .map_err(PrepareError::Cdi)?;
@@ -451,6 +530,10 @@ impl DeviceState {
             self.cfg
                 .fail_points
                 .hit("unprepare-after-claim-files-remove");
+        }
+        if rec.metadata {
+            crate::prepare::device_metadata::remove(&self.cfg.run_dir, uid)?;
+            self.cfg.fail_points.hit("unprepare-after-metadata-remove");
         }
         cp.claims.remove(uid);
         self.release_mig_mode(&mut cp)?;

@@ -683,6 +683,7 @@ mod tests {
             devices: vec![device.clone()],
             cdi_spec: None,
             claim_files: false,
+            metadata: false,
             lib_version: None,
             pods: vec![PodRef {
                 name: "p".into(),

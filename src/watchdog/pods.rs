@@ -392,6 +392,7 @@ mod tests {
             devices: vec![],
             cdi_spec: None,
             claim_files: false,
+            metadata: false,
             lib_version: None,
             pods: vec![],
             started_at: 0,

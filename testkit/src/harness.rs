@@ -226,6 +226,8 @@ impl Harness {
     pub async fn with_config(config: FakeApiConfig) -> Self {
         let api = FakeApiServer::start(config).await.unwrap();
         api.add_node(NODE);
+        // The plugin's token is bound to its pod on NODE.
+        api.set_caller_node(NODE);
         let dir = tempfile::tempdir().unwrap();
         make_driver_root(dir.path());
         let opts = options(dir.path());
@@ -302,7 +304,12 @@ impl Harness {
         claim.status = None;
         let api = self.claims();
         let mut created = api.create(&PostParams::default(), &claim).await.unwrap();
-        created.status = Some(b.status());
+        let mut status = b.status();
+        // As the scheduler allocates node-local devices: to this node by name.
+        if let Some(a) = status.allocation.as_mut() {
+            a.node_selector.get_or_insert_with(|| node_selector(NODE));
+        }
+        created.status = Some(status);
         let stored = api
             .replace_status(name, &PostParams::default(), &created)
             .await
@@ -513,4 +520,20 @@ pub fn allocated_claim_object(uid: &str, request: &str, device: &str) -> Resourc
         .uid(uid)
         .device(request, NODE, device)
         .build()
+}
+
+/// The node selector the scheduler sets on an allocation of node-local devices:
+/// `metadata.name In [node]`.
+pub fn node_selector(node: &str) -> k8s_openapi::api::core::v1::NodeSelector {
+    use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+    NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".into(),
+                operator: "In".into(),
+                values: Some(vec![node.into()]),
+            }]),
+            match_expressions: None,
+        }],
+    }
 }

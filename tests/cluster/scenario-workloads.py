@@ -206,8 +206,12 @@ def run_example(path, published, more_checks):
             claim = kj("-n", ns, "get", "resourceclaim", cname)
             entry = claims.setdefault(cname, {"claim": claim, "key": key, "containers": []})
             for c in pod["spec"]["containers"]:
-                if any(x["name"] == rc["name"] for x in c.get("resources", {}).get("claims", [])):
+                uses = [x for x in c.get("resources", {}).get("claims", []) if x["name"] == rc["name"]]
+                if uses:
                     entry["containers"].append((p, c["name"]))
+                    entry.setdefault("metadata", []).append(
+                        (p, c["name"], rc["name"] if rc.get("resourceClaimTemplateName") else None,
+                         [x.get("request") for x in uses]))
     for cname, e in sorted(claims.items()):
         claim = e["claim"]
         devs = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
@@ -223,6 +227,8 @@ def run_example(path, published, more_checks):
         expect(gpus_in_spec == want_gpus, f"claim {cname}: CDI spec's GPU nodes {sorted(gpus_in_spec)}",
                f"want {sorted(want_gpus)}")
         e["nodes"] = nodes
+        check_device_status(ns, cname)
+        check_device_metadata(ns, cname, e.get("metadata", []))
     # Each container: exactly the device nodes of its claims' specs.
     by_container = {}
     for e in claims.values():
@@ -247,6 +253,99 @@ def run_example(path, published, more_checks):
     expect(not left, f"{name}: every claim unprepared after the namespace's deletion (CDI spec, checkpoint)",
            f"still prepared: {left}")
     return "run"
+
+
+def check_device_status(ns, cname):
+    """`kubectl get resourceclaim -o yaml` shows status.devices (KEP-4817): one Ready
+    entry per allocated device, whose data names the GPU's UUID and product and the CDI
+    device IDs, a MIG device created on demand its MIG UUID and placement, a share its
+    budget (the memory and compute its allocation consumed). The YAML is kept in OUT."""
+    def entries():
+        c = kj("-n", ns, "get", "resourceclaim", cname)
+        results = c["status"]["allocation"]["devices"]["results"]
+        got = c["status"].get("devices") or []
+        return (c, results, got) if len(got) >= len(results) else None
+    got = wait(f"{cname} status.devices", entries, timeout=30)
+    if not expect(got, f"claim {cname}: status.devices has an entry per allocated device"):
+        return
+    with open(f"{OUT}/{ns}-{cname}.status.yaml", "w") as f:
+        f.write(k("-n", ns, "get", "resourceclaim", cname, "-o", "yaml"))
+    claim, results, devices = got
+    for r in results:
+        d = next((d for d in devices if (d["driver"], d["pool"], d["device"], d.get("shareID"))
+                  == (r["driver"], r["pool"], r["device"], r.get("shareID"))), None)
+        if not expect(d, f"  {r['device']}: an entry for it", f"{devices}"):
+            continue
+        data = d.get("data") or {}
+        ready = [(c["status"], c["reason"]) for c in d.get("conditions", []) if c["type"] == "Ready"]
+        expect(ready == [("True", "Prepared")], f"  {r['device']}: Ready=True", f"{ready}")
+        expect(data.get("gpuUUID", "").startswith("GPU-") and data.get("productName")
+               and data.get("cdiDeviceIDs"),
+               f"  {r['device']}: data gpuUUID {data.get('gpuUUID')}, {data.get('productName')}, "
+               f"CDI {data.get('cdiDeviceIDs')}", f"{data}")
+        if "-mig-" in r["device"]:
+            mig = data.get("mig") or {}
+            expect(mig.get("uuid", "").startswith("MIG-") and mig.get("createdOnDemand") is True
+                   and "start" in mig.get("placement", {}),
+                   f"  {r['device']}: MIG {mig.get('uuid')} {mig.get('profile')} at {mig.get('placement')}",
+                   f"{mig}")
+        mem = (r.get("consumedCapacity") or {}).get("memory")
+        if mem:
+            budget = data.get("budget") or {}
+            expect(budget.get("memoryBytes") == quantity(mem)
+                   and str(budget.get("computePercent")) == str(r["consumedCapacity"].get("compute")),
+                   f"  {r['device']} share {r.get('shareID')}: budget {budget}",
+                   f"want memory {quantity(mem)}, compute {r['consumedCapacity'].get('compute')}")
+
+
+METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+METADATA_KEPT = []
+
+
+def check_device_metadata(ns, cname, uses):
+    """KEP-5304: each container reads, per request of the claim it uses, its device
+    metadata file (resourceclaims/<claim>/... for a claim the pod names,
+    resourceclaimtemplates/<pod claim name>/... for a template's), whose newest object
+    (metadata.resource.k8s.io/v1beta1) lists the request's devices with their
+    attributes: uuid the GPU's UUID (a MIG device's own MIG UUID, parentUUID its GPU's),
+    as status.devices says."""
+    claim = kj("-n", ns, "get", "resourceclaim", cname)
+    results = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "gpu.tessera.dev"]
+    status = {(d["pool"], d["device"], d.get("shareID")): d.get("data") or {}
+              for d in claim["status"].get("devices") or [] if d["driver"] == "gpu.tessera.dev"}
+    for pod, container, pod_claim, requests in uses:
+        wanted = sorted({r["request"].split("/")[0] for r in results
+                         if None in requests or r["request"].split("/")[0] in requests})
+        for req in wanted:
+            base = f"resourceclaimtemplates/{pod_claim}" if pod_claim else f"resourceclaims/{cname}"
+            path = f"{METADATA_DIR}/{base}/{req}/gpu.tessera.dev-metadata.json"
+            r = lib.run_kubectl(["-n", ns, "exec", pod, "-c", container, "--", "cat", path])
+            try:
+                doc, _ = json.JSONDecoder().raw_decode(r.stdout)
+            except ValueError:
+                fail(f"{pod}/{container}: reads {path}: {r.stdout[:200]} {r.stderr.strip()[:200]}")
+                continue
+            if len(METADATA_KEPT) < 2 and (pod_claim is None) not in [k for k, _ in METADATA_KEPT]:
+                METADATA_KEPT.append((pod_claim is None, path))
+                with open(f"{OUT}/{ns}-{pod}-{container}-{req}.metadata.json", "w") as f:
+                    f.write(r.stdout)
+            devices = {d["name"]: d for q in doc.get("requests", []) for d in q.get("devices", [])}
+            mine = [x for x in results if x["request"].split("/")[0] == req]
+            ok_uuid = True
+            for x in mine:
+                attrs = (devices.get(x["device"]) or {}).get("attributes") or {}
+                data = status.get((x["pool"], x["device"], x.get("shareID")), {})
+                want = (data.get("mig") or {}).get("uuid") or data.get("gpuUUID")
+                got = (attrs.get("uuid") or {}).get("string")
+                ok_uuid = ok_uuid and want is not None and got == want
+                if data.get("mig"):
+                    ok_uuid = ok_uuid and (attrs.get("parentUUID") or {}).get("string") == data.get("gpuUUID")
+            expect(doc.get("apiVersion") == "metadata.resource.k8s.io/v1beta1"
+                   and doc.get("metadata", {}).get("uid") == claim["metadata"]["uid"]
+                   and sorted(devices) == sorted(x["device"] for x in mine) and ok_uuid,
+                   f"{pod}/{container}: {'template' if pod_claim else 'direct'} claim {cname} request {req}: "
+                   f"{path} lists {sorted(devices)} with their UUIDs",
+                   f"{json.dumps(doc)[:600]}")
 
 
 def prepared(uid):
@@ -310,6 +409,10 @@ def shared_gpu_checks(ns, docs, claims):
         return
     reserved = sorted(r["name"] for r in kj("-n", ns, "get", "resourceclaim", "two-pods")["status"]["reservedFor"])
     expect(reserved == ["user-a", "user-b"], f"  reserved for {reserved}")
+    # A claim the pods name (the examples' are all from templates): its status.devices,
+    # and each pod's metadata file under resourceclaims/two-pods/.
+    check_device_status(ns, "two-pods")
+    check_device_metadata(ns, "two-pods", [(p, "main", None, [None]) for p in ("user-a", "user-b")])
     # user-a holds 5 GiB in a process that stays; user-b sees it gone from the budget and
     # may take what is left (its free memory), not more. (A context is charged too: the
     # library counts each process's context as a real one takes, so "left" is less than
@@ -498,7 +601,8 @@ def main():
     build_image()
     # The examples' `# expect:` lines are planned against the simulated node's own
     # config (gpu-1 `shared`); the installed one (both H100s in `mig` mode) is put back.
-    with simulated_node_config(OUT):
+    # Device metadata files on, as the shipped configs have them.
+    with simulated_node_config(OUT, deviceMetadata=True):
         run_all()
 
 

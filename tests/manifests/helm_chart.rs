@@ -339,8 +339,9 @@ fn helm_template_renders_what_each_mode_asks_for() {
     );
     assert_eq!(
         node_config(&default),
+        // The built-in defaults, with device metadata files on (the shipped configs').
         NodeConfig::from_yaml(
-            "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\n",
+            "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ndeviceMetadata: true\n",
             "defaults"
         )
         .unwrap()

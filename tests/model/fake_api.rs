@@ -516,3 +516,98 @@ async fn enforced_rbac_forbids_and_access_reviews_answer_from_the_same_rules() {
         "{empty:?}"
     );
 }
+
+/// From 1.36 (DRAResourceClaimGranularStatusAuthorization) a change of
+/// `status.devices` also needs, per driver, `associated-node:update` on
+/// `resourceclaims/driver` for a claim allocated to the caller's node (its token's
+/// node) or `arbitrary-node:update` for any claim; a refusal is a 422 naming the
+/// permission. On 1.34 the status update alone suffices. Other status changes are not
+/// affected.
+#[tokio::test]
+async fn device_status_writes_are_authorized_per_driver_and_node() {
+    use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
+    let rules = |extra: &[&str]| {
+        let mut r = vec![
+            (
+                "resource.k8s.io".into(),
+                "resourceclaims".into(),
+                "*".into(),
+            ),
+            (
+                "resource.k8s.io".into(),
+                "resourceclaims/status".into(),
+                "update".into(),
+            ),
+        ];
+        r.extend(extra.iter().map(|v| {
+            (
+                "resource.k8s.io".into(),
+                "resourceclaims/driver".into(),
+                v.to_string(),
+            )
+        }));
+        r
+    };
+    // (version, verbs granted on resourceclaims/driver, allocated node) -> allowed
+    let cases: [(KubeVersion, &[&str], &str, bool); 6] = [
+        (KubeVersion::NEWEST, &["associated-node:update"], "n1", true),
+        (
+            KubeVersion::NEWEST,
+            &["associated-node:update"],
+            "n2",
+            false,
+        ),
+        (KubeVersion::NEWEST, &["arbitrary-node:update"], "n2", true),
+        (KubeVersion::NEWEST, &[], "n1", false),
+        (KubeVersion::OLDEST, &[], "n1", true),
+        (KubeVersion::OLDEST, &[], "n2", true),
+    ];
+    for (version, verbs, node, allowed) in cases {
+        let s = FakeApiServer::start(FakeApiConfig::new(version))
+            .await
+            .unwrap();
+        s.set_caller_node("n1");
+        let api: Api<ResourceClaim> = Api::namespaced(s.client().unwrap(), "default");
+        let b = ClaimBuilder::new("c")
+            .device("gpu", node, "gpu-0")
+            .requests_of_results();
+        let mut claim = b.clone().build();
+        claim.status = None;
+        let mut created = api.create(&PostParams::default(), &claim).await.unwrap();
+        let mut status = b.status();
+        status.allocation.as_mut().unwrap().node_selector =
+            Some(testkit::harness::node_selector(node));
+        created.status = Some(status);
+        let mut stored = api
+            .replace_status("c", &PostParams::default(), &created)
+            .await
+            .unwrap();
+        s.enforce_rbac(rules(verbs));
+        stored.status.as_mut().unwrap().devices = Some(vec![AllocatedDeviceStatus {
+            driver: "gpu.tessera.dev".into(),
+            pool: node.into(),
+            device: "gpu-0".into(),
+            ..Default::default()
+        }]);
+        let r = api
+            .replace_status("c", &PostParams::default(), &stored)
+            .await;
+        let what = format!("{version} {verbs:?} claim on {node}");
+        match (&r, allowed) {
+            (Ok(c), true) => assert_eq!(
+                c.status.as_ref().unwrap().devices.as_ref().unwrap().len(),
+                1,
+                "{what}"
+            ),
+            (Err(kube::Error::Api(e)), false) => {
+                assert_eq!(e.code, 422, "{what}");
+                assert!(
+                    e.message.contains("resourceclaims/driver"),
+                    "{what}: {}",
+                    e.message
+                );
+            }
+            _ => panic!("{what}: {r:?}"),
+        }
+    }
+}

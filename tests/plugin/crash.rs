@@ -59,6 +59,13 @@ const CASES: &[CrashCase] = &[
         device: SHARED_DEVICE,
     },
     CrashCase {
+        point: "prepare-after-metadata",
+        call: Call::Prepare,
+        spec_at_crash: false,
+        state_at_crash: "PrepareStarted",
+        device: MIG_DEVICE,
+    },
+    CrashCase {
         point: "prepare-after-cdi-write",
         call: Call::Prepare,
         spec_at_crash: true,
@@ -93,6 +100,13 @@ const CASES: &[CrashCase] = &[
         state_at_crash: "UnprepareStarted",
         device: SHARED_DEVICE,
     },
+    CrashCase {
+        point: "unprepare-after-metadata-remove",
+        call: Call::Unprepare,
+        spec_at_crash: false,
+        state_at_crash: "UnprepareStarted",
+        device: SHARED_DEVICE,
+    },
 ];
 
 /// Allocates `device` to a new claim: a 10 GiB / 20 % share of the shared GPU, or the
@@ -105,6 +119,35 @@ async fn allocate(h: &Harness, name: &str, device: &str, share: &str) -> Kubelet
         h.allocated_claim(name, &[("gpu", NODE, device, None)], &[])
             .await
     }
+}
+
+/// Starts the real plugin binary on the harness's node with `fail_points` armed, with
+/// the simulated node's own config plus device metadata files on, so that every crash
+/// case also covers the metadata directory.
+async fn start_child(h: &Harness, fail_points: &str) -> ChildPlugin {
+    let config = h.dir.path().join("node-config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: config.tessera.dev/v1alpha1\nkind: NodeConfig\ngpus:\n\
+         - {match: {minor: 0}, mode: mig}\n- {match: {minor: 1}, mode: shared}\n\
+         - {match: {minor: 2}, mode: exclusive}\n- {match: {minor: 3}, mode: exclusive}\n\
+         deviceMetadata: true\n",
+    )
+    .unwrap();
+    ChildPlugin::start_with(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
+        &h.api,
+        h.dir.path(),
+        fail_points,
+        &["--backend".into(), "mock".into()],
+        &[("TESSERA_CONFIG", config.into_os_string())],
+    )
+    .await
+}
+
+/// Entries of `<run-dir>/metadata` (device metadata directories and any leftovers).
+fn metadata_dirs(h: &Harness) -> Vec<String> {
+    harness::list_files(&h.opts.paths.run_dir.join("metadata"))
 }
 
 /// Entries of `<run-dir>/claims` (claim directories and any leftovers).
@@ -224,13 +267,7 @@ async fn terminate(h: &Harness, child: ChildPlugin, when: &str) {
 async fn crash_and_recover(point: &str) {
     let cc = case(point);
     let h = Harness::new().await;
-    let mut child = ChildPlugin::start(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
-        &h.api,
-        h.dir.path(),
-        point,
-    )
-    .await;
+    let mut child = start_child(&h, point).await;
     let c = allocate(&h, "crashing", cc.device, SHARE_A).await;
     crash_at(&h, &mut child, cc, &c).await;
     drop(child);
@@ -243,13 +280,7 @@ async fn crash_and_recover(point: &str) {
     }
 
     // Start-up recovery runs in the fresh process.
-    let child = ChildPlugin::start(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
-        &h.api,
-        h.dir.path(),
-        "",
-    )
-    .await;
+    let child = start_child(&h, "").await;
     let k = h.kubelet().await;
     assert_no_checkpoint_temp(&h, point);
     match cc.call {
@@ -262,6 +293,11 @@ async fn crash_and_recover(point: &str) {
             );
             assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
             assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
+            assert_eq!(
+                metadata_dirs(&h),
+                Vec::<String>::new(),
+                "{point}: metadata dirs"
+            );
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
                 "{point}: recovery rolled the claim back"
@@ -280,6 +316,11 @@ async fn crash_and_recover(point: &str) {
             );
             assert_eq!(live_mig(&h), [], "{point}: no MIG device left");
             assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
+            assert_eq!(
+                metadata_dirs(&h),
+                Vec::<String>::new(),
+                "{point}: metadata dirs"
+            );
             assert!(
                 !h.checkpoint_claims().contains(&c.uid),
                 "{point}: the retried unprepare forgot the claim"
@@ -320,6 +361,11 @@ async fn crash_and_recover(point: &str) {
         "{point}: CDI dir empty"
     );
     assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}: claim dirs");
+    assert_eq!(
+        metadata_dirs(&h),
+        Vec::<String>::new(),
+        "{point}: metadata dirs"
+    );
     assert_eq!(lib_versions(&h).len(), 1, "{point}: one library version");
     assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
     assert_no_checkpoint_temp(&h, point);
@@ -378,34 +424,16 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
         let crashing = allocate(&h, "crashing", cc.device, SHARE_A).await;
 
         // Prepared by an earlier, cleanly stopped plugin.
-        let child = ChildPlugin::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
-            &h.api,
-            h.dir.path(),
-            "",
-        )
-        .await;
+        let child = start_child(&h, "").await;
         let before = prepare_ok(&h.kubelet().await, &done, point).await;
         terminate(&h, child, point).await;
         let spec = std::fs::read(h.spec_path(&done.uid)).unwrap();
 
-        let mut child = ChildPlugin::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
-            &h.api,
-            h.dir.path(),
-            point,
-        )
-        .await;
+        let mut child = start_child(&h, point).await;
         crash_at(&h, &mut child, cc, &crashing).await;
         drop(child);
 
-        let child = ChildPlugin::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tessera")),
-            &h.api,
-            h.dir.path(),
-            "",
-        )
-        .await;
+        let child = start_child(&h, "").await;
         let k = h.kubelet().await;
         assert_eq!(
             std::fs::read(h.spec_path(&done.uid)).ok().as_ref(),
@@ -441,6 +469,11 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
             std::slice::from_ref(&done.uid),
             "{point}: only the completed claim's directory is left"
         );
+        assert_eq!(
+            metadata_dirs(&h),
+            std::slice::from_ref(&done.uid),
+            "{point}: only the completed claim's metadata is left"
+        );
 
         prepare_ok(&k, &crashing, point).await;
         unprepare_ok(&k, &crashing, point).await;
@@ -449,6 +482,11 @@ async fn a_completed_claim_survives_a_crash_of_another_claim() {
         assert_eq!(h.cdi_files(), Vec::<String>::new(), "{point}");
         assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
         assert_eq!(claim_dirs(&h), Vec::<String>::new(), "{point}");
+        assert_eq!(
+            metadata_dirs(&h),
+            Vec::<String>::new(),
+            "{point}: metadata dirs"
+        );
         assert_no_checkpoint_temp(&h, point);
         terminate(&h, child, point).await;
         exercised += 1;

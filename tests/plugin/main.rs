@@ -4,9 +4,11 @@
 //! preparation, crash recovery, health, metrics and the watchdog. One test binary of
 //! modules, so that the suite links a few binaries rather than one per file.
 
+mod claim_status;
 mod crash;
 mod demo;
 mod device_health;
+mod device_metadata;
 mod doctor;
 mod grpc_authority;
 mod metrics;

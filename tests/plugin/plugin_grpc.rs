@@ -532,7 +532,13 @@ async fn plugin_requests_stay_within_its_cluster_role() {
         .requests()
         .iter()
         .filter(|r| r.path != "/version")
-        .map(|r| (r.group.clone(), r.resource.clone(), r.verb.clone()))
+        .map(|r| {
+            let resource = match &r.subresource {
+                Some(sub) => format!("{}/{sub}", r.resource),
+                None => r.resource.clone(),
+            };
+            (r.group.clone(), resource, r.verb.clone())
+        })
         .collect();
     for u in &used {
         assert!(

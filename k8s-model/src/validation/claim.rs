@@ -783,6 +783,66 @@ fn validate_allocation_config(
     errs
 }
 
+/// The drivers whose `status.devices` entries a status update adds, removes or
+/// changes (entries keyed by driver, pool, device and share ID): each needs the
+/// `resourceclaims/driver` permission named for it when
+/// DRAResourceClaimGranularStatusAuthorization is on (`getModifiedDrivers` in
+/// `pkg/registry/resource/utils.go`). Pure and deterministic.
+pub fn device_status_drivers_changed(new: &ResourceClaim, old: &ResourceClaim) -> BTreeSet<String> {
+    let entries = |c: &ResourceClaim| -> BTreeMap<String, AllocatedDeviceStatus> {
+        c.status
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .map(|d| {
+                (
+                    shared_device_id(&d.driver, &d.pool, &d.device, d.share_id.as_deref()),
+                    d.clone(),
+                )
+            })
+            .collect()
+    };
+    let (new, mut old) = (entries(new), entries(old));
+    let mut out = BTreeSet::new();
+    for (k, d) in new {
+        if old.remove(&k).as_ref() != Some(&d) {
+            out.insert(d.driver);
+        }
+    }
+    out.extend(old.into_values().map(|d| d.driver));
+    out
+}
+
+/// The node a claim is allocated to, when its allocation's node selector names exactly
+/// one node by `metadata.name` (one term, one `In` field requirement with one value, no
+/// expressions): what the API server compares with a service account's node for the
+/// `associated-node:` verbs (`nodeNameFromAllocation`). Pure and deterministic.
+pub fn allocated_node(claim: &ResourceClaim) -> Option<String> {
+    let sel = claim
+        .status
+        .as_ref()?
+        .allocation
+        .as_ref()?
+        .node_selector
+        .as_ref()?;
+    let [term] = sel.node_selector_terms.as_slice() else {
+        return None;
+    };
+    if term
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return None;
+    }
+    let [f] = term.match_fields.as_deref()? else {
+        return None;
+    };
+    match f.values.as_deref() {
+        Some([v]) if f.key == "metadata.name" && f.operator == "In" => Some(v.clone()),
+        _ => None,
+    }
+}
+
 fn validate_device_status(
     d: &AllocatedDeviceStatus,
     path: &FieldPath,

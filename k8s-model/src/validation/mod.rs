@@ -19,7 +19,10 @@ pub mod quantity;
 pub mod slice;
 pub mod strategy;
 
-pub use claim::{validate_resource_claim, validate_resource_claim_status};
+pub use claim::{
+    allocated_node, device_status_drivers_changed, validate_resource_claim,
+    validate_resource_claim_status,
+};
 pub use device::{DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH, taint_effects};
 pub use field::{BadValue, FieldError, FieldErrorKind, FieldPath, invalid_status_message};
 pub use pool::{PoolProblem, validate_pool, validate_pool_for};

@@ -14,6 +14,8 @@ pub struct Recovery {
     pub destroyed_mig: Vec<(u32, u32)>,
     /// Claim directories no claim owned (half-made, half-removed or orphaned).
     pub removed_claim_dirs: Vec<String>,
+    /// Device metadata directories no claim owned.
+    pub removed_metadata_dirs: Vec<String>,
     /// Interception library versions no claim referenced.
     pub removed_lib_versions: Vec<String>,
     /// Unfinished claims left "unprepare started" because processes still use their
@@ -98,6 +100,14 @@ impl DeviceState {
             .collect();
         rec.removed_claim_dirs = crate::prepare::claim_files::sweep(&self.cfg.run_dir, &owners)
             .map_err(PrepareError::ClaimFiles)?;
+        let metadata_owners: BTreeSet<String> = cp
+            .claims
+            .iter()
+            .filter(|(_, r)| r.metadata)
+            .map(|(u, _)| u.clone())
+            .collect();
+        rec.removed_metadata_dirs =
+            crate::prepare::device_metadata::sweep(&self.cfg.run_dir, &metadata_owners)?;
         if let Err(e) = self.install_library() {
             let shared = self
                 .gpus
@@ -145,6 +155,9 @@ impl DeviceState {
         if rec.claim_files {
             crate::prepare::claim_files::remove(&self.cfg.run_dir, uid)
                 .map_err(PrepareError::ClaimFiles)?;
+        }
+        if rec.metadata {
+            crate::prepare::device_metadata::remove(&self.cfg.run_dir, uid)?;
         }
         cp.claims.remove(uid);
         self.release_mig_mode(cp)?;

@@ -109,6 +109,9 @@ struct Shared {
     /// The caller's RBAC rules once [`FakeApiServer::enforce_rbac`] was called:
     /// `(apiGroup, resource, verb)`, `*` matching anything. `None`: everything allowed.
     rbac: Mutex<Option<Vec<(String, String, String)>>>,
+    /// The node the caller's service-account token is bound to (the node of the pod it
+    /// was issued for), as the API server reads it for the `associated-node:` verbs.
+    caller_node: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -143,6 +146,7 @@ impl FakeApiServer {
             gates: config.gates,
             faults: Mutex::new(Vec::new()),
             rbac: Mutex::new(None),
+            caller_node: Mutex::new(None),
         });
         let s = shared.clone();
         let task = tokio::spawn(async move {
@@ -231,6 +235,16 @@ impl FakeApiServer {
             .push((verb.into(), resource.into(), code));
     }
 
+    /// Forgets the failures injected with [`FakeApiServer::fail`]: the server answers
+    /// normally again.
+    pub fn clear_faults(&self) {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
     /// From now on authorizes every request as RBAC would for a caller granted exactly
     /// `rules` (`(apiGroup, resource[/subresource], verb)`, `*` a wildcard; e.g. from
     /// [`crate::rbac::allowed_by_cluster_role`]): anything else is answered 403
@@ -239,6 +253,18 @@ impl FakeApiServer {
     /// default `system:public-info-viewer` and `system:basic-user` roles keep them.
     pub fn enforce_rbac(&self, rules: Vec<(String, String, String)>) {
         *self.shared.rbac.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    }
+
+    /// Makes every caller a service account of a pod on `node` (its token carries the
+    /// node's name), as the plugin's DaemonSet pod is: `associated-node:` verbs then
+    /// apply to claims allocated to `node`. Without it no caller is associated with a
+    /// node. Only matters once [`FakeApiServer::enforce_rbac`] was called.
+    pub fn set_caller_node(&self, node: &str) {
+        *self
+            .shared
+            .caller_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(node.to_string());
     }
 
     /// Replaces a Node's `status` (e.g. `allocatable` or `nodeInfo`), as the kubelet
@@ -987,7 +1013,8 @@ fn admit(
                 return Err(not_found(t, name));
             };
             let old: ResourceClaim = serde_json::from_value(old_v.clone()).map_err(decode_err)?;
-            let errs = validation::validate_resource_claim_status(&new, &old);
+            let mut errs = device_status_authorization(shared, &new, &old);
+            errs.extend(validation::validate_resource_claim_status(&new, &old));
             if !errs.is_empty() {
                 return Err(invalid(t, name, &errs));
             }
@@ -1039,6 +1066,55 @@ fn admit(
         }
         _ => Ok(obj),
     }
+}
+
+/// The API server's check of a status update that changes `status.devices` when
+/// DRAResourceClaimGranularStatusAuthorization is on (`AuthorizedForDeviceStatus`):
+/// for each driver whose entries change, the caller needs the `resourceclaims/driver`
+/// subresource with verb `associated-node:update` (its token is bound to the node the
+/// claim is allocated to) or `arbitrary-node:update`. A `Forbidden` field error per
+/// driver without it (a 422, as the real server answers). Resource names are not
+/// modelled: a rule allows every driver. Deterministic.
+fn device_status_authorization(
+    shared: &Shared,
+    new: &ResourceClaim,
+    old: &ResourceClaim,
+) -> Vec<validation::FieldError> {
+    let gates = &shared.gates;
+    let allocated = new.status.as_ref().is_some_and(|s| s.allocation.is_some());
+    if !gates.enabled("DRAResourceClaimGranularStatusAuthorization")
+        || !gates.enabled("DRAResourceClaimDeviceStatus")
+        || !allocated
+    {
+        return Vec::new();
+    }
+    let caller = shared
+        .caller_node
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let associated = caller.is_some() && caller == validation::allocated_node(new);
+    let mut verbs = vec!["arbitrary-node:update"];
+    if associated {
+        verbs.insert(0, "associated-node:update");
+    }
+    validation::device_status_drivers_changed(new, old)
+        .into_iter()
+        .filter(|_| {
+            !verbs
+                .iter()
+                .any(|v| rbac_allows(shared, "resource.k8s.io", "resourceclaims/driver", v))
+        })
+        .map(|_| {
+            validation::FieldError::forbidden(
+                "status.devices",
+                format!(
+                    "changing status.devices requires resource=\"resourceclaims/driver\", verb=\"[{}]\" permission",
+                    verbs.join(" ")
+                ),
+            )
+        })
+        .collect()
 }
 
 fn slice_immutable_fields(old: &ResourceSlice, new: &ResourceSlice) -> Vec<validation::FieldError> {

@@ -35,6 +35,7 @@ exclude:
 {{- end }}
 sliceLayout: {{ $c.sliceLayout }}
 sharedSlots: {{ $c.sharedSlots }}
+deviceMetadata: {{ $c.deviceMetadata }}
 {{- with $c.health }}
 health:
 {{ toYaml . | indent 2 }}
