@@ -37,6 +37,9 @@ scheduled onto gpu-2. XID 79 taints it NoExecute and the device-taint eviction
 controller deletes that pod, the other runs on; a loss followed by a recovery clears it.
 Where the server drops taints (DRADeviceTaints off), the unhealthy gpu-2 leaves the slice
 instead, and nothing is evicted.
+Pod health (ResourceHealthStatus on): while that pod runs on gpu-2, its
+allocatedResourcesStatus shows the device Healthy, an XID 94 makes it Unhealthy and the
+quiet period Healthy again.
 kubelet restart (SIGTERM, then the same command line again) while two pods with
 whole-GPU claims run: the node is Ready again, the pods keep their containers, the claims
 stay prepared and are not prepared again, a new pod is prepared, and deleting the pods
@@ -441,6 +444,9 @@ def device_health():
     expect(wait("pinned Running", lambda: phase("pinned") == "Running", timeout=120) and device_of("pinned") == ["gpu-2"],
            f"  then the pod needing gpu-2 is scheduled and Running on {device_of('pinned')}")
 
+    pod_health(ns, "pinned")
+
+
     # XID 79 (fallen off the bus): fatal, NoExecute; only a recovery after a loss clears it.
     if not mock_event("xid", "--gpu", "2", "--xid", "79"):
         return
@@ -459,6 +465,52 @@ def device_health():
     expect(wait("gpu-2 healthy", lambda: taints("gpu-2") == [], timeout=30),
            f"  a recovery (the GPU lost, then answering again) makes gpu-2 healthy: {taints('gpu-2')}")
     k("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+def pod_health(ns, name):
+    """ResourceHealthStatus: the kubelet copies the plugin's health stream into the pod's
+    `containerStatuses[].allocatedResourcesStatus` (entry `claim:gpu`, each device by its
+    CDI ID). POD runs on gpu-2: healthy; an XID 94 (NoSchedule: the pod runs on) makes
+    it Unhealthy; the quiet period (xidClearAfter) makes it Healthy again. Where the
+    kubelet's gate is off (1.34 and 1.35 by default) the field never appears: said, not
+    asserted."""
+    gates = open(f"{DIR}/feature-gates").read()
+    minor = int(ENV["K8S_VERSION"].split(".")[1])
+    on = "ResourceHealthStatus=true" in gates or (minor >= 36 and "ResourceHealthStatus=false" not in gates)
+    if not on:
+        print("  (pod health: the kubelet's ResourceHealthStatus gate is off here; not asserted)", flush=True)
+        return
+
+    def health():
+        """The health of every device in the pod's claim:gpu entry: [] when absent."""
+        p = kj("-n", ns, "get", "pod", name)
+        out = []
+        for cs in p["status"].get("containerStatuses") or []:
+            for rs in cs.get("allocatedResourcesStatus") or []:
+                if rs.get("name") == "claim:gpu":
+                    out += [(r.get("resourceID"), r.get("health")) for r in rs.get("resources") or []]
+        return out
+
+    def all_are(state):
+        return lambda: (h := health()) != [] and all(v == state for _, v in h)
+
+    expect(wait(f"{name} Healthy", all_are("Healthy"), timeout=60),
+           f"  pod health: {name}'s allocatedResourcesStatus shows its device Healthy: {health()}")
+    if not mock_event("xid", "--gpu", "2", "--xid", "94"):
+        return
+    t = time.monotonic()
+    expect(wait(f"{name} Unhealthy", all_are("Unhealthy"), timeout=60),
+           f"  pod health: an XID 94 on gpu-2 makes it Unhealthy in the running pod's status "
+           f"({time.monotonic() - t:.1f}s): {health()}")
+    expect(phase_of(ns, name) == "Running", "  the pod runs on (NoSchedule evicts nothing)")
+    expect(wait(f"{name} Healthy again", all_are("Healthy"), timeout=XID_CLEAR_AFTER + 60),
+           f"  pod health: Healthy again after the quiet period ({time.monotonic() - t:.1f}s after the XID): {health()}")
+    wait("gpu-2 untainted", lambda: taints("gpu-2") == [], timeout=30)
+
+
+def phase_of(ns, name):
+    out = k("-n", ns, "get", "pod", name, "-o", "json", "--ignore-not-found")
+    return json.loads(out)["status"].get("phase") if out.strip() else None
 
 
 NODE_ROOT = f"{DIR}/tessera-node"

@@ -193,7 +193,7 @@ log "certificates written"
 features=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION/pkg/features/kube_features.go
 [ -f "$features" ] || (cd "$K8S_MOD" && go mod download k8s.io/kubernetes)
 gates=""
-for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess; do
+for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess ResourceHealthStatus; do
   grep -q "^	$g: {" "$features" && gates+="${gates:+,}$g=true"
 done
 [ -n "${TESSERA_CLUSTER_GATES+set}" ] && gates=$TESSERA_CLUSTER_GATES
