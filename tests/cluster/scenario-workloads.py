@@ -35,7 +35,8 @@ import yaml
 
 import scenario_lib as lib
 from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, REPO, build_image, claim_doc, client, expect, fail, k, kj, \
-    load_docs, metric, mock_only, ok, pod_doc, quantity, simulated_node, simulated_node_config, wait
+    load_docs, metric, mig_instances, mock_only, model_dump, ok, pod_doc, quantity, simulated_node, \
+    simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/workloads"
 os.makedirs(OUT, exist_ok=True)
@@ -76,7 +77,7 @@ def rewrite(docs):
 
 # Where the node is one of NVIDIA's models (mock-node-root.sh) rather than the mock node
 # the examples' `# expect:` lines are planned against: the examples that node cannot
-# run, and why (None: as the `# expect:` line says).
+# run, and why. The others run with their `# expect:` lines unchanged.
 NOT_ON_MODEL = {
     "nvml:dgxh100": {
         "02-gpu-by-product.yaml": "it asks for a Tesla T4; a DGX H100 has 8 H100s",
@@ -487,6 +488,11 @@ def mig_checks(ns, docs, claims):
             caps = {n for n in e.get("nodes", set()) if "nvidia-caps" in n}
             expect(caps == want, f"  the container's capability nodes are that instance's: {sorted(caps)}",
                    f"want {sorted(want)}")
+        if simulated_node()["backend"] != "mock":
+            live = [ci["uuid"] for g in model_dump()["gpus"] if g["minor"] == gpu for gi in g["gpuInstances"]
+                    if gi["id"] == mig.get("giId") for ci in gi["computeInstances"] if ci["id"] == mig.get("ciId")]
+            expect(live == [mig.get("uuid")], f"  NVIDIA's model has that GPU and compute instance, with that MIG "
+                                              f"UUID: {live}", f"want [{mig.get('uuid')}]")
         created, destroyed = metric("tessera_mig_devices_created"), metric("tessera_mig_devices_destroyed")
         uuid = next(g["uuid"] for g in simulated_node()["gpus"] if g["minor"] == gpu)
         whole = claim_doc(ns, "whole-parent", {
@@ -506,6 +512,8 @@ def mig_checks(ns, docs, claims):
         expect(wait("destroyed", lambda: metric("tessera_mig_devices_destroyed") >= destroyed + 1, timeout=30),
                f"  deleting the pod destroyed the MIG device (tessera_mig_devices_destroyed {destroyed:g} -> "
                f"{metric('tessera_mig_devices_destroyed'):g}; created {created:g})")
+        if simulated_node()["backend"] != "mock":
+            expect(not mig_instances(), f"  and NVIDIA's model has no GPU instance left: {mig_instances()}")
         running = wait("whole-parent Running",
                        lambda: kj("-n", ns, "get", "pod", "whole-parent")["status"].get("phase") == "Running", timeout=90)
         got = [r["device"] for r in (kj("-n", ns, "get", "resourceclaim", "whole-parent")["status"].get("allocation") or

@@ -255,18 +255,23 @@ def mig_instances():
     """Every MIG GPU instance the simulated node has now, one string each: from the mock
     node's state file, or from NVIDIA's model's state (`nvml-model dump`, which takes the
     model's lock: a consistent view beside the plugin). Reads only."""
-    node = simulated_node()
-    state = f"{DIR}/tessera-node/state"
-    if node["backend"] == "mock":
-        with open(f"{state}/mock-node.state") as f:
+    if simulated_node()["backend"] == "mock":
+        with open(f"{DIR}/tessera-node/state/mock-node.state") as f:
             return [l.strip() for l in f if l.startswith("mig-gi ")]
-    env = dict(os.environ, TESSERA_NVML_MODEL=node["backend"].split(":", 1)[1],
-               TESSERA_NVML_MODEL_STATE=f"{state}/nvml-model")
-    dump = json.loads(subprocess.run([f"{REPO}/target/tmp/nvml-models/nvml-model", "dump"], env=env,
-                                     capture_output=True, text=True, check=True).stdout)
     return [f"gpu {g['minor']} gi {gi['id']} profile {gi['profileId']} start {gi['placement']['start']} "
-            f"({len(gi['computeInstances'])} compute instance(s))"
-            for g in dump["gpus"] for gi in g["gpuInstances"]]
+            f"({', '.join(ci['uuid'] for ci in gi['computeInstances']) or 'no compute instance'})"
+            for g in model_dump()["gpus"] for gi in g["gpuInstances"]]
+
+
+def model_dump():
+    """NVIDIA's model as it is now (`nvml-model dump` on the node's model state, under
+    the model's lock: a consistent view beside the plugin): GPUs with their GPU instances
+    and those's compute instances and MIG UUIDs. Only on an `nvml:MODEL` node."""
+    backend = simulated_node()["backend"]
+    env = dict(os.environ, TESSERA_NVML_MODEL=backend.split(":", 1)[1],
+               TESSERA_NVML_MODEL_STATE=f"{DIR}/tessera-node/state/nvml-model")
+    return json.loads(subprocess.run([f"{REPO}/target/tmp/nvml-models/nvml-model", "dump"], env=env,
+                                     capture_output=True, text=True, check=True).stdout)
 
 
 def mock_only(what, why):
