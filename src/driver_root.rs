@@ -242,13 +242,15 @@ pub fn probe_files(root: &Path) -> Result<Found, String> {
 /// directories only.
 pub fn nvml_in_given_root(layout: Layout) -> Layout {
     match (&layout.origin, &layout.backend) {
-        (Origin::Flag, BackendSpec::Nvml(None)) => match find_driver_lib(&layout.driver_root, "libnvidia-ml.so") {
-            Some(lib) => Layout {
-                backend: BackendSpec::Nvml(Some(lib)),
-                ..layout
-            },
-            None => layout,
-        },
+        (Origin::Flag, BackendSpec::Nvml(None)) => {
+            match find_driver_lib(&layout.driver_root, "libnvidia-ml.so") {
+                Some(lib) => Layout {
+                    backend: BackendSpec::Nvml(Some(lib)),
+                    ..layout
+                },
+                None => layout,
+            }
+        }
         _ => layout,
     }
 }
