@@ -235,15 +235,40 @@ pub fn probe_files(root: &Path) -> Result<Found, String> {
     })
 }
 
-/// [`resolve`] with the probe `flags.backend` calls for, logging the outcome.
+/// `--backend nvml` with `--driver-root`: NVML is the driver root's
+/// `libnvidia-ml.so.1` (as a discovered root's is), else the loader's when the root has
+/// none. Without it the plugin's image, which has no NVML of its own, could not load
+/// NVML from a driver root given by flag (Helm's `hostPaths.driverRoot`). Reads
+/// directories only.
+pub fn nvml_in_given_root(layout: Layout) -> Layout {
+    match (&layout.origin, &layout.backend) {
+        (Origin::Flag, BackendSpec::Nvml(None)) => {
+            match find_driver_lib(&layout.driver_root, "libnvidia-ml.so") {
+                Some(lib) => Layout {
+                    backend: BackendSpec::Nvml(Some(lib)),
+                    ..layout
+                },
+                None => layout,
+            }
+        }
+        _ => layout,
+    }
+}
+
+/// [`resolve`] with the probe `flags.backend` calls for, logging the outcome; with
+/// `--driver-root`, NVML from that root ([`nvml_in_given_root`]).
 pub fn discover(flags: &LayoutFlags, proc_root: &Path, sys_root: &Path) -> Layout {
     let kind = probe_kind(&flags.backend);
-    let layout = resolve(flags, |root| match kind {
+    let layout = nvml_in_given_root(resolve(flags, |root| match kind {
         ProbeKind::Nvml => probe_nvml(root, proc_root, sys_root),
         ProbeKind::DriverFiles => probe_files(root),
-    });
+    }));
     match &layout.origin {
-        Origin::Flag => {}
+        Origin::Flag => {
+            if let BackendSpec::Nvml(Some(lib)) = &layout.backend {
+                info!(driver_root = %layout.driver_root.display(), nvml = %lib.display(), "driver root given; NVML loads from it");
+            }
+        }
         Origin::Discovered(tried) => match layout.origin.chosen() {
             Some(t) => info!(
                 driver_root = %t.path.display(),
@@ -328,6 +353,29 @@ mod tests {
         assert_eq!(l.driver_root, Path::new("/driver-root"));
         assert_eq!(l.host_driver_root, Path::new("/driver-root"));
         assert_eq!(l.origin, Origin::Flag);
+    }
+
+    /// Regression (the real cluster on `--backend nvml`, issue #41): with `--driver-root`
+    /// NVML was opened from the loader's path, which the plugin's image lacks; it is the
+    /// given root's `libnvidia-ml.so.1`, and the loader's only when the root has none.
+    #[test]
+    fn a_given_driver_root_provides_nvml() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib_dir = dir.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        let root = dir.path().to_str().unwrap();
+        let without = nvml_in_given_root(resolve(&flags(Some(root)), |_| panic!("probed")));
+        assert_eq!(without.backend, BackendSpec::Nvml(None));
+        std::fs::write(lib_dir.join("libnvidia-ml.so.1"), b"").unwrap();
+        let with = nvml_in_given_root(resolve(&flags(Some(root)), |_| panic!("probed")));
+        assert_eq!(
+            with.backend,
+            BackendSpec::Nvml(Some(lib_dir.join("libnvidia-ml.so.1")))
+        );
+        let mut mock = flags(Some(root));
+        mock.backend = BackendSpec::Mock(None);
+        let mock = nvml_in_given_root(resolve(&mock, |_| panic!("probed")));
+        assert_eq!(mock.backend, BackendSpec::Mock(None));
     }
 
     /// When nothing works, the host's / is used with the loader's NVML, as before.

@@ -254,12 +254,42 @@ plugin_registered() {
 }
 # node_slices: the names of the ResourceSlices of gpu.tessera.dev for this node.
 node_slices() { k get resourceslices --field-selector spec.nodeName="$NODE_NAME",spec.driver=gpu.tessera.dev -o name; }
+# node_backend: the simulated node's backend, as mock-node-root.sh made it (DIR/tessera-node/node.json):
+# mock, or nvml:MODEL.
+node_backend() { jq -r .backend "$DIR/tessera-node/node.json"; }
+# node_backend_flags: sets BACKEND_FLAG (the plugin's --backend), BACKEND_ENV_YAML (the
+# container's env entries it needs, YAML at indent 0, empty for the mock) and
+# INVENTORY_BACKEND (`tessera inventory`'s flags in the plugin's container) for that node.
+# NVIDIA's model needs its name and state dir (under the plugin's state dir, so that
+# its GPU and compute instances outlive plugin pods, as a GPU's do); /proc/devices is
+# the node's (mock-node-root.sh).
+node_backend_flags() {
+  local b
+  b=$(node_backend) || return 1
+  case $b in
+    mock)
+      BACKEND_FLAG=--backend=mock:/etc/tessera-mock/mock-node.yaml
+      BACKEND_ENV_YAML=""
+      INVENTORY_BACKEND=(--backend mock:/etc/tessera-mock/mock-node.yaml) ;;
+    nvml:*)
+      BACKEND_FLAG=--backend=nvml
+      BACKEND_ENV_YAML="- name: TESSERA_NVML_MODEL
+  value: ${b#nvml:}
+- name: TESSERA_NVML_MODEL_MIG
+  value: \"on\"
+- name: TESSERA_NVML_MODEL_STATE
+  value: /var/lib/tessera/nvml-model"
+      INVENTORY_BACKEND=(--backend "nvml:/host-root$DIR/tessera-node/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" --proc-root /host/proc) ;;
+    *) echo "node_backend_flags: unknown backend $b" >&2; return 1 ;;
+  esac
+}
 # tessera_inventory POD: `tessera inventory -o json` in POD's plugin container (its
-# binary, mock node, node config, state dir and node name), for the cluster's release
+# binary, backend, node config, state dir and node name), for the cluster's release
 # and gates: the slices the plugin publishes.
 tessera_inventory() {
+  node_backend_flags || return 1
   exec_retry k -n tessera-system exec "$1" -c plugin -- tessera inventory \
-    --backend mock:/etc/tessera-mock/mock-node.yaml --k8s-version "1.$K8S_MINOR" --gates "$GATES" -o json
+    "${INVENTORY_BACKEND[@]}" --k8s-version "1.$K8S_MINOR" --gates "$GATES" -o json
 }
 # compare_slices INVENTORY.json STORED.json: compare-slices.py for this node's
 # gpu.tessera.dev slices (the differences printed; exit 1 on any).

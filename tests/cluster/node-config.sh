@@ -26,8 +26,18 @@ case $cmd in
     k -n tessera-system get configmap "$cm" -o json | jq -r '.data["node-config.yaml"]' >"$file"
     exit 0 ;;
   mock-node)
-    python3 -c 'import sys, yaml; yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["config"], sys.stdout, sort_keys=False)' \
-      "$repo/deploy/overlays/test-cluster/mock-node.yaml" >"$file"
+    # On NVIDIA's model (mock-node-root.sh) the same config, its GPUs past the mock
+    # node's four `exclusive`: the examples' `# expect:` lines are planned against one
+    # `mig` GPU (gpu-0), and the scheduler would otherwise take a MIG partition of
+    # gpu-7 (the model's default mode for them is `mig`).
+    python3 - "$repo/deploy/overlays/test-cluster/mock-node.yaml" "$DIR/tessera-node/node.json" >"$file" <<'PY'
+import json, sys, yaml
+config = yaml.safe_load(open(sys.argv[1]))["config"]
+mine = {g["match"]["minor"] for g in config["gpus"]}
+config["gpus"] += [{"match": {"minor": g["minor"]}, "mode": "exclusive"}
+                   for g in json.load(open(sys.argv[2]))["gpus"] if g["minor"] not in mine]
+yaml.safe_dump(config, sys.stdout, sort_keys=False)
+PY
     exit 0 ;;
   use) ;;
   *) echo "node-config.sh: unknown command $cmd" >&2; exit 2 ;;

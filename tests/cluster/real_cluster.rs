@@ -152,7 +152,8 @@ fn e2e_on(script: &str, version: &str) {
 
 /// `e2e_on` with more environment for the scripts: `TESSERA_CLUSTER_GATES` (every
 /// component's feature gates; empty: the release's defaults, instead of Tessera's DRA
-/// gates all on), `TESSERA_E2E_BENCH` (`quick`: the pod start-up benchmark too).
+/// gates all on), `TESSERA_E2E_BENCH` (`quick`: the pod start-up benchmark too),
+/// `TESSERA_CLUSTER_BACKEND` (the node: `mock`, or `nvml:MODEL`).
 fn e2e_with(script: &str, version: &str, env: &[(&str, &str)]) {
     let suite = format!(
         "{script} {version}{}",
@@ -239,12 +240,24 @@ fn tessera_runs_on_kubernetes_1_34_with_its_default_gates() {
     e2e_with("tessera-e2e.sh", "1.34", &[("TESSERA_CLUSTER_GATES", "")]);
 }
 
-/// The newest release the module proxy serves that builds with this machine's Go; with
-/// the pod start-up benchmark in its quick mode (tests/cluster/bench-startup.py).
+/// The node of the newest release's suites: the shipped backend (`--backend nvml`) on
+/// NVIDIA's model of a DGX H100 (tests/nvml-models as the driver root's
+/// `libnvidia-ml.so.1`, MIG on, its state outliving plugin pods; mock-node-root.sh). The
+/// 1.34 suites keep the mock node, with the checks only it can simulate (XID events, the
+/// memory watchdog's processes, a T4).
+const NVML_NODE: (&str, &str) = ("TESSERA_CLUSTER_BACKEND", "nvml:dgxh100");
+
+/// The newest release the module proxy serves that builds with this machine's Go, on
+/// the shipped NVML backend ([`NVML_NODE`]); with the pod start-up benchmark in its
+/// quick mode (tests/cluster/bench-startup.py).
 #[test]
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn tessera_runs_on_kubernetes_1_37() {
-    e2e_with("tessera-e2e.sh", "1.37", &[("TESSERA_E2E_BENCH", "quick")]);
+    e2e_with(
+        "tessera-e2e.sh",
+        "1.37",
+        &[("TESSERA_E2E_BENCH", "quick"), NVML_NODE],
+    );
 }
 
 /// The Helm chart on 1.34: server-side dry runs of every mode, `helm install` with the
@@ -256,9 +269,10 @@ fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_34() {
     e2e_on("tessera-helm-e2e.sh", "1.34");
 }
 
-/// The same on the newest release.
+/// The same on the newest release, with the chart's default `--backend nvml` on
+/// NVIDIA's DGX H100 model ([`NVML_NODE`]; `tessera doctor` passes in the plugin's pod).
 #[test]
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_37() {
-    e2e_on("tessera-helm-e2e.sh", "1.37");
+    e2e_with("tessera-helm-e2e.sh", "1.37", &[NVML_NODE]);
 }

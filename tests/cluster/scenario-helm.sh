@@ -8,7 +8,8 @@
 #  1. dry run: the chart rendered (`helm template`) with the default values, this cluster's
 #     values and the other modes passes `kubectl apply --dry-run=server`, and the API
 #     server returns every rendered field unchanged (nothing dropped or rewritten);
-#  2. install: `helm install --create-namespace` with the mock backend and this cluster's
+#  2. install: `helm install --create-namespace` with the node's backend (the mock, or
+#     `--backend nvml` on NVIDIA's model: TESSERA_CLUSTER_BACKEND, mock-node-root.sh) and this cluster's
 #     paths and ports: the DaemonSet rolls out, the plugin registers with the kubelet and
 #     publishes ResourceSlices; `kubectl exec ... tessera doctor` in the plugin's pod
 #     exits 0 (its output printed); then scenario-one-gpu.sh
@@ -56,6 +57,7 @@ echo "scenario helm ($K8S_VERSION): $(h version --short), chart $(sed -n 's/^ver
 [ -z "$(k get daemonsets -A -l app.kubernetes.io/name=tessera -o name)" ] ||
   die "Tessera is already installed on this cluster (tessera-up.sh?): use a fresh cluster"
 "$here/mock-node-root.sh" "$DIR" | sed 's/^/  /'
+node_backend_flags
 "$here/image.sh" "$DIR" >/dev/null 2>&1 || die "image.sh $DIR"
 k label node "$NODE_NAME" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
 grep -qx localhost/tessera/tessera:dev <<<"$(kctr images ls -q)" || die "localhost/tessera/tessera:dev not in the cluster's containerd"
@@ -68,16 +70,33 @@ ext=nvidia.com/gpu
 if ! grep -q 'DRAExtendedResource=true' <<<"$GATES" && [ "$K8S_MINOR" -lt 37 ]; then
   ext=""   # as deploy/overlays/k8s-1.34: the API server would drop the field
 fi
+# The node: the chart's mock mode, or (`nvml:MODEL`, mock-node-root.sh) the chart's
+# default `--backend nvml` with the simulated node's driver and dev roots as a user sets
+# them, and the model's environment.
+if [ "$(node_backend)" = mock ]; then
+  node_values="mock:
+  enabled: true
+  hostRoot: $NODE_ROOT"
+else
+  node_values="extraEnv:
+$BACKEND_ENV_YAML"
+fi
+if [ "$(node_backend)" != mock ]; then
+  # Off the mock node the chart mounts the host's / HostToContainer (a driver container
+  # may mount its root later), which the CRI refuses unless / is a shared or slave mount,
+  # as systemd leaves it on a real node. This cluster's containerd namespace has it
+  # private: made shared there (only there; gone with it at down.sh).
+  nsenter --mount --target "$(cat "$DIR/pids/containerd")" mount --make-rshared / || die "mount --make-rshared / in containerd's namespace"
+fi
 cat >"$OUT/values.yaml" <<EOF
-# Written by tests/cluster/scenario-helm.sh for the cluster in $DIR: the simulated node,
-# the local image, and this cluster's kubelet root dir, CDI dir, API server and ports.
+# Written by tests/cluster/scenario-helm.sh for the cluster in $DIR: the simulated node
+# ($(node_backend)), the local image, and this cluster's kubelet root dir, CDI dir, API
+# server and ports.
 image:
   repository: localhost/tessera/tessera
   tag: dev
   pullPolicy: Never
-mock:
-  enabled: true
-  hostRoot: $NODE_ROOT
+$node_values
 hostNetwork: true
 apiServer:
   host: 127.0.0.1
@@ -90,6 +109,7 @@ hostPaths:
   cdiDir: $CDI_DIR
   runDir: $NODE_ROOT/run
   stateDir: $NODE_ROOT/state
+$([ "$(node_backend)" = mock ] || printf '  driverRoot: %s\n  devRoot: %s' "$NODE_ROOT/driver-root" "$NODE_ROOT")
 deviceClasses:
   gpu:
     enabled: true

@@ -5,7 +5,7 @@
 # driver gpu.tessera.dev, this node's pool, the device the example promises (`# expect:`),
 # and reserved for the pod; the claim's CDI spec is in the node's CDI dir and names the
 # GPU's device node; inside the container the GPU's device node is there (char
-# major:minor of the simulated node) and no other GPU's, and the driver's nvidia-smi (the
+# major:minor of the simulated node, mock-node-root.sh's node.json) and no other GPU's, and the driver's nvidia-smi (the
 # fake driver root's stand-in, mounted by the CDI spec) listed it; deleting the pod
 # unprepares the claim (plugin log), removes its CDI spec and its checkpoint entry.
 # Prints the time from `kubectl apply` to Running and from the delete to the spec's removal.
@@ -74,7 +74,7 @@ spec=$CDI_DIR/tessera.dev-gpu-$uid.json
 check "CDI spec $spec written" test -f "$spec"
 cp "$spec" "$OUT/cdi-spec.json" 2>/dev/null || true
 minor=${expect_device#gpu-}
-major=$(python3 -c 'import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))["charDevices"]["nvidia"])' "$repo/deploy/overlays/test-cluster/mock-node.yaml")
+major=$(jq -r '.charDevices.nvidia' "$DIR/tessera-node/node.json")
 eq "CDI spec kind" "$(jq -r .kind "$spec")" tessera.dev/gpu
 eq "CDI device nodes of the claim's device" "$(jq -r '[.devices[].containerEdits.deviceNodes[] | "\(.path)=\(.hostPath) \(.major):\(.minor)"] | join(",")' "$spec")" \
   "/dev/nvidia$minor=$DIR/tessera-node/dev/nvidia$minor $major:$minor"

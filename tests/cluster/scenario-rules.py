@@ -61,7 +61,7 @@ import yaml
 
 import scenario_lib as lib
 from scenario_lib import CLIENT, DIR, ENV, GIB, IMAGE, KUBECTL, build_image, claim_doc, client, expect, fail, k, \
-    kj, metric, pod_doc, simulated_node_config, wait
+    kj, metric, mig_instances, mock_only, pod_doc, simulated_node_config, wait
 
 OUT = f"{DIR}/tessera/rules"
 os.makedirs(OUT, exist_ok=True)
@@ -381,6 +381,9 @@ def device_health():
     """gpu-2 and gpu-3 are whole GPUs; health.xidClearAfter is XID_CLEAR_AFTER. Where the
     API server drops taints (DRADeviceTaints off: 1.34's default gates) the plugin leaves
     an unhealthy device out of its slice instead, and nothing evicts."""
+    if mock_only("--- device health", "XID events and lost GPUs are not modelled by NVIDIA's models "
+                 "(`tessera mock` injects them into the mock node only)"):
+        return
     kept = "DRADeviceTaints=true" in open(f"{DIR}/feature-gates").read()
     print("--- device health: XIDs taint devices in the slice; the scheduler and the eviction controller obey"
           if kept else "--- device health (DRADeviceTaints off): an unhealthy device leaves the slice", flush=True)
@@ -528,8 +531,7 @@ def leftovers(uids):
     claims = f"{NODE_ROOT}/run/claims"
     for f in os.listdir(claims) if os.path.isdir(claims) else []:
         left += [f"claim directory {f}" for u in uids if u in f]
-    with open(f"{NODE_ROOT}/state/mock-node.state") as f:
-        left += [f"MIG instance '{l.strip()}'" for l in f if l.startswith("mig-gi ")]
+    left += [f"MIG instance '{i}'" for i in mig_instances()]
     return left
 
 

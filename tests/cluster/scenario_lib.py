@@ -241,16 +241,60 @@ def pod_doc(ns, name, claim=None, grace=1, labels=None, env=None, mounts=None, v
     return pod
 
 
+# ---------- the simulated node ----------
+def simulated_node():
+    """The simulated node as mock-node-root.sh made it (DIR/tessera-node/node.json):
+    backend (`mock`, or `nvml:MODEL`: the shipped backend on NVIDIA's model), driverVersion,
+    charDevices, and gpus in minor order (minor, uuid, productName, memoryBytes, migCapable)."""
+    load_cluster()
+    with open(f"{DIR}/tessera-node/node.json") as f:
+        return json.load(f)
+
+
+def mig_instances():
+    """Every MIG GPU instance the simulated node has now, one string each: from the mock
+    node's state file, or from NVIDIA's model's state (`nvml-model dump`, which takes the
+    model's lock: a consistent view beside the plugin). Reads only."""
+    if simulated_node()["backend"] == "mock":
+        with open(f"{DIR}/tessera-node/state/mock-node.state") as f:
+            return [l.strip() for l in f if l.startswith("mig-gi ")]
+    return [f"gpu {g['minor']} gi {gi['id']} profile {gi['profileId']} start {gi['placement']['start']} "
+            f"({', '.join(ci['uuid'] for ci in gi['computeInstances']) or 'no compute instance'})"
+            for g in model_dump()["gpus"] for gi in g["gpuInstances"]]
+
+
+def model_dump():
+    """NVIDIA's model as it is now (`nvml-model dump` on the node's model state, under
+    the model's lock: a consistent view beside the plugin): GPUs with their GPU instances
+    and those's compute instances and MIG UUIDs. Only on an `nvml:MODEL` node."""
+    backend = simulated_node()["backend"]
+    env = dict(os.environ, TESSERA_NVML_MODEL=backend.split(":", 1)[1],
+               TESSERA_NVML_MODEL_STATE=f"{DIR}/tessera-node/state/nvml-model")
+    return json.loads(subprocess.run([f"{REPO}/target/tmp/nvml-models/nvml-model", "dump"], env=env,
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def mock_only(what, why):
+    """True, printing that WHAT is not run here and WHY, when the node is not the mock
+    node: the checks that need an event or a process only the mock backend can simulate
+    (tests/nvml-models' README: XID events and per-process memory are not modelled).
+    The mock-backend runs of tests/real_cluster.rs keep them."""
+    backend = simulated_node()["backend"]
+    if backend == "mock":
+        return False
+    print(f"  not run on {backend}: {what}: {why} (the mock-backend clusters run it)", flush=True)
+    return True
+
+
 # ---------- the client image ----------
 def build_image():
     """localhost/tessera/cuda-client:1 in the cluster's containerd: busybox, the host's
     glibc, cuda_client, bypass (bypass.c: linked statically with a driver of its own), entrypoint
     `hold` (stays up, ignores its arguments), and the
-    fake driver's environment: the mock node's GPUs in minor order, shown only where the
+    fake driver's environment: the simulated node's GPUs in minor order, shown only where the
     container has their device node (FAKE_CUDA_DEVICE_NODES=1, as the real driver)."""
     load_cluster()
-    mock = yaml.safe_load(open(f"{REPO}/deploy/overlays/test-cluster/mock-node.yaml"))
-    gpus = sorted(mock["gpus"], key=lambda g: g["minor"])
+    gpus = simulated_node()["gpus"]
     assert [g["minor"] for g in gpus] == list(range(len(gpus))), "minors 0..n-1 (FAKE_CUDA_DEVICE_NODES)"
     devices = ",".join(f"{g['uuid']}:{g['memoryBytes']}" for g in gpus)
     root = f"{DIR}/images/cuda-client-rootfs"

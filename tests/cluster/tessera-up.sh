@@ -8,6 +8,9 @@
 # Usage (root): tessera-up.sh DIR        (after `up.sh VERSION DIR`)
 # Exit status: 0 installed and registered; 2 installed (pod Ready, slices stored) but the
 # kubelet did not register the plugin; 1 anything else.
+# The node is TESSERA_CLUSTER_BACKEND's (mock-node-root.sh): the mock backend, or
+# `--backend nvml` on one of NVIDIA's models (nvml:dgxh100), whose bridge is the driver
+# root's libnvidia-ml.so.1 and whose environment (TESSERA_NVML_MODEL*) the pod gets.
 # Writes: DIR/tessera-node/ (the simulated node's host side: dev/ of mknod'ed device
 # nodes, driver-root/ of fake driver files, run/, state/), DIR/tessera-deploy/
 # (kustomization), DIR/tessera/ (apply output, plugin log, slices as stored).
@@ -35,6 +38,7 @@ fi
 
 # ---------- the simulated node's host side (mock-node-root.sh) ----------
 "$here/mock-node-root.sh" "$DIR" | sed 's/^/  /'
+node_backend_flags
 
 # ---------- the image ----------
 "$here/image.sh" "$DIR" >/dev/null
@@ -52,7 +56,8 @@ mkdir -p "$D"
 cat >"$D/kustomization.yaml" <<EOF
 # Written by tests/cluster/tessera-up.sh for the cluster in $DIR: the test-cluster
 # overlay with this cluster's kubelet root dir ($KUBELET_ROOT_DIR), CDI dir, simulated
-# node root ($NODE_ROOT), API server port and a free metrics port.
+# node root ($NODE_ROOT), API server port and a free metrics port; the node's backend
+# ($(node_backend)).
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -73,7 +78,7 @@ patches:
           containers:
           - name: plugin
             args:
-            - --backend=mock:/etc/tessera-mock/mock-node.yaml
+            - $BACKEND_FLAG
             - --plugin-dir=$KUBELET_ROOT_DIR/plugins/gpu.tessera.dev
             - --dev-root=/host
             - --host-dev-root=$NODE_ROOT
@@ -91,6 +96,7 @@ patches:
               value: "$API_PORT"
             - name: TESSERA_METRICS_ADDR
               value: 127.0.0.1:$METRICS_PORT
+$(sed 's/^/            /' <<<"$BACKEND_ENV_YAML")
             ports:
             - containerPort: 9464
               \$patch: delete
@@ -174,6 +180,18 @@ echo "  registration socket in the kubelet's plugin registry: $reg"
 plog "$pod" >"$OUT/plugin.log"
 if grep -E ' (WARN|ERROR) ' "$OUT/plugin.log"; then
   echo "  (warnings of the plugin above; full log $OUT/plugin.log)"
+fi
+# The shipped backend: `tessera doctor` in the plugin's pod (with no flags it takes the
+# plugin's, as docs/operating.md runs it) must pass on NVIDIA's model (exit 0: no check
+# fails; warnings allowed). scenario-helm.sh runs it on its install of either backend.
+if [ "$(node_backend)" != mock ]; then
+  if exec_retry k -n tessera-system exec "$pod" -c plugin -- tessera doctor >"$OUT/doctor.txt" 2>"$OUT/doctor.err"; then
+    echo "  ok   tessera doctor in $pod: exit 0 ($(tail -1 "$OUT/doctor.txt"))"
+    sed 's/^/  | /' "$OUT/doctor.txt"
+  else
+    sed 's/^/  | /' "$OUT/doctor.txt" "$OUT/doctor.err" >&2
+    die "tessera doctor in $pod exited non-zero on $(node_backend)"
+  fi
 fi
 echo "TESSERA_POD=$pod" >"$OUT/env"
 echo "METRICS_PORT=$METRICS_PORT" >>"$OUT/env"
