@@ -295,3 +295,39 @@ pub async fn heartbeat(
         failures += results.iter().filter(|ok| !**ok).count() as u64;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_model::release::KubeVersion;
+    use tessera::publish::slices::ServerFeatures;
+
+    /// Each node config of the mix is a valid mock node, and Tessera builds its pool:
+    /// 8 GPUs each, every MIG placement on the MIG node, UUIDs of the node's own.
+    #[test]
+    fn every_node_config_builds_a_pool_of_its_own() {
+        let work = tempfile::tempdir().unwrap();
+        let version = KubeVersion::from_server("1", "37").unwrap();
+        let features = ServerFeatures {
+            partitionable: true,
+            consumable_capacity: true,
+            device_taints: true,
+        };
+        let mut uuids = std::collections::BTreeSet::new();
+        for node in fleet(8) {
+            let m = model(&node, "580.65.06", work.path()).unwrap();
+            assert_eq!(m.gpus.len(), 8, "{}", node.name);
+            uuids.extend(m.gpus.iter().map(|g| g.gpu.uuid.clone()));
+            let pool = m.pool("gpu.tessera.dev", &node.name, version, features);
+            let devices: usize = pool
+                .iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .sum();
+            match node.kind {
+                NodeKind::H100Mig => assert!(devices > 100, "{}: {devices}", node.name),
+                _ => assert_eq!(devices, 8, "{}", node.name),
+            }
+        }
+        assert_eq!(uuids.len(), 64, "every GPU has a UUID of its own");
+    }
+}
