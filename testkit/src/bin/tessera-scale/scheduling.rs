@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -97,6 +97,17 @@ pub async fn prepare(client: &kube::Client) -> Result<()> {
     let ns: Api<Namespace> = Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
     ignore_exists(ns.create(&PostParams::default(), &obj).await).context("namespace")?;
+    // Pods are admitted once the namespace's `default` ServiceAccount exists (the
+    // controller-manager creates it).
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+    let t = Instant::now();
+    while sas.get_opt("default").await.context("get serviceaccount")?.is_none() {
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(120),
+            "no ServiceAccount {NAMESPACE}/default after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let classes: Api<DeviceClass> = Api::all(client.clone());
     for class in tessera::device_classes::read(None).context("the shipped DeviceClasses")? {
         ignore_exists(classes.create(&PostParams::default(), &class).await)
