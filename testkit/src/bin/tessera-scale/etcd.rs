@@ -93,9 +93,11 @@ impl Contents {
 
     /// The stored slices: (name, bytes).
     pub fn slices(&self) -> impl Iterator<Item = (&str, usize)> {
+        // The API server keys them `/registry/resourceslices/<name>` (no group).
         self.entries.iter().filter_map(|e| {
             e.key
-                .strip_prefix("/registry/resource.k8s.io/resourceslices/")
+                .strip_prefix("/registry/resourceslices/")
+                .or_else(|| e.key.strip_prefix("/registry/resource.k8s.io/resourceslices/"))
                 .map(|n| (n, e.bytes))
         })
     }

@@ -188,11 +188,13 @@ fn writes(a: &Scrape, b: &Scrape, resource: &str) -> f64 {
         .iter()
         .filter(|(v, _)| is_write(v))
         .map(|(_, n)| n)
-        .sum()
+        .sum::<f64>()
+        + 0.0
 }
 
 fn per_node_line(what: &str, reqs: &BTreeMap<String, f64>, nodes: usize) {
-    let total: f64 = reqs.values().sum();
+    // (+ 0.0: the sum of nothing is -0.0.)
+    let total: f64 = reqs.values().sum::<f64>() + 0.0;
     let verbs: Vec<String> = reqs
         .iter()
         .map(|(v, n)| format!("{v} {:.2}", n / nodes as f64))
@@ -497,7 +499,7 @@ fn print_storage(c: &etcd::Contents, fleet: &Fleet, nodes: &[SimNode]) {
         "| resource | objects | bytes | objects per node | bytes per node |\n|---|---|---|---|---|"
     );
     for (r, (objs, bytes)) in c.by_resource() {
-        if ["resource.k8s.io/resourceslices", "minions", "leases"].contains(&r.as_str())
+        if ["resourceslices", "minions", "leases"].contains(&r.as_str())
             || bytes > 100_000
         {
             println!(
