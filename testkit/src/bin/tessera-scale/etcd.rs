@@ -97,7 +97,10 @@ impl Contents {
         self.entries.iter().filter_map(|e| {
             e.key
                 .strip_prefix("/registry/resourceslices/")
-                .or_else(|| e.key.strip_prefix("/registry/resource.k8s.io/resourceslices/"))
+                .or_else(|| {
+                    e.key
+                        .strip_prefix("/registry/resource.k8s.io/resourceslices/")
+                })
                 .map(|n| (n, e.bytes))
         })
     }

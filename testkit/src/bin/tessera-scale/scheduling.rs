@@ -101,7 +101,12 @@ pub async fn prepare(client: &kube::Client) -> Result<()> {
     // controller-manager creates it).
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
     let t = Instant::now();
-    while sas.get_opt("default").await.context("get serviceaccount")?.is_none() {
+    while sas
+        .get_opt("default")
+        .await
+        .context("get serviceaccount")?
+        .is_none()
+    {
         anyhow::ensure!(
             t.elapsed() < Duration::from_secs(120),
             "no ServiceAccount {NAMESPACE}/default after 120 s"
