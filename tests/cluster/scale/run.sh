@@ -5,7 +5,7 @@
 # the nodes and keeps their Leases renewed, runs Tessera's own publisher for each node
 # under the plugin's identity and RBAC, and prints the figures; it fails only on hard
 # properties (every node's slices present, no write at steady state, at most one write
-# per changed slice in a restart storm). The cluster is stopped at the end, always
+# per slice of a changed pool in a restart storm). The cluster is stopped at the end, always
 # (TESSERA_CLUSTER_KEEP=1 keeps a failed run's).
 # Usage (root): scale/run.sh VERSION DIR [tessera-scale args: --nodes N --fill F ...]
 # Env: TESSERA_SCALE_BIN: the binary (default target/release/tessera-scale).

@@ -19,8 +19,9 @@
 //!    quantiles from the scheduler's own metrics.
 //!
 //! It prints the figures (Markdown tables) and fails only on hard properties: every
-//! node's slices present, no write at steady state, at most one write per changed
-//! slice in a restart storm. Timings are printed, never asserted.
+//! node's slices present, no write at steady state, in a restart storm at most one
+//! write per slice of a changed pool (a bumped generation rewrites a pool whole) and
+//! none for an unchanged one. Timings are printed, never asserted.
 
 mod etcd;
 mod metrics;
