@@ -93,7 +93,7 @@ fn run(cmd: &mut Command, what: &str) {
 /// so no fail points) and the interception libraries. Cargo's own freshness check: a
 /// no-op when they are current (`.ci/run` builds them in a phase before the tests).
 fn build_release() {
-    for (args, what) in [
+    cargo_release(&[
         (
             &[
                 "build",
@@ -108,7 +108,12 @@ fn build_release() {
             "cargo build --release -p tessera -p tessera-interpose -p tessera-cdi-hook",
         ),
         (&["preload", "--release"][..], "cargo preload --release"),
-    ] {
+    ]);
+}
+
+/// Runs each cargo command (arguments, what) at the repository root.
+fn cargo_release(commands: &[(&[&str], &str)]) {
+    for (args, what) in commands.iter().copied() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(repo()).args(args);
@@ -275,4 +280,56 @@ fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_34() {
 #[ignore = "needs root, Go and debootstrap (a real cluster)"]
 fn the_helm_chart_installs_upgrades_and_uninstalls_on_kubernetes_1_37() {
     e2e_with("tessera-helm-e2e.sh", "1.37", &[NVML_NODE]);
+}
+
+/// Tessera at cluster scale, quick (issue #44; `tests/cluster/scale/run.sh`): 48
+/// simulated GPU nodes (the four node configs) against the real control plane of 1.37
+/// without kubelets, each published by Tessera's own publisher. Asserts only hard
+/// properties: every node's slices are stored, no slice is written while nothing
+/// changes, and a restart storm writes each slice of a changed pool at most once (none
+/// of an unchanged one). The figures (publish time, requests per node, etcd bytes,
+/// scheduling latency) are printed.
+#[test]
+#[ignore = "needs root, Go and debootstrap (a real cluster)"]
+fn simulated_gpu_nodes_publish_once_and_stay_quiet_on_kubernetes_1_37() {
+    let suite = "scale/run.sh 1.37 --nodes 48";
+    if e2e::prerequisites(
+        suite,
+        &["go", "debootstrap", "openssl", "curl", "unshare", "flock"],
+    )
+    .is_err()
+    {
+        return;
+    }
+    let cluster = repo().join("tests/cluster");
+    cargo_release(&[(
+        &["build", "--release", "--bin", "tessera-scale"][..],
+        "cargo build --release --bin tessera-scale",
+    )]);
+    run(
+        Command::new(cluster.join("build.sh")).arg("1.37"),
+        "tests/cluster/build.sh 1.37",
+    );
+    let _slot = Slot::take();
+    let tmp = tempfile::Builder::new()
+        .prefix("s137-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
+    let t = Instant::now();
+    let status = Command::new(cluster.join("scale/run.sh"))
+        .arg("1.37")
+        .arg(&dir)
+        .args(["--nodes", "48", "--steady-secs", "20", "--fill", "0.3"])
+        .status()
+        .unwrap_or_else(|e| panic!("tests/cluster/scale/run.sh: {e}"));
+    e2e::report(format_args!("{suite}: {status} after {:.0?}", t.elapsed()));
+    if !status.success() {
+        dump_logs(&dir);
+        let kept = tmp.keep();
+        panic!(
+            "{suite} failed ({status}); its dir is kept: {}",
+            kept.display()
+        );
+    }
 }

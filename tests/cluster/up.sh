@@ -11,6 +11,9 @@
 #      (e.g. CDI hostPaths outside DIR), space-separated.
 #      TESSERA_CLUSTER_GATES: when set (even empty: the release's defaults), the feature
 #      gates of all four components instead of Tessera's DRA gates all on.
+#      TESSERA_CLUSTER_NODELESS=1: the control plane only (etcd, apiserver,
+#      controller-manager, scheduler): no containerd, images or kubelet, no node; for
+#      simulated nodes (scale/run.sh). DIR/env then has no kubelet or containerd entries.
 #
 # Layout (see README.md): every component runs in one private mount namespace (the
 # "cluster namespace") in which /etc/hosts maps the node name to 127.0.0.1, /etc/resolv.conf
@@ -230,7 +233,19 @@ start etcd nice -n 5 "$R/usr/bin/etcd" --name tessera --data-dir "$DIR/etcd" \
 wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
 # ---------- kube-apiserver ----------
+# An audit log of the plugin's own requests only (its ServiceAccount), at Metadata
+# level: every call with its verb and URI (selectors included), for scale/api-calls.py.
+cat >"$DIR/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: ["system:serviceaccount:tessera-system:tessera-plugin"]
+- level: None
+EOF
 start kube-apiserver "$BIN/kube-apiserver" \
+  --audit-policy-file="$DIR/audit-policy.yaml" --audit-log-path="$DIR/audit.log" --audit-log-maxsize=200 \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
@@ -266,6 +281,22 @@ start kube-scheduler "$BIN/kube-scheduler" \
   --kubeconfig="$P/scheduler.kubeconfig" \
   --authentication-kubeconfig="$P/scheduler.kubeconfig" --authorization-kubeconfig="$P/scheduler.kubeconfig" \
   --leader-elect=false --feature-gates="$gates" --v=1
+
+if [ "${TESSERA_CLUSTER_NODELESS:-}" = 1 ]; then
+  cat >"$DIR/env" <<EOF
+KUBECONFIG=$DIR/kubeconfig
+K8S_VERSION=$K8S_VERSION
+K8S_BIN=$BIN
+API_PORT=$API_PORT
+ETCD_PORT=$ETCD_PORT
+KCM_PORT=$KCM_PORT
+SCHED_PORT=$SCHED_PORT
+EOF
+  for d in etcd kube-apiserver kube-controller-manager kube-scheduler; do alive "$d" || die "$d exited"; done
+  echo "control plane up without a node ($K8S_VERSION) $(since "$T0")s after up.sh started"
+  echo "KUBECONFIG=$DIR/kubeconfig"
+  exit 0
+fi
 
 # ---------- containerd 1.7 (chrooted, nested mount namespace) ----------
 C=$DIR/containerd
