@@ -392,7 +392,13 @@ def device_health():
     wait("serviceaccount", lambda: k("-n", ns, "get", "serviceaccount", "default", check=False))
 
     def pod(name):
-        return pod_doc(ns, name, name, grace=1)
+        """Pod NAME with claim NAME, its pod-level entry named NAME too: the 1.34 kubelet
+        matches a container's claim entries by the ResourceClaim's name when it fills
+        allocatedResourcesStatus (1.37 resolves the entry; pod_health)."""
+        d = pod_doc(ns, name, name, grace=1)
+        d["spec"]["resourceClaims"][0]["name"] = name
+        d["spec"]["containers"][0]["resources"]["claims"][0]["name"] = name
+        return d
 
     def claim(name, cel=None):
         exactly = {"deviceClassName": "gpu.tessera.dev"}
@@ -472,8 +478,9 @@ def device_health():
 
 def pod_health(ns, name):
     """ResourceHealthStatus: the kubelet copies the plugin's health stream into the pod's
-    `containerStatuses[].allocatedResourcesStatus` (entry `claim:gpu`, each device by its
-    CDI ID). POD runs on gpu-2: healthy; an XID 94 (NoSchedule: the pod runs on) makes
+    `containerStatuses[].allocatedResourcesStatus` (entry `claim:<the pod's claim entry>`,
+    each device by its CDI ID; the 1.34 kubelet fills it only where that entry is named as
+    the ResourceClaim: it compares the two names, a bug 1.37 no longer has). POD runs on gpu-2: healthy; an XID 94 (NoSchedule: the pod runs on) makes
     it Unhealthy; the quiet period (xidClearAfter) makes it Healthy again. Where the
     kubelet's gate is off (1.34 and 1.35 by default) the field never appears: said, not
     asserted."""
@@ -485,12 +492,12 @@ def pod_health(ns, name):
         return
 
     def health():
-        """The health of every device in the pod's claim:gpu entry: [] when absent."""
+        """The health of every device in the pod's claim:NAME entry: [] when absent."""
         p = kj("-n", ns, "get", "pod", name)
         out = []
         for cs in p["status"].get("containerStatuses") or []:
             for rs in cs.get("allocatedResourcesStatus") or []:
-                if rs.get("name") == "claim:gpu":
+                if rs.get("name") == f"claim:{name}":
                     out += [(r.get("resourceID"), r.get("health")) for r in rs.get("resources") or []]
         return out
 
