@@ -433,79 +433,101 @@ fn mig_fail_points() -> Vec<&'static str> {
         .collect()
 }
 
+/// The partition each model's crash runs prepare (a 3g at memory slice 4), and its
+/// fail points: every one on dgxh100; elsewhere (the same code, about 3 s a run) a
+/// crash with the instance made and the claim not complete, and one with the instance
+/// destroyed and the claim not unprepared.
+const CRASHING: [(&str, &str, Option<[&str; 2]>); 4] = [
+    ("dgxa100", "gpu-0-mig-3g20gb-2-4", Some(SOME_POINTS)),
+    ("dgxh100", "gpu-0-mig-3g40gb-9-4", None),
+    ("dgxh200", "gpu-0-mig-3g71gb-2-4", Some(SOME_POINTS)),
+    ("dgxb200", "gpu-0-mig-3g90gb-2-4", Some(SOME_POINTS)),
+];
+const SOME_POINTS: [&str; 2] = ["prepare-after-mig-create", "unprepare-after-mig-destroy"];
+
 /// The plugin dies (abort, as a kill: nothing runs after it) at every fail point of a
-/// MIG prepare and unprepare on the dgxh100 model; a fresh process reconciles with the
-/// model's state: a half-prepared claim's instance is destroyed, a half-unprepared one
-/// is finished; the kubelet's retries succeed, the MIG device's UUID stays the same
-/// across a restart, and nothing is leaked in the model, the CDI dir or the checkpoint.
+/// MIG prepare and unprepare (dgxh100; two of them on the other models); a fresh
+/// process reconciles with the model's state: a half-prepared claim's instance is
+/// destroyed, a half-unprepared one is finished; the kubelet's retries succeed, the MIG
+/// device's UUID stays the same across a restart, and nothing is leaked in the model,
+/// the CDI dir or the checkpoint.
 #[tokio::test]
-async fn a_crash_at_every_mig_step_leaks_no_instance_on_the_dgxh100_model() {
-    const DEVICE: &str = "gpu-0-mig-3g40gb-9-4";
+async fn a_crash_at_every_mig_step_leaks_no_instance_on_every_model() {
     let Some(built) = built() else { return };
     let points = mig_fail_points();
     assert_eq!(points.len(), 6, "{points:?}");
-    for point in points {
-        let model = Model::new(built, "dgxh100", true);
-        let h = Harness::new().await;
-        let unprepare = point.starts_with("unprepare-");
-        let mut child = start(&h, &model, point).await;
-        let c = claim(&h, "crashing", DEVICE).await;
-        let k = h.kubelet().await;
-        if unprepare {
-            prepare_ok(&k, &c, point).await;
-            let gis = instances(&model, 0);
-            assert_spec_names(&h, &c, &gis[0], point);
-            assert!(k.unprepare_v1(std::slice::from_ref(&c)).await.is_err());
-        } else {
-            assert!(k.prepare_v1(std::slice::from_ref(&c)).await.is_err());
+    assert!(SOME_POINTS.iter().all(|p| points.contains(p)));
+    assert_eq!(CRASHING.map(|(m, ..)| m), MODELS);
+    for (name, device, some) in CRASHING {
+        let run: Vec<&str> = some.map_or_else(|| points.clone(), |p| p.to_vec());
+        for point in run {
+            crash_at(built, name, device, point).await;
         }
-        assert!(child.wait_aborted().await, "{point}: the plugin died");
-        drop(child);
-        let at_crash = all_instances(&model).len();
-        let want = match point {
-            "prepare-after-started"
-            | "unprepare-after-mig-destroy"
-            | "unprepare-after-cdi-remove" => 0,
-            _ => 1,
-        };
-        assert_eq!(at_crash, want, "{point}: instances at the crash");
-
-        let child = start(&h, &model, "").await;
-        let k = h.kubelet().await;
-        assert_eq!(
-            all_instances(&model),
-            [],
-            "{point}: the restart left an instance"
-        );
-        assert!(
-            !h.checkpoint_claims().contains(&c.uid),
-            "{point}: recovery settled the claim"
-        );
-        if unprepare {
-            unprepare_ok(&k, &c, point).await;
-        }
-        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
-
-        prepare_ok(&k, &c, point).await;
-        let gis = instances(&model, 0);
-        assert_eq!(gis.len(), 1, "{point}: {gis:#?}");
-        assert_eq!(gis[0]["placement"]["start"], start_of(DEVICE));
-        let uuid = assert_spec_names(&h, &c, &gis[0], point);
-        child.terminate().await;
-
-        // A clean restart keeps the prepared claim's MIG device as it is.
-        let child = start(&h, &model, "").await;
-        let k = h.kubelet().await;
-        prepare_ok(&k, &c, point).await;
-        let again = instances(&model, 0);
-        assert_eq!(again, gis, "{point}: the device survives a restart");
-        assert_eq!(assert_spec_names(&h, &c, &again[0], point), uuid);
-        unprepare_ok(&k, &c, point).await;
-        assert_eq!(all_instances(&model), [], "{point}: leaked");
-        assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{point}");
-        assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{point}");
-        child.terminate().await;
     }
+}
+
+/// One crash run: `device` on model `name`, the plugin dying at fail point `point`.
+async fn crash_at(built: &Path, name: &'static str, device: &str, point: &str) {
+    let when = format!("{name}: {point}");
+    let when = when.as_str();
+    let model = Model::new(built, name, true);
+    let h = Harness::new().await;
+    let unprepare = point.starts_with("unprepare-");
+    let mut child = start(&h, &model, point).await;
+    let c = claim(&h, "crashing", device).await;
+    let k = h.kubelet().await;
+    if unprepare {
+        prepare_ok(&k, &c, when).await;
+        let gis = instances(&model, 0);
+        assert_spec_names(&h, &c, &gis[0], when);
+        assert!(k.unprepare_v1(std::slice::from_ref(&c)).await.is_err());
+    } else {
+        assert!(k.prepare_v1(std::slice::from_ref(&c)).await.is_err());
+    }
+    assert!(child.wait_aborted().await, "{when}: the plugin died");
+    drop(child);
+    let at_crash = all_instances(&model).len();
+    let want = match point {
+        "prepare-after-started" | "unprepare-after-mig-destroy" | "unprepare-after-cdi-remove" => 0,
+        _ => 1,
+    };
+    assert_eq!(at_crash, want, "{when}: instances at the crash");
+
+    let child = start(&h, &model, "").await;
+    let k = h.kubelet().await;
+    assert_eq!(
+        all_instances(&model),
+        [],
+        "{when}: the restart left an instance"
+    );
+    assert!(
+        !h.checkpoint_claims().contains(&c.uid),
+        "{when}: recovery settled the claim"
+    );
+    if unprepare {
+        unprepare_ok(&k, &c, when).await;
+    }
+    assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{when}");
+
+    prepare_ok(&k, &c, when).await;
+    let gis = instances(&model, 0);
+    assert_eq!(gis.len(), 1, "{when}: {gis:#?}");
+    assert_eq!(gis[0]["placement"]["start"], start_of(device), "{when}");
+    let uuid = assert_spec_names(&h, &c, &gis[0], when);
+    child.terminate().await;
+
+    // A clean restart keeps the prepared claim's MIG device as it is.
+    let child = start(&h, &model, "").await;
+    let k = h.kubelet().await;
+    prepare_ok(&k, &c, when).await;
+    let again = instances(&model, 0);
+    assert_eq!(again, gis, "{when}: the device survives a restart");
+    assert_eq!(assert_spec_names(&h, &c, &again[0], when), uuid);
+    unprepare_ok(&k, &c, when).await;
+    assert_eq!(all_instances(&model), [], "{when}: leaked");
+    assert_eq!(tessera_cdi_files(&h), Vec::<String>::new(), "{when}");
+    assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{when}");
+    child.terminate().await;
 }
 
 /// A `kill -9` of the plugin between two NVML calls of a MIG create or destroy, where
