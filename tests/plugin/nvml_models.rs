@@ -221,13 +221,18 @@ impl Model {
         serde_json::from_slice(&self.cli(&["dump"])).expect("dump is JSON")
     }
 
+    /// Replaces `control.json` whole (temp file + rename: a call reads one state or
+    /// the next, never half of one).
+    pub(crate) fn control(&self, control: &Value) {
+        let path = self.state().join("control.json");
+        let tmp = self.state().join(".control.json.tmp");
+        std::fs::write(&tmp, control.to_string()).expect("write control.json");
+        std::fs::rename(&tmp, &path).expect("rename control.json");
+    }
+
     /// `control.json`: the exports the model refuses.
     fn refuse(&self, symbols: &[&str]) {
-        std::fs::write(
-            self.state().join("control.json"),
-            json!({ "refuse": symbols }).to_string(),
-        )
-        .expect("write control.json");
+        self.control(&json!({ "refuse": symbols }));
     }
 
     /// Tessera's discovery and slices in a child process: `Ok((inventory, slices,
@@ -339,6 +344,33 @@ fn mig_step() {
             }
             nvml.destroy_mig(0, gi.gi_id).expect("destroy_mig");
             assert!(nvml.mig_status(0).unwrap().instances.is_empty());
+        }
+        Ok("usage") => {
+            // What the watchdog and the compute controller read, as JSON lines.
+            for minor in [0, 1] {
+                let processes: Vec<_> = match nvml.processes(minor) {
+                    Ok(v) => v
+                        .iter()
+                        .map(|p| json!([p.pid, p.used_bytes, p.gi_id]))
+                        .collect(),
+                    Err(e) => vec![json!(format!("{e:?}"))],
+                };
+                let samples: Vec<_> = match nvml.process_utilization(minor, 1000) {
+                    Ok(v) => v
+                        .iter()
+                        .map(|s| json!([s.pid, s.timestamp_us, s.sm_percent]))
+                        .collect(),
+                    Err(e) => vec![json!(format!("{e:?}"))],
+                };
+                let usage = match nvml.usage(minor) {
+                    Ok(u) => json!(u.map(|u| u.utilization_percent)),
+                    Err(e) => json!(format!("{e:?}")),
+                };
+                println!(
+                    "USAGE {}",
+                    json!({"gpu": minor, "processes": processes, "samples": samples, "utilization": usage})
+                );
+            }
         }
         other => panic!("unknown step {other:?}"),
     }
@@ -1060,6 +1092,82 @@ fn tessera_inventory_on_the_dgxh100_model_publishes_its_gpus() {
                 .filter(|k| k.starts_with("memory-slice-"))
                 .count();
             assert_eq!(slices, 8, "{name}");
+        }
+    }
+}
+
+/// What go-nvml's models lack comes from `control.json`, through Tessera's own NVML
+/// calls: without it (or with a GPU not listed) processes and utilization are
+/// NOT_SUPPORTED, as the models ship; listed, a GPU's processes (memory unavailable as
+/// `None`, a MIG device's GPU instance), its utilization rate, and the process samples
+/// newer than the time asked (1000 µs here) are what the file says.
+#[test]
+fn processes_and_utilization_come_from_the_control_file() {
+    const NAME: &str = "nvml_models::processes_and_utilization_come_from_the_control_file";
+    if std::env::var(CHILD_ENV).ok().as_deref() == Some(NAME) {
+        mig_step();
+        return;
+    }
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", false);
+    // A refused call: Tessera's error names NVML's NOT_SUPPORTED.
+    let unsupported = |s: &Value| s.as_str().is_some_and(|s| s.contains("NotSupported"));
+    // (control.json, GPU 0's (processes, samples, utilization), GPU 1's processes)
+    let cases: Vec<(Value, Option<(Value, Value, Value)>, Value)> = vec![
+        (json!({}), None, Value::Null),
+        (
+            json!({
+                "processes": {"0": [
+                    {"pid": 41, "usedBytes": 1048576},
+                    {"pid": 42, "usedBytes": null, "gpuInstanceId": 3, "computeInstanceId": 0}
+                ]},
+                "utilization": {"0": {"gpu": 57, "memory": 12, "samples": [
+                    {"pid": 41, "timestampUs": 500, "sm": 90},
+                    {"pid": 41, "timestampUs": 2000, "sm": 30},
+                    {"pid": 42, "timestampUs": 3000, "sm": 20}
+                ]}}
+            }),
+            Some((
+                json!([[41, 1048576, null], [42, null, 3]]),
+                json!([[41, 2000, 30], [42, 3000, 20]]),
+                json!(57),
+            )),
+            json!([]),
+        ),
+    ];
+    for (control, gpu0, gpu1_processes) in cases {
+        model.control(&control);
+        let (status, out) = run_child(&model, NAME, "usage");
+        assert!(
+            status.success() && out.contains("1 passed"),
+            "{control}: {status}\n{out}"
+        );
+        let lines: Vec<Value> = out
+            .lines()
+            .filter_map(|l| l.split_once("USAGE ").map(|(_, j)| j))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        match gpu0 {
+            None => {
+                for l in &lines {
+                    assert!(unsupported(&l["processes"][0]), "{control}: {l}");
+                    assert!(unsupported(&l["samples"][0]), "{control}: {l}");
+                    // Utilization NOT_SUPPORTED is no utilization, not an error.
+                    assert_eq!(l["utilization"], Value::Null, "{control}: {l}");
+                }
+            }
+            Some((processes, samples, utilization)) => {
+                assert_eq!(lines[0]["processes"], processes, "{control}");
+                assert_eq!(lines[0]["samples"], samples, "{control}");
+                assert_eq!(lines[0]["utilization"], utilization, "{control}");
+                assert_eq!(lines[1]["processes"], gpu1_processes, "{control}");
+                assert!(
+                    unsupported(&lines[1]["samples"][0]),
+                    "{control}: {}",
+                    lines[1]
+                );
+            }
         }
     }
 }

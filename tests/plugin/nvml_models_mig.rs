@@ -26,7 +26,7 @@ use crate::nvml_models::{MODELS, Model, built};
 
 /// The plugin on `model`: `--backend nvml:<bridge>`, a `/proc` holding only the
 /// driver's device majors, the watchdog off, and the model's environment.
-async fn start(h: &Harness, model: &Model, fail_points: &str) -> ChildPlugin {
+pub(crate) async fn start(h: &Harness, model: &Model, fail_points: &str) -> ChildPlugin {
     let proc_root = h.dir.path().join("host-proc");
     std::fs::create_dir_all(&proc_root).unwrap();
     std::fs::write(
@@ -554,8 +554,7 @@ async fn a_kill_between_nvml_calls_of_a_mig_step_leaks_no_instance_on_the_dgxh10
         let model = Model::new(built, "dgxh100", true);
         let control = model.state().join("control.json");
         let key = if after { "killAfter" } else { "killBefore" };
-        let arm =
-            || std::fs::write(&control, serde_json::json!({ key: [export] }).to_string()).unwrap();
+        let arm = || model.control(&serde_json::json!({ key: [export] }));
         let h = Harness::new().await;
         if !unprepare {
             arm();
@@ -592,4 +591,77 @@ async fn a_kill_between_nvml_calls_of_a_mig_step_leaks_no_instance_on_the_dgxh10
         assert_eq!(h.checkpoint_claims(), Vec::<String>::new(), "{when}");
         child.terminate().await;
     }
+}
+
+/// Device health on the model: XID critical errors written to `control.json` reach the
+/// plugin through NVML's event set (`nvmlDeviceRegisterEvents`, `nvmlEventSetWait_v2`).
+/// An application XID (13, on gpu-3) changes nothing; XID 79 (fallen off the bus) on
+/// gpu-2 taints gpu-2 NoExecute in the published slice and no other GPU.
+#[tokio::test]
+async fn an_xid_on_the_dgxh100_model_taints_its_gpu() {
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", false);
+    let dump = model.dump();
+    let index_of = |minor: u64| {
+        dump["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["minor"] == minor)
+            .unwrap()["index"]
+            .clone()
+    };
+    let h = Harness::new().await;
+    let child = start(&h, &model, "").await;
+    let api: Api<ResourceSlice> = Api::all(h.api.client().unwrap());
+    let taints = || async {
+        let slices = api.list(&ListParams::default()).await.unwrap();
+        slices
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter_map(|d| {
+                let t = d.taints.as_ref()?;
+                let t: Vec<String> = t
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{}={}:{}",
+                            t.key,
+                            t.value.as_deref().unwrap_or(""),
+                            t.effect
+                        )
+                    })
+                    .collect();
+                (!t.is_empty()).then(|| (d.name.clone(), t.join(",")))
+            })
+            .collect::<Vec<_>>()
+    };
+    published_mig(&h, 0).await;
+    assert_eq!(taints().await, [], "healthy at the start");
+    model.control(&serde_json::json!({ "xid": [
+        { "seq": 1, "gpu": index_of(3), "xid": 13 },
+        { "seq": 2, "gpu": index_of(2), "xid": 79 },
+    ]}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let tainted = loop {
+        let t = taints().await;
+        if t.iter().any(|(n, _)| n == "gpu-2") {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "gpu-2 was never tainted: {t:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // gpu-2 and its partitions (which share its hardware), nothing else.
+    for (name, taint) in &tainted {
+        assert!(
+            name == "gpu-2" || name.starts_with("gpu-2-mig-"),
+            "{name} tainted: {tainted:?}"
+        );
+        assert_eq!(
+            taint, "gpu.tessera.dev/unhealthy=xid-79:NoExecute",
+            "{name}"
+        );
+    }
+    child.terminate().await;
 }
