@@ -1112,8 +1112,10 @@ fn processes_and_utilization_come_from_the_control_file() {
     let model = Model::new(built, "dgxh100", false);
     // A refused call: Tessera's error names NVML's NOT_SUPPORTED.
     let unsupported = |s: &Value| s.as_str().is_some_and(|s| s.contains("NotSupported"));
-    // (control.json, GPU 0's (processes, samples, utilization), GPU 1's processes)
-    let cases: Vec<(Value, Option<(Value, Value, Value)>, Value)> = vec![
+    /// GPU 0's processes, samples and utilization rate.
+    type Gpu0 = (Value, Value, Value);
+    // (control.json, GPU 0's answers (None: NOT_SUPPORTED), GPU 1's processes)
+    let cases: Vec<(Value, Option<Gpu0>, Value)> = vec![
         (json!({}), None, Value::Null),
         (
             json!({
