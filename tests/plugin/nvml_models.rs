@@ -1173,3 +1173,53 @@ fn processes_and_utilization_come_from_the_control_file() {
         }
     }
 }
+
+/// A product the catalog lacks (dgxh200's), MIG on, whose profiles NVML does not list:
+/// every GPU is still published whole, without partitions, with one warning for the
+/// node saying why (the refused call, or that no profile is usable).
+#[test]
+fn an_uncatalogued_gpu_whose_profiles_nvml_refuses_is_published_whole() {
+    const NAME: &str =
+        "nvml_models::an_uncatalogued_gpu_whose_profiles_nvml_refuses_is_published_whole";
+    if child(NAME) {
+        return;
+    }
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh200", true);
+    let dump = model.dump();
+    let gpus = dump["gpus"].as_array().unwrap().len();
+    // (refused call, what the warning says for each GPU)
+    let cases = [
+        (
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            "NVML lists none usable",
+        ),
+        (
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2 (",
+        ),
+    ];
+    for (call, why) in cases {
+        model.refuse(&[call]);
+        let (_, slices, warnings) = model
+            .publish(NAME)
+            .unwrap_or_else(|e| panic!("refusing {call} broke discovery: {e}"));
+        let devices = devices(&slices);
+        for g in dump["gpus"].as_array().unwrap() {
+            let d = &devices[&format!("gpu-{}", g["minor"])];
+            assert_eq!(attr(d, "uuid"), &g["uuid"], "{call}");
+        }
+        assert_eq!(devices.len(), gpus, "{call}: only whole GPUs");
+        assert_eq!(warnings.len(), 1, "{call}: {warnings:#?}");
+        assert_eq!(
+            warnings[0].matches(why).count(),
+            gpus,
+            "{call}: {warnings:#?}"
+        );
+        assert_eq!(
+            warnings[0].matches("published whole").count(),
+            gpus,
+            "{call}: {warnings:#?}"
+        );
+    }
+}
