@@ -289,7 +289,7 @@ pub fn parse_classes(texts: &[&str], what: &str) -> Result<Vec<DeviceClass>, Pla
 pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
     let mut out = Vec::new();
     // (namespace, group) -> claim names the group's pods give (name, claim or template).
-    let mut members: Vec<((String, String), Vec<(String, String)>)> = Vec::new();
+    let mut members: Vec<Member> = Vec::new();
     for p in paths {
         for f in files(p)? {
             let name = f.display().to_string();
@@ -354,6 +354,10 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
     Ok(out)
 }
 
+/// A pod (or pod template) of a PodGroup: ((namespace, group), its claims as
+/// (entry name, claim or template name)).
+type Member = ((String, String), Vec<(String, String)>);
+
 fn is_pod_group(v: &serde_json::Value) -> bool {
     v["kind"] == "PodGroup"
         && v["apiVersion"]
@@ -410,7 +414,7 @@ fn pod_group(
 
 /// ((namespace, group), claims) of a Pod, or of a workload's pod template, that names a
 /// PodGroup in `spec.schedulingGroup.podGroupName`.
-fn pod_group_member(v: &serde_json::Value) -> Option<((String, String), Vec<(String, String)>)> {
+fn pod_group_member(v: &serde_json::Value) -> Option<Member> {
     let spec = match v["kind"].as_str()? {
         "Pod" => &v["spec"],
         _ => &v["spec"]["template"]["spec"],
