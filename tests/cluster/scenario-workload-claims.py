@@ -157,10 +157,12 @@ def gang_that_cannot_fit():
     def unschedulable():
         for c in kj("-n", NS, "get", "podgroups.scheduling.k8s.io", group).get("status", {}).get("conditions", []):
             if c["type"] == "PodGroupInitiallyScheduled" and c["status"] == "False":
-                return f"{c.get('reason')}: {c.get('message', '')[:200]}"
+                return c
         return None
-    why = wait("PodGroup unschedulable", unschedulable, timeout=120)
-    expect(why, f"PodGroup {group}: PodGroupInitiallyScheduled False ({why})")
+    cond = wait("PodGroup unschedulable", unschedulable, timeout=120) or {}
+    expect(cond.get("reason") == "Unschedulable",
+           f"PodGroup {group}: PodGroupInitiallyScheduled False, Unschedulable: {cond.get('message', '')[:240]}",
+           f"{cond}")
     time.sleep(3)
     claims = []
     for p in pods:
