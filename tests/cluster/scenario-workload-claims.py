@@ -9,8 +9,9 @@ Usage (root): scenario-workload-claims.py DIR      (a cluster of up.sh with Tess
 examples/workload-claims/pod-group-shares-a-claim.yaml, images replaced:
   * both pods of the gang run, and their one claim is reserved for the PodGroup
     (status.reservedFor: one entry, scheduling.k8s.io podgroups, the group's name and UID);
-  * the plugin prepared it once (tessera_claim_prepares_total grew by 1) and both
-    containers see the same GPU;
+  * it is prepared once on the node (one CDI spec, one checkpoint entry; the kubelet
+    may ask once per pod that starts before its first prepare returns, and the plugin
+    answers again from its checkpoint) and both containers see the same GPU;
   * deleting one pod keeps it prepared (CDI spec and checkpoint entry there, no
     unprepare); deleting the other unprepares it once (the kubelet unprepares a claim when
     the last pod using it on the node is gone); deleting the PodGroup releases the
@@ -98,9 +99,15 @@ def shared_claim():
     expect(reserved == want, f"claim {cname}: reserved for PodGroup {group} only, not for its pods", f"want {want}")
     devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
     expect(len(devices) == 1, f"claim {cname}: one allocation for the group: {devices}")
-    expect(cdi_spec(uid) and checkpoint_entry(uid), f"claim {cname}: prepared (CDI spec, checkpoint entry)")
+    specs = [f for f in os.listdir(ENV["CDI_DIR"]) if uid in f]
+    expect(len(specs) == 1 and checkpoint_entry(uid), f"claim {cname}: prepared once on the node: one CDI spec "
+           f"{specs}, one checkpoint entry")
+    # The kubelet asks once per pod that starts before its first prepare of the claim
+    # has returned (the pods of a gang start together), and the plugin answers a claim
+    # already prepared from its checkpoint, rewriting nothing (tests/plugin,
+    # a_claim_reserved_for_a_pod_group_is_prepared_once_and_unprepared_on_request).
     p1, u1 = counters()
-    expect(p1 - p0 == 1, f"claim {cname}: prepared once for {len(pods)} pods (prepares +{p1 - p0:g})")
+    expect(1 <= p1 - p0 <= len(pods), f"claim {cname}: {p1 - p0:g} prepare call(s) for {len(pods)} pods")
     seen = {p: gpu_nodes(p) for p in pods}
     expect(len({tuple(s) for s in seen.values()}) == 1 and len(seen[pods[0]]) == 1,
            f"every pod sees the same one GPU: {seen}")
