@@ -182,6 +182,13 @@ const GATES: &[(&str, [Option<bool>; 5])] = &[
         "DRAWorkloadResourceClaims",
         [None, None, Some(false), Some(false), Some(false)],
     ),
+    // Not a DRA gate, but DRAWorkloadResourceClaims needs it (Workload, PodGroup,
+    // pod.spec.schedulingGroup, the scheduler's gang scheduling): alpha in 1.35, beta
+    // and still off by default from 1.37.
+    (
+        "GenericWorkload",
+        [None, Some(false), Some(false), Some(false), Some(false)],
+    ),
     (
         "DRAResourcePoolStatus",
         [None, None, Some(false), Some(false), Some(false)],

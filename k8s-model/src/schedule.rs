@@ -53,6 +53,12 @@ pub enum PlanError {
         source_name: String,
         depth: yaml_guard::TooDeep,
     },
+    #[error("PodGroup {namespace}/{name}: {reason}")]
+    PodGroup {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
     #[error(transparent)]
     Alloc(#[from] AllocError),
 }
@@ -62,6 +68,27 @@ pub enum PlanError {
 pub enum Step {
     Allocate(Box<ResourceClaim>),
     Release(Vec<(String, String)>),
+    /// A PodGroup (`scheduling.k8s.io`) of the inputs: see [`PodGroup`].
+    PodGroup(Box<PodGroup>),
+}
+
+/// A PodGroup whose pods share `spec.resourceClaims` (KEP-5729, beta in 1.37 behind
+/// DRAWorkloadResourceClaims): each entry is one claim for the whole group, allocated
+/// once and reserved for the group. A template such an entry names is already planned
+/// as one claim (as every template is), so the group needs no allocation of its own;
+/// the plan checks that it can stand for the group, and refuses what it cannot model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodGroup {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.resourceClaims`: (entry name, ResourceClaim or ResourceClaimTemplate name).
+    pub claims: Vec<(String, String)>,
+    /// `spec.schedulingPolicy.gang.minCount`, for a gang.
+    pub gang_min_count: Option<i64>,
+    /// Claims of the group's pods among the inputs (Pods, workload templates naming the
+    /// group in `spec.schedulingGroup.podGroupName`) that are not the group's: each pod
+    /// would get its own.
+    pub per_pod_claims: Vec<String>,
 }
 
 /// Splits YAML/JSON text into JSON values, unpacking `List`s. Flow collections nested
@@ -261,11 +288,18 @@ pub fn parse_classes(texts: &[&str], what: &str) -> Result<Vec<DeviceClass>, Pla
 /// `kustomization.yaml`) are skipped with a debug note.
 pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
     let mut out = Vec::new();
+    // (namespace, group) -> claim names the group's pods give (name, claim or template).
+    let mut members: Vec<Member> = Vec::new();
     for p in paths {
         for f in files(p)? {
             let name = f.display().to_string();
             for (i, v) in documents(&read(&f)?, &name)?.into_iter().enumerate() {
-                if v["kind"] == "Release" {
+                if let Some(m) = pod_group_member(&v) {
+                    members.push(m);
+                }
+                if is_pod_group(&v) {
+                    out.push(Step::PodGroup(Box::new(pod_group(&v, &name, i)?)));
+                } else if v["kind"] == "Release" {
                     let claims = v["claims"]
                         .as_array()
                         .map(|a| {
@@ -304,7 +338,130 @@ pub fn read_steps(paths: &[PathBuf]) -> Result<Vec<Step>, PlanError> {
             }
         }
     }
+    for step in &mut out {
+        let Step::PodGroup(g) = step else { continue };
+        for ((ns, group), claims) in &members {
+            if (ns, group) != (&g.namespace, &g.name) {
+                continue;
+            }
+            for c in claims {
+                if !g.claims.contains(c) && !g.per_pod_claims.contains(&c.1) {
+                    g.per_pod_claims.push(c.1.clone());
+                }
+            }
+        }
+    }
     Ok(out)
+}
+
+/// A pod (or pod template) of a PodGroup: ((namespace, group), its claims as
+/// (entry name, claim or template name)).
+type Member = ((String, String), Vec<(String, String)>);
+
+fn is_pod_group(v: &serde_json::Value) -> bool {
+    v["kind"] == "PodGroup"
+        && v["apiVersion"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("scheduling.k8s.io/"))
+}
+
+fn namespace_of(v: &serde_json::Value) -> String {
+    v["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_string()
+}
+
+/// The claims (entry name, claim or template name) of `entries`, a `resourceClaims`
+/// list of a PodGroup or a pod spec.
+fn claim_entries(entries: &serde_json::Value) -> Vec<(String, String)> {
+    entries
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let target = e["resourceClaimName"]
+                .as_str()
+                .or(e["resourceClaimTemplateName"].as_str())?;
+            Some((e["name"].as_str()?.to_string(), target.to_string()))
+        })
+        .collect()
+}
+
+fn pod_group(
+    v: &serde_json::Value,
+    source_name: &str,
+    index: usize,
+) -> Result<PodGroup, PlanError> {
+    let name = v["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| PlanError::Decode {
+            source_name: source_name.into(),
+            index,
+            reason: "a PodGroup without metadata.name".into(),
+        })?;
+    let gang = &v["spec"]["schedulingPolicy"]["gang"];
+    Ok(PodGroup {
+        namespace: namespace_of(v),
+        name: name.into(),
+        claims: claim_entries(&v["spec"]["resourceClaims"]),
+        gang_min_count: gang
+            .is_object()
+            .then(|| gang["minCount"].as_i64().unwrap_or(0)),
+        per_pod_claims: Vec::new(),
+    })
+}
+
+/// ((namespace, group), claims) of a Pod, or of a workload's pod template, that names a
+/// PodGroup in `spec.schedulingGroup.podGroupName`.
+fn pod_group_member(v: &serde_json::Value) -> Option<Member> {
+    let spec = match v["kind"].as_str()? {
+        "Pod" => &v["spec"],
+        _ => &v["spec"]["template"]["spec"],
+    };
+    let group = spec["schedulingGroup"]["podGroupName"].as_str()?;
+    Some((
+        (namespace_of(v), group.to_string()),
+        claim_entries(&spec["resourceClaims"]),
+    ))
+}
+
+/// Why the plan cannot stand for PodGroup `g` on a server with `gates`, if it cannot.
+/// `planned`: the claims and templates of the inputs, by (namespace, name).
+fn pod_group_refusal(
+    g: &PodGroup,
+    gates: &FeatureGates,
+    planned: &[(String, String)],
+) -> Option<String> {
+    if !g.claims.is_empty() && !gates.enabled("DRAWorkloadResourceClaims") {
+        return Some(format!(
+            "spec.resourceClaims needs the DRAWorkloadResourceClaims gate (beta in 1.37, off by \
+             default; give --gates DRAWorkloadResourceClaims=true where the cluster turns it on); \
+             without it the API server drops the field and each pod gets claims of its own, \
+             which the plan does not model (Kubernetes {})",
+            gates.version()
+        ));
+    }
+    if let Some(missing) = g
+        .claims
+        .iter()
+        .find(|(_, c)| !planned.contains(&(g.namespace.clone(), c.clone())))
+    {
+        return Some(format!(
+            "spec.resourceClaims[{}] names {}, which is not among the inputs (a ResourceClaim or \
+             ResourceClaimTemplate): its one allocation for the group cannot be planned",
+            missing.0, missing.1
+        ));
+    }
+    match g.gang_min_count {
+        Some(n) if !g.per_pod_claims.is_empty() => Some(format!(
+            "a gang (minCount {n}) whose pods have claims of their own ({}): the scheduler \
+             places all {n} pods or none, and the plan allocates one claim per template, not \
+             one per pod, so it cannot tell whether the gang fits",
+            g.per_pod_claims.join(", ")
+        )),
+        _ => None,
+    }
 }
 
 /// The outcome of one step.
@@ -352,10 +509,36 @@ pub fn run(
     steps: &[Step],
     gates: &FeatureGates,
 ) -> Result<PlanResult, PlanError> {
+    let planned: Vec<(String, String)> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Allocate(c) => Some((
+                c.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                c.metadata.name.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    for step in steps {
+        if let Step::PodGroup(g) = step
+            && let Some(reason) = pod_group_refusal(g, gates, &planned)
+        {
+            return Err(PlanError::PodGroup {
+                namespace: g.namespace.clone(),
+                name: g.name.clone(),
+                reason,
+            });
+        }
+    }
     let mut alloc = Allocator::new(slices, classes, gates)?;
     let mut outcomes = Vec::new();
     for step in steps {
         match step {
+            // Checked above; its claims are planned once, as their own documents.
+            Step::PodGroup(_) => {}
             Step::Allocate(claim) if let Some(reason) = api_refusal(claim, gates) => {
                 outcomes.push(Outcome::Failed {
                     claim: claim.clone(),
@@ -545,6 +728,105 @@ mod tests {
         );
         // The same claim with a valid name goes to the allocator (and finds no device).
         assert!(!r[1].contains("API server"), "{}", r[1]);
+    }
+
+    const GROUP_POOL: &str = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\n\
+        metadata: {name: s}\nspec: {driver: gpu.tessera.dev, nodeName: n, \
+        pool: {name: n, generation: 1, resourceSliceCount: 1}, devices: [{name: gpu-0}, {name: gpu-1}]}\n";
+    const GROUP_CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\n\
+        metadata: {name: gpu.tessera.dev}\nspec: {}\n";
+
+    /// The plan of `claims` (a file's text, or the repository's PodGroup example) on two
+    /// GPUs, with Kubernetes 1.37 and `gates`.
+    fn plan_group(claims: Option<&str>, gates: &str) -> Result<PlanResult, PlanError> {
+        let d = dir_with(&[("slices.yaml", GROUP_POOL), ("classes.yaml", GROUP_CLASS)]);
+        let input = match claims {
+            Some(text) => {
+                std::fs::write(d.path().join("claims.yaml"), text).unwrap();
+                d.path().join("claims.yaml")
+            }
+            None => Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/workload-claims/pod-group-shares-a-claim.yaml"),
+        };
+        let v137: crate::release::KubeVersion = "1.37".parse().unwrap();
+        let gates = FeatureGates::parse(v137, gates).unwrap();
+        let slices = read_slices(&d.path().join("slices.yaml")).unwrap();
+        let classes = read_classes(&d.path().join("classes.yaml")).unwrap();
+        run(&slices, &classes, &read_steps(&[input])?, &gates)
+    }
+
+    fn group_refusal(r: Result<PlanResult, PlanError>) -> String {
+        match r {
+            Err(e @ PlanError::PodGroup { .. }) => e.to_string(),
+            other => panic!("want a PodGroup refusal, got {other:?}"),
+        }
+    }
+
+    /// The example's two pods share one claim reserved for their PodGroup: the plan
+    /// allocates it once, one GPU for the whole group.
+    #[test]
+    fn a_pod_group_s_shared_claim_is_one_allocation_for_the_group() {
+        let r = plan_group(None, "DRAWorkloadResourceClaims=true").unwrap();
+        let allocated: Vec<_> = r
+            .outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Allocated(c) => c.metadata.name.clone().unwrap_or_default(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(allocated, ["gang-gpu"]);
+    }
+
+    /// Without DRAWorkloadResourceClaims the server drops the group's claims and each
+    /// pod would need its own: refused, saying which gate.
+    #[test]
+    fn a_pod_group_s_claims_without_the_gate_are_refused_with_the_reason() {
+        let why = group_refusal(plan_group(None, ""));
+        assert!(
+            why.starts_with("PodGroup default/trainers: spec.resourceClaims needs the DRAWorkloadResourceClaims gate"),
+            "{why}"
+        );
+    }
+
+    /// A gang whose pods each have a claim of their own (from a template) must place all
+    /// of them at once; the plan has one claim per template, so it refuses the gang.
+    #[test]
+    fn a_gang_whose_pods_have_claims_of_their_own_is_refused() {
+        let text = "apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata: {name: g}\n\
+            spec: {schedulingPolicy: {gang: {minCount: 3}}}\n---\n\
+            apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: own}\n\
+            spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.tessera.dev}}]}}}\n---\n\
+            apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {replicas: 3, selector: {}, \
+            template: {spec: {schedulingGroup: {podGroupName: g}, \
+            resourceClaims: [{name: gpu, resourceClaimTemplateName: own}], containers: []}}}\n";
+        let why = group_refusal(plan_group(Some(text), "DRAWorkloadResourceClaims=true"));
+        assert!(
+            why.contains("a gang (minCount 3) whose pods have claims of their own (own)"),
+            "{why}"
+        );
+        // The same gang whose pods claim nothing of their own: only the group's claims,
+        // none here, so nothing to refuse and nothing but the template to plan.
+        let shared_only = text.replace(
+            ", \
+            resourceClaims: [{name: gpu, resourceClaimTemplateName: own}]",
+            "",
+        );
+        assert!(shared_only.len() < text.len());
+        let r = plan_group(Some(&shared_only), "DRAWorkloadResourceClaims=true").unwrap();
+        assert_eq!(r.outcomes.len(), 1);
+    }
+
+    /// A group's claim must be among the inputs: its one allocation is what the plan is for.
+    #[test]
+    fn a_pod_group_naming_a_claim_not_among_the_inputs_is_refused() {
+        let text = "apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata: {name: g, namespace: ml}\n\
+            spec: {schedulingPolicy: {basic: {}}, resourceClaims: [{name: gpu, resourceClaimTemplateName: absent}]}\n";
+        let why = group_refusal(plan_group(Some(text), "DRAWorkloadResourceClaims=true"));
+        assert!(
+            why.starts_with("PodGroup ml/g: spec.resourceClaims[gpu] names absent, which is not among the inputs"),
+            "{why}"
+        );
     }
 
     fn names(taken: &[(usize, serde_json::Value)]) -> Vec<(usize, String)> {

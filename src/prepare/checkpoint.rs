@@ -103,7 +103,8 @@ pub struct ClaimRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lib_version: Option<String>,
     /// The pods the claim was reserved for when it was prepared (`status.reservedFor`):
-    /// the watchdog maps a GPU process to its claim through its pod.
+    /// the watchdog maps a GPU process to its claim through its pod. Empty for a claim
+    /// reserved for a PodGroup (its pods are found live, `watchdog::pods`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<PodRef>,
     /// Unix seconds when prepare started / completed.

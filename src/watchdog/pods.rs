@@ -3,8 +3,10 @@
 //! The checkpoint records a claim's pods once, from `status.reservedFor` at prepare,
 //! and prepare returns early for a claim already prepared: a pod that joins a shared
 //! claim later is not in the record, nor is a pod recorded for one claim that later
-//! joins a second shared claim on the same GPU. So the watchdog merges the checkpoint's
-//! records with what the API server says every pod with GPU processes uses ([`claims_of`]).
+//! joins a second shared claim on the same GPU. A claim reserved for a PodGroup (1.37,
+//! DRAWorkloadResourceClaims) records no pod at all: `reservedFor` names the group. So
+//! the watchdog merges the checkpoint's records with what the API server says every pod
+//! with GPU processes uses ([`claims_of`]).
 //!
 //! The API load is one list of this node's pods per refresh ([`PodCache`]), whatever
 //! the number of pods: `fieldSelector=spec.nodeName=<node>` with `resourceVersion=0`

@@ -153,6 +153,18 @@ impl ClaimBuilder {
         self
     }
 
+    /// Reserves the claim for the PodGroup `group` (UID `<group>-uid`) rather than for
+    /// pods, as the 1.37 scheduler does for a PodGroup's claim (DRAWorkloadResourceClaims).
+    pub fn reserved_for_pod_group(mut self, group: &str) -> Self {
+        self.reserved_for = Some(vec![ResourceClaimConsumerReference {
+            api_group: Some("scheduling.k8s.io".into()),
+            resource: "podgroups".into(),
+            name: group.into(),
+            uid: format!("{group}-uid"),
+        }]);
+        self
+    }
+
     /// A spec with one request per allocated request name, in the order of the results:
     /// an exact request of [`DEVICE_CLASS`], or, for a `req/sub` result, a
     /// `firstAvailable` request with that subrequest.

@@ -299,7 +299,28 @@ impl Harness {
             b = b.opaque_config(source, reqs, params.clone());
         }
         // `req/sub` results need a firstAvailable request with that subrequest.
-        let b = b.requests_of_results().reserved_for_its_pod();
+        self.store_allocated(name, b.requests_of_results().reserved_for_its_pod())
+            .await
+    }
+
+    /// A claim of whole devices `results` (request, device on [`NODE`]) allocated and
+    /// reserved for the PodGroup `group`, not for pods.
+    pub async fn allocated_group_claim(
+        &self,
+        name: &str,
+        results: &[(&str, &str)],
+        group: &str,
+    ) -> KubeletClaim {
+        let mut b = ClaimBuilder::new(name);
+        for (request, device) in results {
+            b = b.allocated(crate::claims::result(request, NODE, device));
+        }
+        self.store_allocated(name, b.requests_of_results().reserved_for_pod_group(group))
+            .await
+    }
+
+    /// Creates the claim `b` builds and stores its status, allocated on this node.
+    async fn store_allocated(&self, name: &str, b: ClaimBuilder) -> KubeletClaim {
         let mut claim = b.clone().build();
         claim.status = None;
         let api = self.claims();

@@ -27,6 +27,7 @@ e2e_step "scenario one-gpu" "$here/scenario-one-gpu.sh" "$DIR"
 e2e_step "scenario inventory after one-gpu" "$here/scenario-inventory.sh" "$DIR"
 e2e_step "scenario workloads" python3 "$here/scenario-workloads.py" "$DIR"
 e2e_step "scenario rules" python3 "$here/scenario-rules.py" "$DIR"
+e2e_step "scenario workload claims" python3 "$here/scenario-workload-claims.py" "$DIR"
 e2e_step "scenario plan agreement" "$here/scenario-plan-agreement.sh" "$DIR"
 # TESSERA_E2E_BENCH=quick|full: the pod start-up benchmark too (tests/real_cluster.rs
 # asks for the quick mode on the newest release, so that it cannot rot).

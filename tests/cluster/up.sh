@@ -196,7 +196,10 @@ log "certificates written"
 features=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION/pkg/features/kube_features.go
 [ -f "$features" ] || (cd "$K8S_MOD" && go mod download k8s.io/kubernetes)
 gates=""
-for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess ResourceHealthStatus; do
+# GenericWorkload (Workload, PodGroup, pod.spec.schedulingGroup, the scheduler's
+# GangScheduling plugin) and DRAWorkloadResourceClaims (a claim reserved for a PodGroup)
+# exist from 1.35 and 1.36 and are off by default in 1.37 (beta).
+for g in DRAConsumableCapacity DRAPartitionableDevices DRAExtendedResource DRADeviceTaints DRADeviceTaintRules DRAAdminAccess ResourceHealthStatus GenericWorkload DRAWorkloadResourceClaims; do
   grep -q "^	$g: {" "$features" && gates+="${gates:+,}$g=true"
 done
 [ -n "${TESSERA_CLUSTER_GATES+set}" ] && gates=$TESSERA_CLUSTER_GATES
@@ -204,6 +207,8 @@ done
 # v1alpha3 (DeviceTaintRule) while DeviceTaintRule is alpha (1.34, 1.35).
 runtime_config=resource.k8s.io/v1=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true
 [ "$K8S_MINOR" -le 35 ] && runtime_config+=,resource.k8s.io/v1alpha3=true
+# scheduling.k8s.io/v1beta1 (Workload, PodGroup) is a beta API, off by default (1.37).
+[[ ",$gates," == *",GenericWorkload=true,"* && "$K8S_MINOR" -ge 37 ]] && runtime_config+=,scheduling.k8s.io/v1beta1=true
 echo "$gates" >"$DIR/feature-gates"
 
 # start NAME CMD...: a daemon in the background, its own session, output to logs/NAME.log.

@@ -212,6 +212,43 @@ async fn prepare_is_idempotent() {
     p.stop().await;
 }
 
+/// A claim reserved for a PodGroup (1.37, DRAWorkloadResourceClaims) lists no pod in
+/// `status.reservedFor`: it is prepared like any other, recorded with no pods (the
+/// watchdog finds the group's pods through the pods themselves), prepared once however
+/// many of the group's pods the kubelet starts, and unprepared when the kubelet says so.
+#[tokio::test]
+async fn a_claim_reserved_for_a_pod_group_is_prepared_once_and_unprepared_on_request() {
+    let h = Harness::new().await;
+    let p = h.start_plugin().await;
+    let k = h.kubelet().await;
+    let c = h
+        .allocated_group_claim("gang", &[("gpu", "gpu-0")], "trainers")
+        .await;
+    let first = k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    let r = &first.claims[&c.uid];
+    assert_eq!(r.error, "");
+    assert_eq!(r.devices.len(), 1);
+    assert_eq!(r.devices[0].device_name, "gpu-0");
+    let cp: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(h.opts.paths.state_dir.join("checkpoint.json")).unwrap(),
+    )
+    .unwrap();
+    let record = &cp["claims"][&c.uid];
+    assert_eq!(record["state"], "PrepareCompleted", "{record}");
+    assert!(record.get("pods").is_none(), "no pods recorded: {record}");
+    let spec_t = stamp(&spec_path(&h, &c.uid));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A second pod of the group on this node: the same answer, nothing rewritten.
+    let second = k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(stamp(&spec_path(&h, &c.uid)), spec_t, "spec not rewritten");
+    let r = k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(r.claims[&c.uid].error, "");
+    assert!(h.cdi_files().is_empty(), "{:?}", h.cdi_files());
+    assert!(h.checkpoint_claims().is_empty());
+    p.stop().await;
+}
+
 /// After a plugin restart, a prepared claim is still known: prepare answers the same,
 /// unprepare cleans up.
 #[tokio::test]
