@@ -1547,6 +1547,8 @@ static nvmlReturn_t mig_mode_of(const struct fake_gpu *g, unsigned int *mode) {
     nvmlReturn_t rc = read_state(&g_scratch, NVML_ERROR_UNKNOWN);
     if (rc != NVML_SUCCESS)
         return rc;
+    if (g->index >= g_scratch.gpu_count)
+        return NVML_ERROR_UNKNOWN; /* the node changed under us */
     const struct fake_gpu *now = &g_scratch.gpus[g_scratch.by_index[g->index]];
     *mode = now->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
     return NVML_SUCCESS;
