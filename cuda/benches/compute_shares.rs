@@ -24,7 +24,8 @@
 //!
 //! Run: `cargo bench -p tessera-interpose --bench compute_shares` (needs root for
 //! `unshare -m`; without it the bench says so and stops, and fails under `CI`).
-//! `TESSERA_BENCH_QUICK=1` runs one seed of two rows (25/40, and 25's blocks cost 3x)
+//! `TESSERA_BENCH_QUICK=1` runs one seed of two rows (25/40, and 25's blocks cost 3x;
+//! four windows each)
 //! and of the time-series scenarios (without the bucket rewinder, whose code paths the
 //! counter forger shares, and without the forger's unthrottled run). A benchmark reports:
 //! runs whose mean misses the ±2 point goal are listed as misses at the end, and the
@@ -45,13 +46,16 @@ fn main() {
     }
     let quick = std::env::var_os("TESSERA_BENCH_QUICK").is_some();
     let seeds: Vec<u64> = if quick { vec![1] } else { vec![1, 2, 3] };
+    // Quick mode: four windows after the warm-up instead of ten (CI reads none of the
+    // figures; every code path still runs).
+    let row_secs = WARMUP_S + if quick { 4.0 } else { WINDOWS as f64 };
     let dir = tempfile::tempdir().unwrap();
     let nvml = fake_nvml(dir.path());
     let mut misses = Vec::new();
     println!(
         "compute shares on the simulated GPU: achieved share of GPU busy time, windows {}..{} s, {} seed(s)",
         WARMUP_S,
-        WARMUP_S + WINDOWS as f64,
+        row_secs,
         seeds.len()
     );
     println!(
@@ -104,6 +108,9 @@ fn main() {
         // Two rows, so that CI runs every code path of the bench in under a minute: the
         // plain split and the one where the claims' blocks cost differently.
         scenarios.retain(|s| s.name == "25/40" || s.name == "25/40, 25's blocks cost 3x");
+    }
+    for s in &mut scenarios {
+        s.secs = row_secs;
     }
     let only = std::env::var("TESSERA_BENCH_ONLY").ok();
     for sc in &scenarios {

@@ -19,6 +19,8 @@ pub enum Verification {
     Inferred,
     /// Derived without any transcript (e.g. B200, from the guide's fractions only).
     Unverified,
+    /// Read from the GPU's own NVML at run time (a product the catalog lacks).
+    FromNvml,
 }
 
 /// One GPU-instance profile, as NVML describes it.
@@ -103,8 +105,15 @@ impl GpuModel {
     }
 }
 
-/// The model whose NVML product names include `product_name` (exact match), if any.
+/// The model whose NVML product names include `product_name` (exact match): the
+/// catalog's, else one this process read from NVML for a product the catalog lacks
+/// ([`super::discovered`]).
 pub fn model_for_product(product_name: &str) -> Option<&'static GpuModel> {
+    catalogued(product_name).or_else(|| super::discovered::model_for_product(product_name))
+}
+
+/// The catalog's own model for `product_name` (exact match), if any.
+pub fn catalogued(product_name: &str) -> Option<&'static GpuModel> {
     MODELS
         .iter()
         .find(|m| m.product_names.contains(&product_name))
@@ -116,17 +125,26 @@ pub fn all_models() -> &'static [GpuModel] {
 }
 
 /// Full-GI compute-instance profile index for a GI of `sm_slices` SM slices
-/// (`NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE`).
-const fn full_gi_ci_profile_index(sm_slices: u32) -> u32 {
+/// (`NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE`), `None` for other counts.
+/// Deterministic.
+pub const fn full_gi_ci_profile(sm_slices: u32) -> Option<u32> {
     match sm_slices {
-        1 => 0,
-        2 => 1,
-        3 => 2,
-        4 => 3,
-        7 => 4,
-        8 => 5,
-        6 => 6,
-        _ => panic!("no compute-instance profile for this slice count"),
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+/// [`full_gi_ci_profile`] for the static tables: an unknown count fails the build.
+const fn full_gi_ci_profile_index(sm_slices: u32) -> u32 {
+    match full_gi_ci_profile(sm_slices) {
+        Some(i) => i,
+        None => panic!("no compute-instance profile for this slice count"),
     }
 }
 

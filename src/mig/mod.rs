@@ -8,10 +8,14 @@
 //!   remaining capacity, destroy preconditions) and the identifiers derived from them
 //!   (GI IDs, `nvidia-caps` minors, MIG UUIDs), with errors that carry NVML's codes.
 //!
-//! Everything here is pure and deterministic. Creating instances on real hardware is the
+//! * [`discovered`] holds the models this process read from NVML for products the
+//!   catalog lacks; [`model_for_product`] finds them after the catalog's.
+//!
+//! Everything else here is pure and deterministic. Creating instances on real hardware is the
 //! backend's job; a simulated GPU calls [`geometry`] so that it behaves like NVML.
 
 pub mod catalog;
+pub mod discovered;
 pub mod geometry;
 
 pub use catalog::{GpuModel, MigProfile, Verification, all_models, model_for_product};

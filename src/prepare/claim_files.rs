@@ -1,15 +1,9 @@
 //! The per-claim files of shared-GPU claims under `<run-dir>/claims/<uid>/`: `limits`,
 //! `control` and `region` (formats in the `tessera-abi` crate and docs/design.md).
-//! Rendering is pure; creating and removing the directory are atomic:
-//!
-//! * create: write the three files into `claims/.<uid>.tmp/` (each fsynced, at full
-//!   size), fsync it, rename it to `claims/<uid>`, fsync `claims/`;
-//! * remove: rename `claims/<uid>` to `claims/.<uid>.del`, fsync, then delete. A region
-//!   still mapped by a running process is unlinked like any file: its pages live on
-//!   until the last mapping goes, and nothing here touches them.
-//!
-//! The checkpoint records the directory before it is created, so start-up
-//! ([`sweep`]) removes half-made (`.tmp`), half-removed (`.del`) and unknown ones.
+//! Rendering is pure; the directory is made and removed atomically by `claim_dir`
+//! (each file fsynced at full size before the rename). A region still mapped by a
+//! running process is unlinked like any file on removal: its pages live on until the
+//! last mapping goes, and nothing here touches them.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -21,6 +15,7 @@ use tessera_abi::control::{self, GpuControl};
 use tessera_abi::limits::Limits;
 use tessera_abi::region;
 
+use crate::prepare::claim_dir;
 use crate::prepare::claim_plan::ClaimPlan;
 
 /// Why a claim's files could not be rendered, written or removed.
@@ -114,11 +109,13 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io::Resul
     Ok(())
 }
 
-fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> ClaimFilesError {
-    ClaimFilesError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
+impl From<claim_dir::DirError> for ClaimFilesError {
+    fn from(e: claim_dir::DirError) -> Self {
+        ClaimFilesError::Io {
+            what: e.what,
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 
@@ -126,88 +123,36 @@ fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> ClaimFiles
 /// are 0444 (mounted read-only; the plugin, as root, still updates `control`), the
 /// region 0666 (containers may run as any user).
 pub fn create(run_dir: &Path, uid: &str, files: &ClaimFiles) -> Result<PathBuf, ClaimFilesError> {
-    let claims = run_dir.join(CLAIMS_DIR);
-    fs::create_dir_all(&claims).map_err(|e| io_err("creating", &claims, e))?;
-    let tmp = claims.join(format!(".{uid}.tmp"));
-    let dst = claims.join(uid);
-    remove_tree(&tmp).map_err(|e| io_err("removing", &tmp, e))?;
-    remove(run_dir, uid)?;
-    fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
-        .map_err(|e| io_err("chmod", &tmp, e))?;
     let control = control::initial_bytes(&files.control)
         .map_err(|e| ClaimFilesError::Render(format!("control: {e}")))?;
-    let result = (|| {
-        write_file(
-            &tmp,
-            tessera_abi::LIMITS_FILE,
-            files.limits.render().as_bytes(),
-            0o444,
-        )?;
-        write_file(&tmp, tessera_abi::CONTROL_FILE, &control, 0o444)?;
-        write_file(&tmp, tessera_abi::REGION_FILE, &files.region, 0o666)?;
-        tessera_cdi::atomic::sync_dir(&tmp)?;
-        fs::rename(&tmp, &dst)?;
-        tessera_cdi::atomic::sync_dir(&claims)
-    })();
-    if let Err(e) = result {
-        let _ = remove_tree(&tmp);
-        return Err(io_err("writing claim files in", &tmp, e));
-    }
-    Ok(dst)
-}
-
-fn remove_tree(p: &Path) -> std::io::Result<()> {
-    match fs::remove_dir_all(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    let root = run_dir.join(CLAIMS_DIR);
+    Ok(claim_dir::create(
+        &root,
+        uid,
+        "writing claim files in",
+        |tmp| {
+            write_file(
+                tmp,
+                tessera_abi::LIMITS_FILE,
+                files.limits.render().as_bytes(),
+                0o444,
+            )?;
+            write_file(tmp, tessera_abi::CONTROL_FILE, &control, 0o444)?;
+            write_file(tmp, tessera_abi::REGION_FILE, &files.region, 0o666)
+        },
+    )?)
 }
 
 /// Removes `claims/<uid>` (idempotent): renamed aside first, so that a crash leaves
 /// either the whole directory or a `.del` that start-up deletes.
 pub fn remove(run_dir: &Path, uid: &str) -> Result<(), ClaimFilesError> {
-    let claims = run_dir.join(CLAIMS_DIR);
-    let dir = claims.join(uid);
-    let del = claims.join(format!(".{uid}.del"));
-    match fs::rename(&dir, &del) {
-        Ok(()) => {
-            tessera_cdi::atomic::sync_dir(&claims).map_err(|e| io_err("syncing", &claims, e))?
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("removing", &dir, e)),
-    }
-    remove_tree(&del).map_err(|e| io_err("removing", &del, e))
+    Ok(claim_dir::remove(&run_dir.join(CLAIMS_DIR), uid)?)
 }
 
 /// Removes every entry of `claims/` that is not the directory of a claim in `known`:
 /// half-made, half-removed and orphaned directories. Returns what it removed.
 pub fn sweep(run_dir: &Path, known: &BTreeSet<String>) -> Result<Vec<String>, ClaimFilesError> {
-    let claims = run_dir.join(CLAIMS_DIR);
-    let mut removed = Vec::new();
-    let entries = match fs::read_dir(&claims) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
-        Err(e) => return Err(io_err("listing", &claims, e)),
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if known.contains(&name) {
-            continue;
-        }
-        let p = e.path();
-        let r = if p.is_dir() {
-            remove_tree(&p)
-        } else {
-            fs::remove_file(&p)
-        };
-        r.map_err(|err| io_err("removing", &p, err))?;
-        removed.push(name);
-    }
-    if !removed.is_empty() {
-        tessera_cdi::atomic::sync_dir(&claims).map_err(|e| io_err("syncing", &claims, e))?;
-    }
-    Ok(removed)
+    Ok(claim_dir::sweep(&run_dir.join(CLAIMS_DIR), known)?)
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ pub struct MigTarget {
     pub profile_id: u32,
     pub start: u32,
     pub size: u32,
-    /// The GI ID NVML gives that placement (heap index), known before creation.
+    /// The GI ID NVML gives that placement (heap index), predicted before creation to
+    /// check the claim's CDI spec; the record takes NVML's once it is made. 0 where the
+    /// heap formula does not apply (a placement only a model read from NVML lists).
     pub gi_id: u32,
 }
 
@@ -387,12 +389,14 @@ pub fn plan_claim(
                     .filter(|p| p.placements.contains(&placement_start))
                     .ok_or_else(unknown)?;
                 let size = p.placement_size();
+                // A placement NVML lists that the heap formula does not cover (a model
+                // read from NVML) is still valid: its GI ID is NVML's to name.
                 let gi_id = crate::mig::geometry::gi_id_for_placement(
                     model.memory_slices,
                     placement_start,
                     size,
                 )
-                .ok_or_else(unknown)?;
+                .unwrap_or(0);
                 (
                     gpu,
                     Some(MigTarget {

@@ -17,10 +17,9 @@
 //! created.
 //!
 //! Rendering is pure ([`render`], [`add_mounts`]); the files live on the host under
-//! `<run-dir>/metadata/<claim uid>/<request>/`, created as one directory atomically
-//! (written under `.<uid>.tmp`, fsynced, renamed) and removed by renaming it aside, as
-//! the claim files are. The checkpoint records the directory before it is created, so
-//! start-up ([`sweep`]) removes half-made, half-removed and unknown ones.
+//! `<run-dir>/metadata/<claim uid>/<request>/`, one directory per claim made and
+//! removed atomically by `claim_dir`, as the claim files are; start-up ([`sweep`])
+//! removes half-made, half-removed and unknown ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
@@ -33,6 +32,7 @@ use serde::Serialize;
 use tessera_cdi::{Mount, Spec};
 
 use crate::prepare::checkpoint::PreparedDevice;
+use crate::prepare::claim_dir;
 
 /// Where the files are mounted in containers (`metadata.ContainerDir`).
 pub const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
@@ -310,18 +310,13 @@ pub fn add_mounts(
     }
 }
 
-fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> MetadataError {
-    MetadataError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn remove_tree(p: &Path) -> std::io::Result<()> {
-    match fs::remove_dir_all(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+impl From<claim_dir::DirError> for MetadataError {
+    fn from(e: claim_dir::DirError) -> Self {
+        MetadataError::Io {
+            what: e.what,
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 
@@ -335,78 +330,37 @@ pub fn create(
     files: &[MetadataFile],
 ) -> Result<PathBuf, MetadataError> {
     let root = run_dir.join(METADATA_DIR);
-    fs::create_dir_all(&root).map_err(|e| io_err("creating", &root, e))?;
-    let tmp = root.join(format!(".{uid}.tmp"));
-    let dst = root.join(uid);
-    remove_tree(&tmp).map_err(|e| io_err("removing", &tmp, e))?;
-    remove(run_dir, uid)?;
-    let result = (|| {
-        fs::create_dir(&tmp)?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
-        for f in files {
-            let dir = tmp.join(&f.request);
-            fs::create_dir(&dir)?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
-            let path = dir.join(file_name(driver));
-            let mut out = File::options().write(true).create_new(true).open(&path)?;
-            out.write_all(&f.bytes)?;
-            out.sync_all()?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
-            tessera_cdi::atomic::sync_dir(&dir)?;
-        }
-        tessera_cdi::atomic::sync_dir(&tmp)?;
-        fs::rename(&tmp, &dst)?;
-        tessera_cdi::atomic::sync_dir(&root)
-    })();
-    if let Err(e) = result {
-        let _ = remove_tree(&tmp);
-        return Err(io_err("writing device metadata in", &tmp, e));
-    }
-    Ok(dst)
+    Ok(claim_dir::create(
+        &root,
+        uid,
+        "writing device metadata in",
+        |tmp| {
+            for f in files {
+                let dir = tmp.join(&f.request);
+                fs::create_dir(&dir)?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+                let path = dir.join(file_name(driver));
+                let mut out = File::options().write(true).create_new(true).open(&path)?;
+                out.write_all(&f.bytes)?;
+                out.sync_all()?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
+                tessera_cdi::atomic::sync_dir(&dir)?;
+            }
+            Ok(())
+        },
+    )?)
 }
 
 /// Removes `metadata/<uid>` (idempotent): renamed aside first, so that a crash leaves
 /// either the whole directory or a `.del` that start-up deletes.
 pub fn remove(run_dir: &Path, uid: &str) -> Result<(), MetadataError> {
-    let root = run_dir.join(METADATA_DIR);
-    let dir = root.join(uid);
-    let del = root.join(format!(".{uid}.del"));
-    match fs::rename(&dir, &del) {
-        Ok(()) => tessera_cdi::atomic::sync_dir(&root).map_err(|e| io_err("syncing", &root, e))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("removing", &dir, e)),
-    }
-    remove_tree(&del).map_err(|e| io_err("removing", &del, e))
+    Ok(claim_dir::remove(&run_dir.join(METADATA_DIR), uid)?)
 }
 
 /// Removes every entry of `metadata/` that is not the directory of a claim in `known`.
 /// Returns what it removed.
 pub fn sweep(run_dir: &Path, known: &BTreeSet<String>) -> Result<Vec<String>, MetadataError> {
-    let root = run_dir.join(METADATA_DIR);
-    let mut removed = Vec::new();
-    let entries = match fs::read_dir(&root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
-        Err(e) => return Err(io_err("listing", &root, e)),
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if known.contains(&name) {
-            continue;
-        }
-        let p = e.path();
-        let r = if p.is_dir() {
-            remove_tree(&p)
-        } else {
-            fs::remove_file(&p)
-        };
-        r.map_err(|err| io_err("removing", &p, err))?;
-        removed.push(name);
-    }
-    if !removed.is_empty() {
-        tessera_cdi::atomic::sync_dir(&root).map_err(|e| io_err("syncing", &root, e))?;
-    }
-    Ok(removed)
+    Ok(claim_dir::sweep(&run_dir.join(METADATA_DIR), known)?)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 pub mod cdi_spec;
 pub mod checkpoint;
+pub mod claim_dir;
 pub mod claim_files;
 pub mod claim_plan;
 pub mod device_metadata;

@@ -203,18 +203,27 @@ fn e2e_with(script: &str, version: &str, env: &[(&str, &str)]) {
     ));
     // Short: the kubelet's plugin sockets live under it (a Unix socket path has 107
     // bytes at most).
+    run_in_fresh_dir(&suite, &format!("k{}-", version.replace('.', "")), |dir| {
+        let mut cmd = Command::new(cluster.join(script));
+        cmd.arg(version).arg(dir).envs(env.iter().copied());
+        cmd
+    });
+}
+
+/// Runs the command `make` builds for a fresh directory under /tmp (named `prefix…`),
+/// reporting its time. On failure it prints the end of every log in that directory,
+/// keeps the directory and panics. The caller holds a cluster slot.
+fn run_in_fresh_dir(suite: &str, prefix: &str, make: impl FnOnce(&Path) -> Command) {
     let tmp = tempfile::Builder::new()
-        .prefix(&format!("k{}-", version.replace('.', "")))
+        .prefix(prefix)
         .tempdir_in("/tmp")
         .unwrap();
     let dir = tmp.path().to_path_buf();
+    let mut cmd = make(&dir);
     let t = Instant::now();
-    let mut cmd = Command::new(cluster.join(script));
-    cmd.arg(version).arg(&dir);
-    cmd.envs(env.iter().copied());
     let status = cmd
         .status()
-        .unwrap_or_else(|e| panic!("tests/cluster/{script}: {e}"));
+        .unwrap_or_else(|e| panic!("{}: {e}", cmd.get_program().to_string_lossy()));
     e2e::report(format_args!("{suite}: {status} after {:.0?}", t.elapsed()));
     if !status.success() {
         dump_logs(&dir);
@@ -311,25 +320,11 @@ fn simulated_gpu_nodes_publish_once_and_stay_quiet_on_kubernetes_1_37() {
         "tests/cluster/build.sh 1.37",
     );
     let _slot = Slot::take();
-    let tmp = tempfile::Builder::new()
-        .prefix("s137-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let dir = tmp.path().to_path_buf();
-    let t = Instant::now();
-    let status = Command::new(cluster.join("scale/run.sh"))
-        .arg("1.37")
-        .arg(&dir)
-        .args(["--nodes", "48", "--steady-secs", "20", "--fill", "0.3"])
-        .status()
-        .unwrap_or_else(|e| panic!("tests/cluster/scale/run.sh: {e}"));
-    e2e::report(format_args!("{suite}: {status} after {:.0?}", t.elapsed()));
-    if !status.success() {
-        dump_logs(&dir);
-        let kept = tmp.keep();
-        panic!(
-            "{suite} failed ({status}); its dir is kept: {}",
-            kept.display()
-        );
-    }
+    run_in_fresh_dir(suite, "s137-", |dir| {
+        let mut cmd = Command::new(cluster.join("scale/run.sh"));
+        cmd.arg("1.37")
+            .arg(dir)
+            .args(["--nodes", "48", "--steady-secs", "20", "--fill", "0.3"]);
+        cmd
+    });
 }

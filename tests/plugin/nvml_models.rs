@@ -21,15 +21,16 @@ use tessera::naming::{DeviceRef, parse_device_name};
 use tessera::node::{BackendPaths, BackendSpec, load_node};
 use tessera::publish::slices::{ATTR_PCI_BUS_ID, ServerFeatures};
 
-const MODELS: [&str; 4] = ["dgxa100", "dgxh100", "dgxh200", "dgxb200"];
+pub(crate) const MODELS: [&str; 4] = ["dgxa100", "dgxh100", "dgxh200", "dgxb200"];
 
 /// Set in a child: the test it runs, the library, and where it writes its results.
 const CHILD_ENV: &str = "TESSERA_NVML_MODELS_CHILD";
 const LIB_ENV: &str = "TESSERA_NVML_MODELS_LIB";
 const OUT_ENV: &str = "TESSERA_NVML_MODELS_OUT";
 
-/// Where each model's MIG tables differ from what Tessera publishes (or, for a GPU it
-/// publishes whole, from Tessera's catalog entry for that product), as
+/// Where each model's MIG tables differ from Tessera's catalog entry for its product
+/// (what Tessera publishes for a catalogued name; for a name the catalog lacks, the
+/// entry of the real product, while the partitions published are the model's own), as
 /// `(model, difference, why; who is right per NVIDIA's MIG user guide)`. A difference
 /// is a kind: `product name`, `profile ids`, `memory`, `multiprocessors`, `engines`,
 /// `placements`, `profiles only in the model`, `profiles only in Tessera`.
@@ -40,7 +41,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     (
         "dgxa100",
         "product name",
-        "model names its GPU `Mock NVIDIA A100-SXM4-40GB`, NVML `NVIDIA A100-SXM4-40GB`: model error; published whole",
+        "model names its GPU `Mock NVIDIA A100-SXM4-40GB`, NVML `NVIDIA A100-SXM4-40GB`: model error; partitions read from NVML (the model's tables)",
     ),
     (
         "dgxa100",
@@ -75,7 +76,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     (
         "dgxh200",
         "product name",
-        "model says `NVIDIA H200 141GB HBM3e`; NVML says `NVIDIA H200`: model error; published whole",
+        "model says `NVIDIA H200 141GB HBM3e`; NVML says `NVIDIA H200`: model error; partitions read from NVML (the model's tables)",
     ),
     (
         "dgxh200",
@@ -105,7 +106,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     (
         "dgxb200",
         "product name",
-        "model says `NVIDIA B200 180GB HBM3e`; NVML says `NVIDIA B200`: model error; published whole",
+        "model says `NVIDIA B200 180GB HBM3e`; NVML says `NVIDIA B200`: model error; partitions read from NVML (the model's tables)",
     ),
     (
         "dgxb200",
@@ -220,13 +221,18 @@ impl Model {
         serde_json::from_slice(&self.cli(&["dump"])).expect("dump is JSON")
     }
 
+    /// Replaces `control.json` whole (temp file + rename: a call reads one state or
+    /// the next, never half of one).
+    pub(crate) fn control(&self, control: &Value) {
+        let path = self.state().join("control.json");
+        let tmp = self.state().join(".control.json.tmp");
+        std::fs::write(&tmp, control.to_string()).expect("write control.json");
+        std::fs::rename(&tmp, &path).expect("rename control.json");
+    }
+
     /// `control.json`: the exports the model refuses.
     fn refuse(&self, symbols: &[&str]) {
-        std::fs::write(
-            self.state().join("control.json"),
-            json!({ "refuse": symbols }).to_string(),
-        )
-        .expect("write control.json");
+        self.control(&json!({ "refuse": symbols }));
     }
 
     /// Tessera's discovery and slices in a child process: `Ok((inventory, slices,
@@ -339,6 +345,33 @@ fn mig_step() {
             nvml.destroy_mig(0, gi.gi_id).expect("destroy_mig");
             assert!(nvml.mig_status(0).unwrap().instances.is_empty());
         }
+        Ok("usage") => {
+            // What the watchdog and the compute controller read, as JSON lines.
+            for minor in [0, 1] {
+                let processes: Vec<_> = match nvml.processes(minor) {
+                    Ok(v) => v
+                        .iter()
+                        .map(|p| json!([p.pid, p.used_bytes, p.gi_id]))
+                        .collect(),
+                    Err(e) => vec![json!(format!("{e:?}"))],
+                };
+                let samples: Vec<_> = match nvml.process_utilization(minor, 1000) {
+                    Ok(v) => v
+                        .iter()
+                        .map(|s| json!([s.pid, s.timestamp_us, s.sm_percent]))
+                        .collect(),
+                    Err(e) => vec![json!(format!("{e:?}"))],
+                };
+                let usage = match nvml.usage(minor) {
+                    Ok(u) => json!(u.map(|u| u.utilization_percent)),
+                    Err(e) => json!(format!("{e:?}")),
+                };
+                println!(
+                    "USAGE {}",
+                    json!({"gpu": minor, "processes": processes, "samples": samples, "utilization": usage})
+                );
+            }
+        }
         other => panic!("unknown step {other:?}"),
     }
 }
@@ -436,29 +469,46 @@ fn assert_gpus_match(model: &str, dump: &Value, inventory: &Value, slices: &Valu
     assert_eq!(inventory["gpus"].as_array().unwrap().len(), gpus.len());
     for g in gpus {
         let minor = g["minor"].as_u64().unwrap();
-        let d = devices
-            .get(&format!("gpu-{minor}"))
-            .unwrap_or_else(|| panic!("{model}: no device gpu-{minor}"));
         let inv = inventory["gpus"]
             .as_array()
             .unwrap()
             .iter()
             .find(|i| i["minor"] == minor)
             .unwrap();
-        let memory = d["capacity"]["memory"]["value"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        let published = gpu_facts(
-            attr(d, "uuid"),
-            attr(d, "productName"),
-            memory,
-            attr(d, ATTR_PCI_BUS_ID),
-            attr(d, "cudaComputeCapabilityString"),
-            attr(d, "migCapable").as_bool().unwrap(),
-            inv["migEnabled"].as_bool().unwrap(),
-        );
+        let published = match devices.get(&format!("gpu-{minor}")) {
+            Some(d) => gpu_facts(
+                attr(d, "uuid"),
+                attr(d, "productName"),
+                d["capacity"]["memory"]["value"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+                attr(d, ATTR_PCI_BUS_ID),
+                attr(d, "cudaComputeCapabilityString"),
+                attr(d, "migCapable").as_bool().unwrap(),
+                inv["migEnabled"].as_bool().unwrap(),
+            ),
+            // A MIG-on GPU whose mode Tessera never toggles (Ampere, or a product it
+            // knows only from NVML) is published as its partitions alone: their parent
+            // attributes, and the inventory's memory.
+            None => {
+                let d = devices
+                    .iter()
+                    .find(|(n, _)| n.starts_with(&format!("gpu-{minor}-mig-")))
+                    .map(|(_, d)| d)
+                    .unwrap_or_else(|| panic!("{model}: no device gpu-{minor} nor partitions"));
+                gpu_facts(
+                    attr(d, "parentUUID"),
+                    attr(d, "productName"),
+                    inv["memoryBytes"].as_u64().unwrap_or(0),
+                    attr(d, ATTR_PCI_BUS_ID),
+                    attr(d, "cudaComputeCapabilityString"),
+                    true,
+                    inv["migEnabled"].as_bool().unwrap(),
+                )
+            }
+        };
         let truth = gpu_facts(
             &g["uuid"],
             &g["name"],
@@ -516,14 +566,16 @@ fn model_profiles(gpu: &Value) -> BTreeMap<u64, Profile> {
         .collect()
 }
 
-/// The partitions Tessera published for GPU `minor`, per NVML profile index.
+/// The partitions Tessera published for GPU `minor`, per NVML profile index: a
+/// catalogued product's by its catalog, one the catalog lacks by the model's own IDs
+/// (its partitions carry NVML's).
 fn published_profiles(
     devices: &BTreeMap<String, Value>,
     minor: u32,
     product: &str,
+    model: &BTreeMap<u64, Profile>,
 ) -> BTreeMap<u64, Profile> {
-    let catalog =
-        tessera::mig::model_for_product(product).expect("published partitions of a catalogued GPU");
+    let catalog = tessera::mig::catalog::catalogued(product);
     let mut out: BTreeMap<u64, Profile> = BTreeMap::new();
     for (name, d) in devices {
         let Some(DeviceRef::Mig {
@@ -538,11 +590,25 @@ fn published_profiles(
         if m != minor {
             continue;
         }
-        let p = catalog
-            .profiles
-            .iter()
-            .find(|p| p.name == attr(d, "profile").as_str().unwrap())
-            .unwrap_or_else(|| panic!("{name}: profile {profile} not in the catalog"));
+        let index = match catalog {
+            Some(catalog) => u64::from(
+                catalog
+                    .profiles
+                    .iter()
+                    .find(|p| p.name == attr(d, "profile").as_str().unwrap())
+                    .unwrap_or_else(|| panic!("{name}: profile {profile} not in the catalog"))
+                    .nvml_index,
+            ),
+            None => {
+                *model
+                    .iter()
+                    .find(|(_, p)| p.id == u64::from(gi_profile_id))
+                    .unwrap_or_else(|| {
+                        panic!("{name}: profile ID {gi_profile_id} not in the model")
+                    })
+                    .0
+            }
+        };
         let cap = |k: &str| -> u64 { d["capacity"][k]["value"].as_str().unwrap().parse().unwrap() };
         let size = d["consumesCounters"][0]["counters"]
             .as_object()
@@ -550,22 +616,20 @@ fn published_profiles(
             .keys()
             .filter(|k| k.starts_with("memory-slice-"))
             .count() as u64;
-        let e = out
-            .entry(u64::from(p.nvml_index))
-            .or_insert_with(|| Profile {
-                id: u64::from(gi_profile_id),
-                memory_mib: cap("memory") >> 20,
-                multiprocessors: cap("multiprocessors"),
-                engines: [
-                    "copyEngines",
-                    "decoders",
-                    "encoders",
-                    "jpegEngines",
-                    "ofaEngines",
-                ]
-                .map(cap),
-                placements: BTreeSet::new(),
-            });
+        let e = out.entry(index).or_insert_with(|| Profile {
+            id: u64::from(gi_profile_id),
+            memory_mib: cap("memory") >> 20,
+            multiprocessors: cap("multiprocessors"),
+            engines: [
+                "copyEngines",
+                "decoders",
+                "encoders",
+                "jpegEngines",
+                "ofaEngines",
+            ]
+            .map(cap),
+            placements: BTreeSet::new(),
+        });
         e.placements.insert((u64::from(placement_start), size));
     }
     out
@@ -689,20 +753,44 @@ fn published_gpus_equal_each_models_dump() {
                 .publish(NAME)
                 .unwrap_or_else(|e| panic!("{name} (MIG {mig}): discovery failed: {e}"));
             assert_gpus_match(name, &dump, &inventory, &slices);
-            // go-nvml's models have no core count: the one warning names it.
+            // go-nvml's models have no core count: the one warning names it, and, with
+            // MIG off, a product the catalog lacks (its profiles are NVML's, read only
+            // with MIG on): its GPUs are published whole, without partitions.
             assert_eq!(warnings.len(), 1, "{name}: {warnings:#?}");
             assert!(
                 warnings[0].contains("nvmlDeviceGetNumGpuCores"),
                 "{name}: {warnings:#?}"
             );
+            let product = dump["gpus"][0]["name"].as_str().unwrap();
+            let unknown = tessera::mig::catalog::catalogued(product).is_none();
+            let named = warnings[0].matches("not in Tessera's catalog").count();
+            assert_eq!(
+                named,
+                if unknown && !mig {
+                    dump["gpus"].as_array().unwrap().len()
+                } else {
+                    0
+                },
+                "{name} (MIG {mig}): {warnings:#?}"
+            );
+            let partitions = devices(&slices)
+                .keys()
+                .filter(|n| n.contains("-mig-"))
+                .count();
+            if unknown && !mig {
+                assert_eq!(partitions, 0, "{name}: MIG off, not catalogued");
+            } else {
+                assert!(partitions > 0, "{name} (MIG {mig}): no partitions");
+            }
         }
     }
 }
 
-/// For each model with MIG on: the MIG partitions Tessera publishes (or, for a GPU it
-/// publishes whole, its catalog's profiles for the real product) against the model's
-/// tables; every difference is listed in KNOWN_DIFFERENCES, and every entry there is
-/// still a difference.
+/// For each model with MIG on: Tessera's catalog entry for the model's GPU against the
+/// model's tables; every difference is listed in KNOWN_DIFFERENCES, and every entry
+/// there is still a difference. A catalogued product is published as its catalog says;
+/// one the catalog lacks is published exactly as the model's tables say (read from
+/// NVML: every profile, placement, ID, memory, SM and engine count).
 #[test]
 fn mig_partitions_differ_from_the_models_only_as_known() {
     const NAME: &str = "nvml_models::mig_partitions_differ_from_the_models_only_as_known";
@@ -720,17 +808,23 @@ fn mig_partitions_differ_from_the_models_only_as_known() {
         let devices = devices(&slices);
         let gpu = &dump["gpus"][0];
         let product = gpu["name"].as_str().unwrap();
-        let has_partitions = devices.keys().any(|n| n.starts_with("gpu-0-mig-"));
-        let tessera = if has_partitions {
-            published_profiles(&devices, 0, product)
+        let model_tables = model_profiles(gpu);
+        let published = published_profiles(&devices, 0, product, &model_tables);
+        let tessera = if tessera::mig::catalog::catalogued(product).is_some() {
+            published
         } else {
+            assert_eq!(
+                profile_differences(&model_tables, &published),
+                BTreeMap::new(),
+                "{name}: {product:?} is not catalogued: its partitions are NVML's"
+            );
             found
                 .entry((name, "product name"))
                 .or_default()
-                .push(format!("{product:?}: no partitions published"));
+                .push(format!("{product:?}: not in the catalog"));
             catalog_profiles(catalog_product(name))
         };
-        for (kind, details) in profile_differences(&model_profiles(gpu), &tessera) {
+        for (kind, details) in profile_differences(&model_tables, &tessera) {
             found.entry((name, kind)).or_default().extend(details);
         }
         // Every GPU of the system is the same part: the rest publish as GPU 0 does.
@@ -999,5 +1093,133 @@ fn tessera_inventory_on_the_dgxh100_model_publishes_its_gpus() {
                 .count();
             assert_eq!(slices, 8, "{name}");
         }
+    }
+}
+
+/// What go-nvml's models lack comes from `control.json`, through Tessera's own NVML
+/// calls: without it (or with a GPU not listed) processes and utilization are
+/// NOT_SUPPORTED, as the models ship; listed, a GPU's processes (memory unavailable as
+/// `None`, a MIG device's GPU instance), its utilization rate, and the process samples
+/// newer than the time asked (1000 µs here) are what the file says.
+#[test]
+fn processes_and_utilization_come_from_the_control_file() {
+    const NAME: &str = "nvml_models::processes_and_utilization_come_from_the_control_file";
+    if std::env::var(CHILD_ENV).ok().as_deref() == Some(NAME) {
+        mig_step();
+        return;
+    }
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh100", false);
+    // A refused call: Tessera's error names NVML's NOT_SUPPORTED.
+    let unsupported = |s: &Value| s.as_str().is_some_and(|s| s.contains("NotSupported"));
+    /// GPU 0's processes, samples and utilization rate.
+    type Gpu0 = (Value, Value, Value);
+    // (control.json, GPU 0's answers (None: NOT_SUPPORTED), GPU 1's processes)
+    let cases: Vec<(Value, Option<Gpu0>, Value)> = vec![
+        (json!({}), None, Value::Null),
+        (
+            json!({
+                "processes": {"0": [
+                    {"pid": 41, "usedBytes": 1048576},
+                    {"pid": 42, "usedBytes": null, "gpuInstanceId": 3, "computeInstanceId": 0}
+                ]},
+                "utilization": {"0": {"gpu": 57, "memory": 12, "samples": [
+                    {"pid": 41, "timestampUs": 500, "sm": 90},
+                    {"pid": 41, "timestampUs": 2000, "sm": 30},
+                    {"pid": 42, "timestampUs": 3000, "sm": 20}
+                ]}}
+            }),
+            Some((
+                json!([[41, 1048576, null], [42, null, 3]]),
+                json!([[41, 2000, 30], [42, 3000, 20]]),
+                json!(57),
+            )),
+            json!([]),
+        ),
+    ];
+    for (control, gpu0, gpu1_processes) in cases {
+        model.control(&control);
+        let (status, out) = run_child(&model, NAME, "usage");
+        assert!(
+            status.success() && out.contains("1 passed"),
+            "{control}: {status}\n{out}"
+        );
+        let lines: Vec<Value> = out
+            .lines()
+            .filter_map(|l| l.split_once("USAGE ").map(|(_, j)| j))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        match gpu0 {
+            None => {
+                for l in &lines {
+                    assert!(unsupported(&l["processes"][0]), "{control}: {l}");
+                    assert!(unsupported(&l["samples"][0]), "{control}: {l}");
+                    // Utilization NOT_SUPPORTED is no utilization, not an error.
+                    assert_eq!(l["utilization"], Value::Null, "{control}: {l}");
+                }
+            }
+            Some((processes, samples, utilization)) => {
+                assert_eq!(lines[0]["processes"], processes, "{control}");
+                assert_eq!(lines[0]["samples"], samples, "{control}");
+                assert_eq!(lines[0]["utilization"], utilization, "{control}");
+                assert_eq!(lines[1]["processes"], gpu1_processes, "{control}");
+                assert!(
+                    unsupported(&lines[1]["samples"][0]),
+                    "{control}: {}",
+                    lines[1]
+                );
+            }
+        }
+    }
+}
+
+/// A product the catalog lacks (dgxh200's), MIG on, whose profiles NVML does not list:
+/// every GPU is still published whole, without partitions, with one warning for the
+/// node saying why (the refused call, or that no profile is usable).
+#[test]
+fn an_uncatalogued_gpu_whose_profiles_nvml_refuses_is_published_whole() {
+    const NAME: &str =
+        "nvml_models::an_uncatalogued_gpu_whose_profiles_nvml_refuses_is_published_whole";
+    if child(NAME) {
+        return;
+    }
+    let Some(built) = built() else { return };
+    let model = Model::new(built, "dgxh200", true);
+    let dump = model.dump();
+    let gpus = dump["gpus"].as_array().unwrap().len();
+    // (refused call, what the warning says for each GPU)
+    let cases = [
+        (
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            "NVML lists none usable",
+        ),
+        (
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2 (",
+        ),
+    ];
+    for (call, why) in cases {
+        model.refuse(&[call]);
+        let (_, slices, warnings) = model
+            .publish(NAME)
+            .unwrap_or_else(|e| panic!("refusing {call} broke discovery: {e}"));
+        let devices = devices(&slices);
+        for g in dump["gpus"].as_array().unwrap() {
+            let d = &devices[&format!("gpu-{}", g["minor"])];
+            assert_eq!(attr(d, "uuid"), &g["uuid"], "{call}");
+        }
+        assert_eq!(devices.len(), gpus, "{call}: only whole GPUs");
+        assert_eq!(warnings.len(), 1, "{call}: {warnings:#?}");
+        assert_eq!(
+            warnings[0].matches(why).count(),
+            gpus,
+            "{call}: {warnings:#?}"
+        );
+        assert_eq!(
+            warnings[0].matches("published whole").count(),
+            gpus,
+            "{call}: {warnings:#?}"
+        );
     }
 }

@@ -74,6 +74,10 @@ impl NvmlBackend {
                 (false, false)
             }
         };
+        if mig_capable && crate::mig::catalog::catalogued(&product_name).is_none() {
+            self.learn_mig_model(&dev, &product_name, architecture.as_deref(), mig_enabled)
+                .unwrap_or_else(|why| unanswered.push(why));
+        }
         // sysfs first: `resource.kubernetes.io/numaNode` means the CPU-side node of the
         // PCI device, which is what sysfs reports. NVML's answer is a fallback: it is
         // documented for GPUs that are NUMA nodes themselves (Grace Hopper/Blackwell),
@@ -107,6 +111,51 @@ impl NvmlBackend {
             mig_enabled,
         };
         Ok((info, unanswered))
+    }
+}
+
+impl NvmlBackend {
+    /// For a MIG-capable GPU whose product the catalog lacks: with MIG on, reads its
+    /// profiles and placements from NVML and registers them as its model
+    /// ([`crate::mig::discovered`]), so that it is partitioned as NVML says. With MIG
+    /// off NVML's tables are not to be relied on, and the GPU is published whole. `Err`
+    /// is what to warn about (no model, or profiles left out).
+    fn learn_mig_model(
+        &self,
+        dev: &Device<'_>,
+        product: &str,
+        architecture: Option<&str>,
+        mig_enabled: bool,
+    ) -> Result<(), String> {
+        if !mig_enabled {
+            return Err(format!(
+                "MIG profiles of {product:?} (not in Tessera's catalog; read from NVML only with MIG on): published whole"
+            ));
+        }
+        let profiles = self
+            .nvml_profiles(dev)
+            .map_err(|CallFailed { call, source }| {
+                format!("MIG profiles of {product:?}: {call} ({source}): published whole")
+            })?;
+        let (model, skipped) = crate::mig::discovered::model_from_nvml(
+            product,
+            architecture.unwrap_or_default(),
+            &profiles,
+        );
+        let Some(model) = model else {
+            return Err(format!(
+                "MIG profiles of {product:?}: NVML lists none usable: published whole"
+            ));
+        };
+        crate::mig::discovered::register(model);
+        if skipped.is_empty() {
+            return Ok(());
+        }
+        let why: Vec<String> = skipped.iter().map(ToString::to_string).collect();
+        Err(format!(
+            "MIG profiles of {product:?} left out: {}",
+            why.join(", ")
+        ))
     }
 }
 

@@ -98,19 +98,7 @@ pub(super) fn gi_profiles(dev: &Device<'_>) -> Result<Vec<ProfileInfo>, CallFail
 /// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of the compute instance spanning a whole
 /// GPU instance of `sm_slices` compute slices (its profile's `sliceCount`): 1g→0,
 /// 2g→1, 3g→2, 4g→3, 7g→4, 8g→5, 6g→6 (facts A1.0). `None` for other counts.
-/// Deterministic.
-pub fn full_gi_ci_profile(sm_slices: u32) -> Option<u32> {
-    match sm_slices {
-        1 => Some(0),
-        2 => Some(1),
-        3 => Some(2),
-        4 => Some(3),
-        7 => Some(4),
-        8 => Some(5),
-        6 => Some(6),
-        _ => None,
-    }
-}
+pub use crate::mig::catalog::full_gi_ci_profile;
 
 /// Whether MIG mode switches without a GPU reset (Hopper and later, as the NVIDIA DRA
 /// driver decides with `arch >= HOPPER`; an architecture nvml-wrapper does not know is
@@ -376,15 +364,24 @@ impl NvmlBackend {
         })
     }
 
-    /// The placement size of `profile_id` (all its placements share it), from
-    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` (raw: nvml-wrapper 0.13's
-    /// `possible_placements` never sets the length of its result). `None` when the
-    /// profile has no placements.
+    /// The placement size of `profile_id` (all its placements share it); `None` when
+    /// the profile has no placements.
     pub(super) fn placement_size(
         &self,
         dev: DeviceHandle,
         profile_id: u32,
     ) -> Result<Option<u32>, CallFailed> {
+        Ok(self.placements(dev, profile_id)?.first().map(|p| p.size))
+    }
+
+    /// The possible placements of `profile_id`, from
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` (raw: nvml-wrapper 0.13's
+    /// `possible_placements` never sets the length of its result).
+    pub(super) fn placements(
+        &self,
+        dev: DeviceHandle,
+        profile_id: u32,
+    ) -> Result<Vec<RawPlacement>, CallFailed> {
         let mut count = 0u32;
         // SAFETY: `dev` is a live device handle; a null buffer asks for the count only.
         nvml_call!(
@@ -408,7 +405,51 @@ impl NvmlBackend {
             }
         )?;
         placements.truncate(count as usize);
-        Ok(placements.first().map(|p| p.size))
+        Ok(placements)
+    }
+
+    /// Every GPU-instance profile NVML lists for the GPU (indices it answers
+    /// NOT_SUPPORTED or INVALID_ARGUMENT skipped), with its placements: what a GPU the
+    /// catalog lacks is partitioned by. Meaningful only with MIG on.
+    pub(super) fn nvml_profiles(
+        &self,
+        dev: &Device<'_>,
+    ) -> Result<Vec<crate::mig::discovered::NvmlProfile>, CallFailed> {
+        // SAFETY: `handle` only copies the pointer out.
+        let handle = DeviceHandle::of(unsafe { dev.handle() });
+        let mut out = Vec::new();
+        for index in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
+            let p = match dev.profile_info(index) {
+                Ok(p) => p,
+                Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+                Err(source) => {
+                    return Err(CallFailed::new(
+                        "nvmlDeviceGetGpuInstanceProfileInfo",
+                        source,
+                    ));
+                }
+            };
+            let placements = self
+                .placements(handle, p.id)?
+                .into_iter()
+                .map(|pl| (pl.start, pl.size))
+                .collect();
+            out.push(crate::mig::discovered::NvmlProfile {
+                nvml_index: index,
+                profile_id: p.id,
+                slice_count: p.slice_count,
+                instance_count: p.instance_count,
+                memory_mib: p.memory_size_mb,
+                multiprocessors: p.multiprocessor_count,
+                copy_engines: p.copy_engine_count,
+                decoders: p.decoder_count,
+                encoders: p.encoder_count,
+                jpeg_engines: p.jpeg_count,
+                ofa_engines: p.ofa_count,
+                placements,
+            });
+        }
+        Ok(out)
     }
 
     pub(super) fn create_gi(

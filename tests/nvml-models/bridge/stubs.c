@@ -37,7 +37,6 @@ int nvmlDeviceGetClockOffsets(void) { return 3; }
 int nvmlDeviceGetComputeMode(void) { return 3; }
 int nvmlDeviceGetComputeRunningProcesses(void) { return 3; }
 int nvmlDeviceGetComputeRunningProcesses_v2(void) { return 3; }
-int nvmlDeviceGetComputeRunningProcesses_v3(void) { return 3; }
 int nvmlDeviceGetConfComputeGpuAttestationReport(void) { return 3; }
 int nvmlDeviceGetConfComputeGpuCertificate(void) { return 3; }
 int nvmlDeviceGetConfComputeMemSizeInfo(void) { return 3; }
@@ -160,7 +159,6 @@ int nvmlDeviceGetPowerMizerMode_v1(void) { return 3; }
 int nvmlDeviceGetPowerSource(void) { return 3; }
 int nvmlDeviceGetPowerState(void) { return 3; }
 int nvmlDeviceGetPowerUsage(void) { return 3; }
-int nvmlDeviceGetProcessUtilization(void) { return 3; }
 int nvmlDeviceGetProcessesUtilizationInfo(void) { return 3; }
 int nvmlDeviceGetRemappedRows(void) { return 3; }
 int nvmlDeviceGetRemappedRows_v2(void) { return 3; }
@@ -176,7 +174,6 @@ int nvmlDeviceGetSramEccErrorStatus(void) { return 3; }
 int nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts(void) { return 3; }
 int nvmlDeviceGetSupportedClocksEventReasons(void) { return 3; }
 int nvmlDeviceGetSupportedClocksThrottleReasons(void) { return 3; }
-int nvmlDeviceGetSupportedEventTypes(void) { return 3; }
 int nvmlDeviceGetSupportedGraphicsClocks(void) { return 3; }
 int nvmlDeviceGetSupportedMemoryClocks(void) { return 3; }
 int nvmlDeviceGetSupportedPerformanceStates(void) { return 3; }
@@ -191,7 +188,6 @@ int nvmlDeviceGetTopologyNearestGpus(void) { return 3; }
 int nvmlDeviceGetTotalEccErrors(void) { return 3; }
 int nvmlDeviceGetTotalEnergyConsumption(void) { return 3; }
 int nvmlDeviceGetUnrepairableMemoryFlag_v1(void) { return 3; }
-int nvmlDeviceGetUtilizationRates(void) { return 3; }
 int nvmlDeviceGetVbiosVersion(void) { return 3; }
 int nvmlDeviceGetVgpuCapabilities(void) { return 3; }
 int nvmlDeviceGetVgpuHeterogeneousMode(void) { return 3; }
@@ -218,7 +214,6 @@ int nvmlDevicePowerSmoothingUpdatePresetProfileParam(void) { return 3; }
 int nvmlDeviceQueryDrainState(void) { return 3; }
 int nvmlDeviceReadPRMCounters_v1(void) { return 3; }
 int nvmlDeviceReadWritePRM_v1(void) { return 3; }
-int nvmlDeviceRegisterEvents(void) { return 3; }
 int nvmlDeviceRemoveGpu(void) { return 3; }
 int nvmlDeviceRemoveGpu_v2(void) { return 3; }
 int nvmlDeviceResetApplicationsClocks(void) { return 3; }
@@ -271,15 +266,12 @@ int nvmlDeviceWorkloadPowerProfileGetCurrentProfiles(void) { return 3; }
 int nvmlDeviceWorkloadPowerProfileGetProfilesInfo(void) { return 3; }
 int nvmlDeviceWorkloadPowerProfileSetRequestedProfiles(void) { return 3; }
 int nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1(void) { return 3; }
-int nvmlEventSetCreate(void) { return 3; }
-int nvmlEventSetFree(void) { return 3; }
 int nvmlEventSetGetContextCount_v1(void) { return 3; }
 int nvmlEventSetGetContextData_v1(void) { return 3; }
 int nvmlEventSetGetContextInfo_v1(void) { return 3; }
 int nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1(void) { return 3; }
 int nvmlEventSetRegisterGpuOperationalEvents_v1(void) { return 3; }
 int nvmlEventSetWait(void) { return 3; }
-int nvmlEventSetWait_v2(void) { return 3; }
 int nvmlEventSetWait_v3(void) { return 3; }
 int nvmlGetExcludedDeviceCount(void) { return 3; }
 int nvmlGetExcludedDeviceInfoByIndex(void) { return 3; }

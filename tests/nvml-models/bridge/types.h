@@ -39,4 +39,22 @@ typedef struct {
     unsigned int id, profileId;
     nvmlComputeInstancePlacement_t placement;
 } nvmlComputeInstanceInfo_t;
+/* For control.json's XID events, processes and utilization (model/control.go). */
+typedef uintptr_t nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 #endif
