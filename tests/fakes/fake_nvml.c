@@ -3,17 +3,19 @@
  *
  * Why this is still C, and what it is not. NVIDIA's own device models (go-nvml's DGX
  * systems, bridged to the C ABI by tests/nvml-models) are the tree's NVML for devices
- * and MIG. This library remains for what those models lack, and only for that:
+ * and MIG; their control file adds fixed XIDs, process lists and utilization that a
+ * test writes down beforehand. This library remains for what follows live state
+ * instead, and only for that:
  *   - per-process GPU memory (nvmlDeviceGetComputeRunningProcesses_v3) and free/used
- *     memory that agree with the fake CUDA driver's ledger (cuda/tests/fakes), which
- *     the interception library, the watchdog and the kit's interception check judge;
+ *     memory read from the fake CUDA driver's ledger (cuda/tests/fakes) as processes
+ *     allocate, die and leak: the interception library, the watchdog and the kit's
+ *     interception check judge NVML against what the fake driver holds right then;
  *   - per-process and device utilization from the fake driver's simulated GPU, which
- *     the compute-share controller (cuda/tests, benches) is judged on;
- *   - XIDs and lost GPUs (`health-event` lines, injected by the tests through
- *     `tessera::inventory::mock::inject_*`), for device health and the watchdog;
- *   - one node shared with the mock backend: the GPUs the mock backend publishes from
- *     its state file are the ones this library answers for, so a test compares the two
- *     backends on one node.
+ *     the compute-share controller (cuda/tests, benches) is judged on in a closed loop;
+ *   - XIDs and lost GPUs (`health-event` lines, injected through
+ *     `tessera::inventory::mock::inject_*`) and the GPUs themselves read from the mock
+ *     backend's own state file: the tests that compare the NVML path with the mock
+ *     backend (discovery, health, recovery) run both on one node.
  * MIG is not here. No MIG profile table, placement rule, instance or MIG UUID is
  * computed or stored in this file: MIG truth lives in src/mig/ (Tessera's catalog and
  * geometry) and in NVIDIA's models. Every MIG call is forwarded to the NVML library
