@@ -213,7 +213,10 @@ fn fake_nvml_keeps_the_nvml_init_and_handle_contract() {
 // its mode. The NVML backend's MIG paths (create, destroy, refusals, crash
 // reconciliation) run on NVIDIA's models: `nvml_models` and `nvml_models_mig`.
 
+const INVALID_ARGUMENT: u32 = 2;
 const NOT_SUPPORTED: u32 = 3;
+const NOT_FOUND: u32 = 6;
+const IN_USE: u32 = 19;
 
 /// gpu-2 of the default node: a Tesla T4, not MIG-capable.
 const T4_MINOR: u32 = 2;
@@ -300,9 +303,9 @@ fn without_a_mig_library_the_fake_reports_mig_mode_only() {
 
 /// With a MIG library (the bridge over go-nvml's DGX H100 model) the fake forwards
 /// MIG: the node's H100 (NVML index 0) is the model's GPU 0 for MIG, so the NVML
-/// backend's MIG device there is the model's (its MIG UUID the model's), and the mock
-/// backend's state file holds no MIG line; the T4 (index 2) stays NOT_SUPPORTED, though
-/// the model's GPU 2 can do MIG.
+/// backend's MIG device there is the model's (its MIG UUID the model's), the model's
+/// refusals are the backend's, and the mock backend's state file holds no MIG line;
+/// the T4 (index 2) stays NOT_SUPPORTED, though the model's GPU 2 can do MIG.
 #[test]
 fn with_a_mig_library_the_fake_forwards_mig_to_it() {
     fake_nvml::with_fake_host_and_mig(
@@ -333,6 +336,11 @@ fn with_a_mig_library_the_fake_forwards_mig_to_it() {
                 "{text}"
             );
             assert_eq!(mig_code(nvml.create_mig(T4_MINOR, 19, 0)), NOT_SUPPORTED);
+            // The model's refusals, as NVML's: a placement the profile cannot take, a
+            // GPU instance that is not there, MIG off while one exists.
+            assert_eq!(mig_code(nvml.create_mig(0, 19, 7)), INVALID_ARGUMENT);
+            assert_eq!(mig_code(nvml.destroy_mig(0, made.gi_id + 1)), NOT_FOUND);
+            assert_eq!(mig_code(nvml.set_mig_mode(0, false)), IN_USE);
             nvml.destroy_mig(0, made.gi_id).expect("destroy");
             nvml.set_mig_mode(0, false).expect("MIG mode off");
             assert_eq!(nvml.mig_status(0).expect("status"), MigStatus::default());
