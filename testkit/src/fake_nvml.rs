@@ -21,6 +21,9 @@ use tessera::inventory::{GpuInfo, NodeInventory};
 
 /// Read by the fake library at `nvmlInit`: the directory holding `mock-node.state`.
 pub const STATE_DIR_ENV: &str = "TESSERA_FAKE_NVML_STATE_DIR";
+/// The NVML library the fake forwards every MIG call to (the bridge over NVIDIA's
+/// models, `tests/nvml-models`); without it the fake does no MIG.
+pub const MIG_LIB_ENV: &str = "TESSERA_FAKE_NVML_MIG_LIB";
 /// Set in a child process only: the fixture root the parent prepared.
 const FIXTURE_ENV: &str = "TESSERA_FAKE_NVML_FIXTURE";
 /// Set in a child process only: the test the child was started for.
@@ -49,6 +52,8 @@ pub fn build_fake_nvml(out_dir: &Path) -> PathBuf {
         .arg("-o")
         .arg(&out)
         .arg(SOURCE)
+        // dlopen of the MIG library (glibc before 2.34 keeps it in libdl).
+        .arg("-ldl")
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` (set CC): {e}"));
     assert!(
@@ -161,8 +166,15 @@ impl FakeHost {
     /// Panics with the child's output unless exactly that test ran and passed; else
     /// prints what the test printed.
     pub fn run_in_child(&self, test_name: &str) {
+        self.run_in_child_with(test_name, &[]);
+    }
+
+    /// As [`FakeHost::run_in_child`], with more environment for the child (e.g.
+    /// [`MIG_LIB_ENV`]).
+    pub fn run_in_child_with(&self, test_name: &str, env: &[(&str, &std::ffi::OsStr)]) {
         let exe = std::env::current_exe().expect("current test binary");
         let output = Command::new(exe)
+            .envs(env.iter().copied())
             .args([
                 test_name,
                 "--exact",
@@ -222,6 +234,36 @@ pub fn with_fake_host(test_name: &str, node_yaml: &str, check: impl FnOnce(&Fake
         Some(host) => check(&host),
         None => FakeHost::create(node_yaml).run_in_child(test_name),
     }
+}
+
+/// The go-nvml model behind the fake's MIG in [`with_fake_host_and_mig`]: the DGX
+/// H100, whose GPU 0 is an H100 80GB HBM3 like the default node's gpu-0.
+pub const MIG_MODEL: &str = "dgxh100";
+
+/// As [`with_fake_host`], with the fake forwarding MIG to the bridge over NVIDIA's
+/// [`MIG_MODEL`] (`tests/nvml-models`), its instances kept in the host's `model/`.
+/// `mig_lib` (run in the parent only) gives the bridge's `libnvidia-ml.so.1`; `None`
+/// skips the test (its builder decides when that is allowed).
+pub fn with_fake_host_and_mig(
+    test_name: &str,
+    node_yaml: &str,
+    mig_lib: impl FnOnce() -> Option<PathBuf>,
+    check: impl FnOnce(&FakeHost),
+) {
+    if let Some(host) = FakeHost::from_env(test_name) {
+        return check(&host);
+    }
+    let Some(lib) = mig_lib() else { return };
+    let host = FakeHost::create(node_yaml);
+    let state = host.root().join("model");
+    host.run_in_child_with(
+        test_name,
+        &[
+            (MIG_LIB_ENV, lib.as_os_str()),
+            ("TESSERA_NVML_MODEL", MIG_MODEL.as_ref()),
+            ("TESSERA_NVML_MODEL_STATE", state.as_os_str()),
+        ],
+    );
 }
 
 /// `proc/devices` as the kernel prints it, with the node's driver majors.

@@ -12,9 +12,13 @@
 #      NVML's profiles, the MIG check passes; interception, compute-shares and watchdog
 #      (shared claims only) and costs (the bare driver's only) are SKIPs.
 #
-# The fake NVML's MIG profile tables are Tessera's own catalog (written into the
-# simulated node's state), so the partitions' comparison with NVML runs here but cannot
-# disagree: testkit::kit::discovery's unit tests show that it finds differences.
+# MIG on the simulated node is go-nvml's DGX H100 model (the fake NVML forwards every MIG
+# call to tests/nvml-models' bridge, packed as sim/libnvml-model.so), so the MIG claim,
+# the MIG check and the MIG lifecycle create and destroy the model's instances. The
+# partitions' comparison with NVML's profiles compares none here: the bridge does not
+# answer nvmlDeviceGetGpuInstanceProfileInfoV, kit_nvml's call (and the model's tables
+# differ from real H100s: KNOWN_DIFFERENCES in tests/plugin/nvml_models.rs).
+# testkit::kit::discovery's unit tests show that the comparison finds differences.
 #
 #   tests/gpu/ci.sh [KIT_DIR] [OUT_DIR]   (default target/gpu-kit, target/gpu-kit-out;
 #                                          the second run's JSON in OUT_DIR-mig)

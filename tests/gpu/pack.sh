@@ -11,9 +11,10 @@
 #          Built with `zig cc` for glibc 2.17 when zig is there (python3 -m ziglang, as
 #          cuda/ci-setup.sh installs it), else with gcc (it prints the glibc they need)
 #   sim/   the simulated node for `run.sh --simulated`: the fake NVML
-#          (tests/fakes/fake_nvml.c), the fake CUDA driver (cuda/tests/fakes/fake_cuda.c)
-#          and the simulated nodes tests/gpu/sim-node.yaml (MIG off) and
-#          sim-node-mig.yaml (MIG on)
+#          (tests/fakes/fake_nvml.c), the NVML models it forwards MIG calls to
+#          (tests/nvml-models, libnvml-model.so; needs go), the fake CUDA driver
+#          (cuda/tests/fakes/fake_cuda.c) and the simulated nodes tests/gpu/sim-node.yaml
+#          (MIG off) and sim-node-mig.yaml (MIG on)
 # It builds what is missing with the README's build (`cargo build --release && cargo
 # preload --release`: tessera-kit is a default member's binary), a no-op after CI's
 # main job. TESSERA_KIT_PROFILE=debug packs debug builds instead (a
@@ -97,10 +98,21 @@ echo "kit: needs glibc $(cat "$kit/GLIBC") on the GPU host (a release build of b
 
 # The simulated node's fakes (the host's compiler: they run where the kit is packed).
 "${nice[@]}" gcc -shared -fPIC -pthread -std=c11 -O1 -Wall -Wextra -Werror \
-  -Wl,-soname,libnvidia-ml.so.1 -o "$kit/sim/libnvidia-ml.so.1" tests/fakes/fake_nvml.c
+  -Wl,-soname,libnvidia-ml.so.1 -o "$kit/sim/libnvidia-ml.so.1" tests/fakes/fake_nvml.c -ldl
 "${nice[@]}" gcc -shared -fPIC -pthread -O1 -Wall -Wextra \
   -Wl,-soname,libcuda.so.1 -o "$kit/sim/libcuda.so.1" cuda/tests/fakes/fake_cuda.c
 cp tests/gpu/sim-node.yaml tests/gpu/sim-node-mig.yaml "$kit/sim/"
+# The simulated node's MIG: the bridge over NVIDIA's go-nvml models (tests/nvml-models,
+# built once into target/tmp/nvml-models), which the fake NVML forwards MIG calls to.
+if command -v go >/dev/null 2>&1; then
+  "${nice[@]}" tests/nvml-models/build.sh target/tmp/nvml-models
+  install -m 0644 target/tmp/nvml-models/libnvidia-ml.so.1 "$kit/sim/libnvml-model.so"
+elif [ -n "${CI:-}" ]; then
+  echo "sim/: no go to build the NVML models (tests/nvml-models) for the simulated node" >&2
+  exit 1
+else
+  echo "sim/: no go: no NVML model, so run.sh --simulated cannot run (a GPU host needs none)"
+fi
 git -C "$repo" rev-parse HEAD >"$kit/COMMIT" 2>/dev/null || true
 
 size_kib=$(du -sk "$kit" | cut -f1)

@@ -31,9 +31,10 @@
 #
 # --simulated (or TESSERA_KIT_SIMULATED=1): the simulated node instead of the GPU: the
 # fake NVML (tests/fakes/fake_nvml.c) over KIT/sim/sim-node.yaml (an H100, MIG off; or
-# the node TESSERA_KIT_SIM_NODE names in KIT/sim/, e.g. sim-node-mig.yaml with MIG on)
-# and the fake CUDA driver (cuda/tests/fakes/fake_cuda.c), as CI runs it. Every check
-# must run and report there; its figures are not judged.
+# the node TESSERA_KIT_SIM_NODE names in KIT/sim/, e.g. sim-node-mig.yaml with MIG on),
+# its MIG calls answered by go-nvml's DGX H100 model (KIT/sim/libnvml-model.so), and
+# the fake CUDA driver (cuda/tests/fakes/fake_cuda.c), as CI runs it. Every check must
+# run and report there; its figures are not judged.
 set -uo pipefail
 
 usage() { echo "usage: $0 [--simulated] [--allow-mig-changes] KIT OUT" >&2; exit 2; }
@@ -158,6 +159,14 @@ if [ "$simulated" = 1 ]; then
   "$kitbin/tessera-kit" sim-host "$sim" "$kit/sim/$sim_node" \
     --nvml-lib "$kit/sim/libnvidia-ml.so.1" --cuda-lib "$kit/sim/libcuda.so.1" || exit 1
   export TESSERA_FAKE_NVML_STATE_DIR=$sim/state
+  # MIG on the simulated node is NVIDIA's model's: the fake NVML forwards every MIG call
+  # to the bridge over go-nvml's DGX H100 (tests/nvml-models), whose GPU 0 is the node's
+  # GPU for MIG, with MIG mode as the node has it; its instances live in $sim/model.
+  [ -f "$kit/sim/libnvml-model.so" ] ||
+    { echo "no $kit/sim/libnvml-model.so: pack.sh packs it when go is there" >&2; exit 1; }
+  export TESSERA_FAKE_NVML_MIG_LIB=$kit/sim/libnvml-model.so TESSERA_NVML_MODEL=dgxh100 \
+    TESSERA_NVML_MODEL_STATE=$sim/model
+  if grep -q 'migEnabled: true' "$kit/sim/$sim_node"; then export TESSERA_NVML_MODEL_MIG=on; fi
   backend=nvml:$sim/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
   proc_root=$sim/proc sys_root=$sim/sys dev_root=$sim driver_root=$sim/root
   host_root=$sim/root

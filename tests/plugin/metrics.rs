@@ -856,7 +856,10 @@ fn metrics_match_the_processes_of_shared_claims() {
     {
         return;
     }
-    fake_nvml::with_fake_host(name, tessera::inventory::mock::DEFAULT_NODE_YAML, |host| {
+    // The MIG claim's instance is made by NVIDIA's DGX H100 model (the fake does no MIG).
+    let mig_lib = || crate::nvml_models::built().map(|dir| dir.join("libnvidia-ml.so.1"));
+    let node = tessera::inventory::mock::DEFAULT_NODE_YAML;
+    fake_nvml::with_fake_host_and_mig(name, node, mig_lib, |host| {
         let tmp = tempfile::tempdir().unwrap();
         let ledger = tmp.path().join("ledger");
         std::fs::write(&ledger, vec![0u8; 65536]).unwrap();

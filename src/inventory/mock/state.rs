@@ -40,7 +40,6 @@
 //! MIG lines inside a GPU block (MIG-capable GPUs of a catalogued model):
 //!
 //! ```text
-//! mig-profile <nvml-index> <profile-id> <instances> <memory-MiB> <SMs> <CEs> <DECs> <ENCs> <JPEGs> <OFAs> <slices> <starts,comma-separated> <ci-profile-index> <name>
 //! mig-gi <gi-id> <profile-id> <start> <size>
 //! mig-ci <gi-id> <ci-id> <ci-profile-index> <MIG-uuid>
 //! mig-busy <gi-id>
@@ -63,9 +62,9 @@
 //! back); on a GPU that is not lost it changes nothing, in the fake NVML as in the
 //! mock backend.
 //!
-//! `mig-profile` rows are the catalog (`crate::mig::catalog`) written out for the fake
-//! `libnvidia-ml.so.1`, so that both sides apply the same profiles; readers in Rust
-//! take the catalog itself. `mig-busy` is a test knob: processes are running on that
+//! A GPU's MIG profiles are not written here: readers take the catalog
+//! (`crate::mig::catalog`) itself (older files' `mig-profile` rows are ignored, as any
+//! unknown key). `mig-busy` is a test knob: processes are running on that
 //! MIG device, so destroying it answers `IN_USE`.
 
 use std::fmt::Write as _;
@@ -169,31 +168,6 @@ impl NodeState {
             }
             let _ = writeln!(s, "mig-capable {}", u8::from(g.mig_capable));
             let _ = writeln!(s, "mig-enabled {}", u8::from(g.mig_enabled));
-            if g.mig_capable
-                && let Some(model) = crate::mig::model_for_product(&g.product_name)
-            {
-                for p in model.profiles {
-                    let starts: Vec<String> = p.placements.iter().map(u32::to_string).collect();
-                    let _ = writeln!(
-                        s,
-                        "mig-profile {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
-                        p.nvml_index,
-                        p.profile_id,
-                        p.instance_count,
-                        p.memory_mib,
-                        p.multiprocessors,
-                        p.copy_engines,
-                        p.decoders,
-                        p.encoders,
-                        p.jpeg_engines,
-                        p.ofa_engines,
-                        p.memory_slices,
-                        starts.join(","),
-                        p.ci_profile_index,
-                        p.name
-                    );
-                }
-            }
             if let Some(m) = self.mig.get(&g.minor) {
                 for i in &m.instances {
                     let _ = writeln!(
