@@ -9,8 +9,9 @@
 //! functions with table tests below. NVML itself judges every MIG request; its refusals
 //! (codes 2, 3, 6, 19, 23) become [`MigError`]s, any other failure `NvmlCall`.
 //! `/proc` and `/sys` are constructor parameters so that tests point them at a temp dir;
-//! the library path is one too, so that tests load the fake `libnvidia-ml.so.1` from
-//! `tests/fakes/fake_nvml.c`.
+//! the library path is one too, so that tests load NVIDIA's models
+//! (`tests/nvml-models`) or the fake `libnvidia-ml.so.1` of `tests/fakes/fake_nvml.c`
+//! (what the models lack: per-process memory from the fake CUDA driver, lost GPUs).
 //!
 //! nvml-wrapper 0.13 wraps only part of the MIG API (and its `possible_placements`
 //! always returns nothing), so the rest is called through the raw symbols of
