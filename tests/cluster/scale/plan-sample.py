@@ -21,6 +21,7 @@ both or neither. Prints the counts; exit 1 on any disagreement.
 """
 import json
 import sys
+from collections import Counter
 
 sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), ".."))
 from scenario_lib import load_docs, quantity  # noqa: E402
@@ -62,6 +63,9 @@ def main(plandir, plan_path):
         else:
             differ.append((name, sk, pk))
     print(f"tessera plan vs the scheduler, {len(sched)} sampled claims: {agree} agree, {len(differ)} differ")
+    by_kind = Counter(name.rsplit("-", 1)[0] for name, _, _ in differ)
+    if by_kind:
+        print("  differences by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())))
     for name, sk, pk in differ[:10]:
         print(f"  {name}: scheduler {sk}; plan {pk}")
     return 1 if differ else 0

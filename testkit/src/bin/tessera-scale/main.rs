@@ -16,7 +16,11 @@
 //!    version (every slice changes): writes per node, convergence, API latency;
 //! 5. schedules pods without claims, then with claims (whole GPU, 1g.10gb MIG, a share,
 //!    `firstAvailable`) until the GPUs are filled to `--fill`: pods/s and latency
-//!    quantiles from the scheduler's own metrics.
+//!    quantiles from the scheduler's own metrics (a stalled batch is explained, not
+//!    fatal);
+//! 6. with `--sample K`: K pods of each kind one at a time, each created once the
+//!    previous one is bound (one pod's latency, no queue), then writes the sample and
+//!    the slices for `tessera plan` (`run.sh` runs it and `scale/plan-sample.py`).
 //!
 //! It prints the figures (Markdown tables) and fails only on hard properties: every
 //! node's slices present, no write at steady state, in a restart storm at most one
