@@ -51,4 +51,13 @@ echo "control plane ready for the simulated nodes after $(since "$t0")s"
 "$bin" --cluster-dir "$dir" "$@"
 # The publishers' calls, from the audit log: every LIST and WATCH scoped to the node.
 python3 "$here/scale/api-calls.py" "$dir"
+# With --sample: `tessera plan` on the same slices and the sampled claims (its time and
+# its agreement with the scheduler; printed, not a hard property).
+if [ -s "$dir/scale/plan/claims.yaml" ] && [ -x "$repo/target/release/tessera" ]; then
+  pd=$dir/scale/plan tp=$(now)
+  "$repo/target/release/tessera" plan --slices "$pd/slices.json" --k8s-version "1.${K8S_VERSION#v1.}" \
+    --gates "$(cat "$dir/feature-gates")" -o yaml "$pd/claims.yaml" >"$pd/plan.yaml" 2>"$pd/plan.err" || cat "$pd/plan.err" >&2
+  echo "tessera plan: $(grep -c '^kind: ResourceClaim' "$pd/plan.yaml" || true) claims on $(du -h "$pd/slices.json" | cut -f1) of slices in $(since "$tp")s"
+  python3 "$here/scale/plan-sample.py" "$pd" "$pd/plan.yaml" || true
+fi
 echo "scale run done in $(since "$t0")s (cluster start and stop included)"

@@ -16,7 +16,11 @@
 //!    version (every slice changes): writes per node, convergence, API latency;
 //! 5. schedules pods without claims, then with claims (whole GPU, 1g.10gb MIG, a share,
 //!    `firstAvailable`) until the GPUs are filled to `--fill`: pods/s and latency
-//!    quantiles from the scheduler's own metrics.
+//!    quantiles from the scheduler's own metrics (a stalled batch is explained, not
+//!    fatal);
+//! 6. with `--sample K`: K pods of each kind one at a time, each created once the
+//!    previous one is bound (one pod's latency, no queue), then writes the sample and
+//!    the slices for `tessera plan` (`run.sh` runs it and `scale/plan-sample.py`).
 //!
 //! It prints the figures (Markdown tables) and fails only on hard properties: every
 //! node's slices present, no write at steady state, in a restart storm at most one
@@ -69,6 +73,15 @@ struct Args {
     /// batch, at most 20 a node).
     #[arg(long)]
     plain_pods: Option<usize>,
+    /// Pods of each kind scheduled one at a time after the fill (each created once the
+    /// previous one is bound): one pod's latency without a queue (0: none).
+    #[arg(long, default_value_t = 0)]
+    sample: usize,
+    /// The slice-shape experiment: publish MIG devices of only these profiles
+    /// (comma-separated, e.g. 1g.10gb), as a node config limiting profiles would; default
+    /// every profile, as Tessera publishes.
+    #[arg(long, value_delimiter = ',')]
+    mig_profiles: Vec<String>,
     /// Limit on any one publish or convergence (seconds).
     #[arg(long, default_value_t = 900)]
     limit_secs: u64,
@@ -183,14 +196,31 @@ fn requests(a: &Scrape, b: &Scrape, resource: &str) -> BTreeMap<String, f64> {
     out
 }
 
-/// Real (not dry-run) writes to `resource` between two scrapes.
+/// Real (not dry-run) writes to `resource` between two scrapes whose response has
+/// `code_ok` (a write the server turned away, 429 from API priority and fairness, wrote
+/// nothing and is retried).
+fn writes_with(a: &Scrape, b: &Scrape, resource: &str, code_ok: impl Fn(&str) -> bool) -> f64 {
+    let count = |s: &Scrape| {
+        s.sum("apiserver_request_total", |l| {
+            let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
+            get("resource") == resource
+                && get("subresource").is_empty()
+                && get("dry_run").is_empty()
+                && is_write(get("verb"))
+                && code_ok(get("code"))
+        })
+    };
+    count(b) - count(a) + 0.0
+}
+
+/// Writes to `resource` that the server made (2xx).
 fn writes(a: &Scrape, b: &Scrape, resource: &str) -> f64 {
-    requests(a, b, resource)
-        .iter()
-        .filter(|(v, _)| is_write(v))
-        .map(|(_, n)| n)
-        .sum::<f64>()
-        + 0.0
+    writes_with(a, b, resource, |c| c.starts_with('2'))
+}
+
+/// Writes to `resource` that the server turned away with 429 (retried by the publisher).
+fn rejected(a: &Scrape, b: &Scrape, resource: &str) -> f64 {
+    writes_with(a, b, resource, |c| c == "429")
 }
 
 fn per_node_line(what: &str, reqs: &BTreeMap<String, f64>, nodes: usize) {
@@ -303,6 +333,9 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let env = read_env(&args.cluster_dir)?;
+    if !args.mig_profiles.is_empty() {
+        let _ = plugins::MIG_PROFILES.set(args.mig_profiles.clone());
+    }
     let admin = client_from(&args.cluster_dir.join("kubeconfig")).await?;
     let plugin_kc = args.plugin_kubeconfig.clone().unwrap_or_else(|| {
         let p = args.cluster_dir.join("scale/plugin.kubeconfig");
@@ -330,6 +363,9 @@ async fn main() -> Result<()> {
         cluster.env.get("K8S_VERSION").cloned().unwrap_or_default(),
         plugin_kc.display()
     );
+    if !args.mig_profiles.is_empty() {
+        println!("slice shape: MIG devices of {:?} only", args.mig_profiles);
+    }
     println!(
         "machine: {} CPUs, load {} at start",
         std::thread::available_parallelism()
@@ -385,6 +421,10 @@ async fn main() -> Result<()> {
         api_latency(&m0, &m1, None)
     );
     println!(
+        "writes turned away by API priority and fairness (429, retried): {}",
+        rejected(&m0, &m1, "resourceslices")
+    );
+    println!(
         "resourceslices latency: {}",
         api_latency(&m0, &m1, Some("resourceslices"))
     );
@@ -419,7 +459,7 @@ async fn main() -> Result<()> {
     println!(
         "(leases: the simulated kubelets' heartbeat, not Tessera's; a WATCH is counted when it ends)"
     );
-    let steady_writes = writes(&m2, &m3, "resourceslices");
+    let steady_writes = writes_with(&m2, &m3, "resourceslices", |_| true);
     violations.check(
         steady_writes == 0.0,
         format!("0 ResourceSlice writes at steady state ({steady_writes})"),
@@ -455,7 +495,7 @@ async fn main() -> Result<()> {
     .await?;
 
     // ---- 6. scheduling ----
-    if args.fill > 0.0 {
+    if args.fill > 0.0 || args.sample > 0 {
         let shares = fleet
             .plugins
             .iter()
@@ -468,6 +508,7 @@ async fn main() -> Result<()> {
             shares,
             args.fill,
             args.plain_pods,
+            args.sample,
             limit,
         )
         .await?;
@@ -589,6 +630,7 @@ async fn storm(
         }
     }
     let w = writes(&a, &b, "resourceslices");
+    let turned_away = rejected(&a, &b, "resourceslices");
     println!("\n## Restart storm: {what}\n");
     println!(
         "every plugin restarted at once: converged in {took:.1?}; {changed} slices changed; load {}",
@@ -603,6 +645,9 @@ async fn storm(
     println!(
         "resourceslices latency: {}",
         api_latency(&a, &b, Some("resourceslices"))
+    );
+    println!(
+        "writes made (2xx): {w}; writes turned away by API priority and fairness (429, retried): {turned_away}"
     );
     violations.check(
         w <= bound as f64,
@@ -671,7 +716,84 @@ async fn batch(
         quantiles_ms(&bucket_delta(&attempt(&a), &attempt(&b))),
         unschedulable(&b) - unschedulable(&a),
     );
-    waited.map(|_| ())
+    if let Err(e) = waited {
+        // Reported, not fatal: the stall is explained from the scheduler's own messages
+        // and the claims' allocations, and the run goes on without the unbound pods.
+        println!("\n{label}: {e:#}");
+        scheduling::explain_stall(&cluster.admin, pods[0].0).await?;
+    }
+    Ok(())
+}
+
+/// Nearest-rank quantiles of exact samples, in ms.
+fn exact_ms(samples: &mut [Duration]) -> (String, f64) {
+    samples.sort();
+    let q = |p: f64| {
+        let i = ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
+        samples[i].as_secs_f64() * 1000.0
+    };
+    if samples.is_empty() {
+        return ("-".into(), 0.0);
+    }
+    (
+        format!("{:.0} / {:.0} / {:.0} ms", q(0.5), q(0.95), q(0.99)),
+        q(0.95),
+    )
+}
+
+/// The paced sample: `count` pods of each kind, one at a time (each created once the
+/// previous one is bound), so each latency is one pod's scheduling work and not its
+/// wait behind others. Returns each kind's p95 (client-observed, SLI), in ms.
+async fn sample(
+    cluster: &Cluster,
+    count: usize,
+    limit: Duration,
+) -> Result<BTreeMap<PodKind, (f64, f64)>> {
+    println!(
+        "\n### One pod at a time ({count} pods of each kind, each created when the previous one is bound; load {})\n",
+        load()
+    );
+    println!(
+        "| kind | pods | create → bound (client) p50/p95/p99 | SLI p50/p95/p99 | attempt p50/p95/p99 | attempts |\n|---|---|---|---|---|---|"
+    );
+    let sli = |s: &Scrape| s.buckets("scheduler_pod_scheduling_sli_duration_seconds", |_| true);
+    let attempt = |s: &Scrape| s.buckets("scheduler_scheduling_attempt_duration_seconds", |_| true);
+    let mut p95 = BTreeMap::new();
+    for kind in [
+        PodKind::Plain,
+        PodKind::Whole,
+        PodKind::Mig,
+        PodKind::Share,
+        PodKind::FirstAvailable,
+    ] {
+        let a = cluster.scheduler_metrics()?;
+        let mut took = Vec::new();
+        for (k, name) in scheduling::names(kind, count, "s") {
+            took.push(scheduling::create_one_and_wait(&cluster.admin, k, &name, limit).await?);
+        }
+        let b = cluster.scheduler_metrics()?;
+        let (client, client95) = exact_ms(&mut took);
+        let s = bucket_delta(&sli(&a), &sli(&b));
+        let at = bucket_delta(&attempt(&a), &attempt(&b));
+        let sli95 = quantile(&s, 0.95).unwrap_or(0.0) * 1000.0;
+        println!(
+            "| {} | {count} | {client} | {} | {} | {:.0} |",
+            kind.label(),
+            quantiles_ms(&s),
+            quantiles_ms(&at),
+            at.last().map_or(0.0, |x| x.1)
+        );
+        p95.insert(kind, (client95, sli95));
+    }
+    if let (Some(w), Some(p)) = (p95.get(&PodKind::Whole), p95.get(&PodKind::Plain)) {
+        println!(
+            "\nwhole GPU p95 / no claim p95: {:.2} (client), {:.2} (scheduler SLI); load {}",
+            w.0 / p.0.max(f64::MIN_POSITIVE),
+            w.1 / p.1.max(f64::MIN_POSITIVE),
+            load()
+        );
+    }
+    Ok(p95)
 }
 
 async fn schedule(
@@ -680,6 +802,7 @@ async fn schedule(
     shares_per_gpu: u64,
     fill: f64,
     plain: Option<usize>,
+    sample_size: usize,
     limit: Duration,
 ) -> Result<()> {
     scheduling::prepare(&cluster.admin).await?;
@@ -691,7 +814,7 @@ async fn schedule(
         fill * 100.0
     );
     println!(
-        "Pods are created 16 at a time, claims created beforehand (one per pod, no template). No kubelet: bound pods stay Pending on their node. Latencies from the scheduler's histograms (interpolated in its buckets): SLI = queue to bound; attempt = one scheduling attempt (algorithm + binding).\n"
+        "Pods are created 16 at a time, claims created beforehand (one per pod, no template); the no-claim pods are deleted after their batch (they would take the nodes' 110 pod slots). No kubelet: bound pods stay Pending on their node. Latencies from the scheduler's histograms (interpolated in its buckets): SLI = queue to bound; attempt = one scheduling attempt (algorithm + binding).\n"
     );
     println!(
         "| batch | pods | seconds | pods/s | SLI p50/p95/p99 | attempt p50/p95/p99 | unschedulable attempts |\n|---|---|---|---|---|---|---|"
@@ -703,6 +826,8 @@ async fn schedule(
         limit,
     )
     .await?;
+    // The baseline measured, its pods go: they would take the nodes' pod slots.
+    scheduling::delete_kind(&cluster.admin, PodKind::Plain).await?;
     for (kind, count) in &plan {
         batch(
             cluster,
@@ -717,5 +842,9 @@ async fn schedule(
         "\npods bound by kind (created, bound): {bound:?}; load {}",
         load()
     );
+    if sample_size > 0 {
+        sample(cluster, sample_size, limit).await?;
+        scheduling::dump_for_plan(&cluster.admin, &cluster.dir.join("scale/plan")).await?;
+    }
     Ok(())
 }

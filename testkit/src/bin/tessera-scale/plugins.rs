@@ -45,6 +45,33 @@ pub struct Fleet {
     stop: watch::Sender<bool>,
 }
 
+/// The slice-shape experiment (`--mig-profiles`): MIG devices of only these profiles are
+/// published, as a node config limiting the profiles would publish them (the counters
+/// and the whole-GPU devices unchanged). Unset: every profile, as Tessera publishes.
+pub static MIG_PROFILES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Drops the MIG devices whose `profile` is not in `keep`.
+fn only_mig_profiles(pool: &mut [ResourceSlice], keep: &[String]) {
+    for slice in pool {
+        if let Some(devices) = slice.spec.devices.as_mut() {
+            devices.retain(|d| {
+                let attr = |k: &str| {
+                    d.attributes
+                        .as_ref()
+                        .and_then(|a| a.get(k))
+                        .and_then(|v| v.string.clone())
+                };
+                attr("type").as_deref() != Some("mig")
+                    || attr("profile").is_some_and(|p| keep.contains(&p))
+            });
+            // The server stores an empty list as absent: compare like with like.
+            if devices.is_empty() {
+                slice.spec.devices = None;
+            }
+        }
+    }
+}
+
 /// Starts one node's plugin: the API half of `tessera plugin`'s start-up
 /// (`plugin::connect_api`), then `Publisher::run` until `stop`.
 async fn start(
@@ -71,7 +98,10 @@ async fn start(
         .await
         .with_context(|| format!("{node}: conflict check"))?;
     anyhow::ensure!(conflicts.is_empty(), "{node}: conflicts {conflicts:?}");
-    let pool = model.pool(DRIVER, &node, publisher.version(), features);
+    let mut pool = model.pool(DRIVER, &node, publisher.version(), features);
+    if let Some(keep) = MIG_PROFILES.get() {
+        only_mig_profiles(&mut pool, keep);
+    }
     publisher
         .prevalidate(&pool)
         .with_context(|| format!("{node}: pool"))?;

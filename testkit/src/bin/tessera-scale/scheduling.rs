@@ -280,3 +280,242 @@ where
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// Creates one pod (its claim first) and waits until the scheduler has bound it:
+/// the time from the pod's creation to its `nodeName` as the client sees it (polled
+/// every 10 ms). Nothing else is in the scheduler's queue meanwhile, so this is one
+/// pod's scheduling work, not time spent behind others.
+pub async fn create_one_and_wait(
+    client: &kube::Client,
+    kind: PodKind,
+    name: &str,
+    limit: Duration,
+) -> Result<Duration> {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    if kind != PodKind::Plain {
+        claims
+            .create(&PostParams::default(), &claim(name, kind)?)
+            .await
+            .with_context(|| format!("create claim {name}"))?;
+    }
+    let t = Instant::now();
+    pod_api
+        .create(&PostParams::default(), &pod(name, kind)?)
+        .await
+        .with_context(|| format!("create pod {name}"))?;
+    loop {
+        let p = pod_api
+            .get(name)
+            .await
+            .with_context(|| format!("get pod {name}"))?;
+        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            anyhow::bail!(
+                "pod {name} not bound after {:?}: {}",
+                t.elapsed(),
+                unschedulable_message(&p)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn unschedulable_message(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_else(|| "no PodScheduled condition".into())
+}
+
+/// Why a batch stalled: the scheduler's messages on the pods it left unbound (with how
+/// many pods carry each), and what the claims hold, per node config and request (MIG
+/// slots and shares taken against what the fleet has). Deletes the unbound pods, so
+/// that later batches are not measured behind them.
+pub async fn explain_stall(client: &kube::Client, batch_kind: PodKind) -> Result<()> {
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let label = format!("scale.tessera.dev/kind={batch_kind:?}");
+    let pods = pod_api
+        .list(&kube::api::ListParams::default().labels(&label))
+        .await
+        .context("list pods")?;
+    let mut messages: BTreeMap<String, usize> = BTreeMap::new();
+    let mut unbound = Vec::new();
+    for p in &pods.items {
+        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none() {
+            *messages.entry(unschedulable_message(p)).or_default() += 1;
+            unbound.extend(p.metadata.name.clone());
+        }
+    }
+    println!(
+        "\nstalled batch ({}): {} pods unbound; the scheduler says:",
+        batch_kind.label(),
+        unbound.len()
+    );
+    for (m, n) in &messages {
+        println!("- {n} pods: {m}");
+    }
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_device: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for c in claims
+        .list(&Default::default())
+        .await
+        .context("list claims")?
+        .items
+    {
+        let results = c
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        for r in results {
+            let config = NodeKind::ALL
+                .iter()
+                .find(|k| r.pool.contains(k.label()))
+                .map_or("?", |k| k.label());
+            *by.entry((config.to_string(), r.request.clone()))
+                .or_default() += 1;
+            *per_device
+                .entry((r.pool.clone(), r.device.clone()))
+                .or_default() += 1;
+        }
+    }
+    println!("allocated devices by node config and request: {by:?}");
+    let all = pod_api
+        .list(&Default::default())
+        .await
+        .context("list pods")?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &all.items {
+        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *per_node.entry(n).or_default() += 1;
+        }
+    }
+    println!(
+        "pods per node (every kind): max {}, nodes at 110 (the pod limit): {}",
+        per_node.values().max().copied().unwrap_or(0),
+        per_node.values().filter(|n| **n >= 110).count()
+    );
+    let max_share = per_device
+        .iter()
+        .filter(|((pool, _), _)| pool.contains(NodeKind::H100Shared.label()))
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>();
+    println!(
+        "shared GPUs in use: {}, allocations on one: min {} max {}",
+        max_share.len(),
+        max_share.iter().min().copied().unwrap_or(0),
+        max_share.iter().max().copied().unwrap_or(0)
+    );
+    for name in unbound {
+        let _ = pod_api
+            .delete(&name, &kube::api::DeleteParams::default().grace_period(0))
+            .await;
+    }
+    Ok(())
+}
+
+/// Writes what `tessera plan` needs to replay the paced sample offline, into `out`:
+/// `slices.json` (every slice of the driver, a v1 List), `claims.yaml` (the sampled
+/// claims' specs, in the order they were scheduled) and `scheduler.json` (the same
+/// claims as the scheduler allocated them). `tests/cluster/scale/plan-sample.py`
+/// compares.
+pub async fn dump_for_plan(client: &kube::Client, out: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("mkdir {}", out.display()))?;
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let items = slices
+        .list(
+            &kube::api::ListParams::default()
+                .fields(&format!("spec.driver={}", crate::plugins::DRIVER)),
+        )
+        .await
+        .context("list resourceslices")?
+        .items;
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    write_atomic(&out.join("slices.json"), &serde_json::to_vec(&list)?)?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut sampled: Vec<ResourceClaim> = claims
+        .list(&Default::default())
+        .await
+        .context("list claims")?
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("s-"))
+        })
+        .collect();
+    // Names are s-KIND-NNNNN; the sample ran kind by kind in PodKind order.
+    let order = |c: &ResourceClaim| {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let kind = [
+            PodKind::Whole,
+            PodKind::Mig,
+            PodKind::Share,
+            PodKind::FirstAvailable,
+        ]
+        .iter()
+        .position(|k| name.starts_with(&format!("s-{}-", format!("{k:?}").to_lowercase())))
+        .unwrap_or(usize::MAX);
+        (kind, name)
+    };
+    sampled.sort_by_key(order);
+    let mut docs = String::new();
+    for c in &sampled {
+        let doc = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": c.metadata.name, "namespace": NAMESPACE},
+            "spec": c.spec,
+        });
+        docs.push_str("---\n");
+        docs.push_str(&serde_json::to_string(&doc)?);
+        docs.push('\n');
+    }
+    write_atomic(&out.join("claims.yaml"), docs.as_bytes())?;
+    write_atomic(&out.join("scheduler.json"), &serde_json::to_vec(&sampled)?)?;
+    Ok(())
+}
+
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename {}", path.display()))?;
+    Ok(())
+}
+
+/// Deletes the pods of `kind` (at once: no kubelet runs to finish a graceful deletion)
+/// and waits until none is left. The baseline pods must not stay: the simulated nodes
+/// hold 110 pods each (the kubelet's default), and a node that the baseline packed
+/// full refuses the GPU pods that come after ("Too many pods").
+pub async fn delete_kind(client: &kube::Client, kind: PodKind) -> Result<()> {
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let lp = kube::api::ListParams::default().labels(&format!("scale.tessera.dev/kind={kind:?}"));
+    pod_api
+        .delete_collection(&kube::api::DeleteParams::default().grace_period(0), &lp)
+        .await
+        .context("delete pods")?;
+    let t = Instant::now();
+    while !pod_api
+        .list_metadata(&lp)
+        .await
+        .context("list pods")?
+        .items
+        .is_empty()
+    {
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "{kind:?} pods not deleted after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
