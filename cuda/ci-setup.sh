@@ -34,6 +34,6 @@ done
 # In the debug profile: it drives one build, and its release build costs CI a minute.
 # The version is checked, not just the file (DEST may be kept between CI runs).
 "$DEST/tools/bin/cargo-zigbuild" --version 2>/dev/null | grep -qx 'cargo-zigbuild 0.24.1' ||
-    cargo install --quiet --locked --debug --force cargo-zigbuild@0.24.1 --root "$DEST/tools"
+    CARGO_PROFILE_DEV_DEBUG=0 cargo install --quiet --locked --debug --force cargo-zigbuild@0.24.1 --root "$DEST/tools"
 ABS=$(cd "$DEST" && pwd)
 echo "export TESSERA_CUDA_TEST_PY=$ABS PATH=$ABS/venv/bin:$ABS/tools/bin:\$PATH"
