@@ -50,9 +50,10 @@ done
 echo "k8s $version: building hyperkube ($components) with $("$GO" version 9>&- | cut -d' ' -f3) into $out"
 # As upstream's release builds (hack/lib/golang.sh): static (CGO off, as for every server
 # binary but the kubelet, which works without cgo too), -trimpath, -s -w, tags
-# selinux,notest,grpcnotrace.
+# selinux,notest,grpcnotrace. No DWARF from the compiler either (-dwarf=false): the
+# link strips it (-w) anyway, and generating it is compile time for nothing.
 (cd "$mod" && CGO_ENABLED=0 nice -n "${TESSERA_BUILD_NICE:-19}" "$GO" build -trimpath \
-  -tags selinux,notest,grpcnotrace -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" . 9>&-)
+  -tags selinux,notest,grpcnotrace -gcflags=all=-dwarf=false -ldflags "-s -w$ldx" -o "$out/hyperkube.tmp" . 9>&-)
 mv "$out/hyperkube.tmp" "$out/hyperkube"
 for c in $components; do ln -sfn hyperkube "$out/$c"; done
 "$out/kubectl" version --client >/dev/null 9>&-

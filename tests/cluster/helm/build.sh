@@ -59,7 +59,8 @@ for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$kmin"
 done
 echo "helm $version: building with $("$GO" version 9>&- | cut -d' ' -f3) (client-go $cgo) into $out" >&2
-(cd "$here" && CGO_ENABLED=0 nice -n "${TESSERA_BUILD_NICE:-19}" "$GO" build -trimpath -ldflags "$ld" \
+# No DWARF from the compiler (-dwarf=false): the link strips it (-w) anyway.
+(cd "$here" && CGO_ENABLED=0 nice -n "${TESSERA_BUILD_NICE:-19}" "$GO" build -trimpath -gcflags=all=-dwarf=false -ldflags "$ld" \
   -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm 9>&-)
 mv "$out/helm.tmp" "$out/helm"
 "$out/helm" version --short >&2 9>&-

@@ -8,7 +8,9 @@
 # per slice of a changed pool in a restart storm). The cluster is stopped at the end, always
 # (TESSERA_CLUSTER_KEEP=1 keeps a failed run's).
 # Usage (root): scale/run.sh VERSION DIR [tessera-scale args: --nodes N --fill F ...]
-# Env: TESSERA_SCALE_BIN: the binary (default target/release/tessera-scale).
+# Env: TESSERA_SCALE_BIN: the binary (default target/release/tessera-scale, CI's build at
+#   opt-level 1; for figures, `cargo build --profile scale -p tessera-scale` and
+#   TESSERA_SCALE_BIN=target/scale/tessera-scale: optimized as the plugin is).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -18,6 +20,7 @@ version=$1 dir=$2
 shift 2
 bin=${TESSERA_SCALE_BIN:-$repo/target/release/tessera-scale}
 [ -x "$bin" ] || { echo "no $bin (cargo build --release --bin tessera-scale)" >&2; exit 1; }
+echo "tessera-scale: $bin"
 t0=$(now)
 stop() {
   local rc=$?
