@@ -74,6 +74,14 @@ impl KubeVersion {
     pub fn rescans_each_pick(self) -> bool {
         self.minor <= 35
     }
+
+    /// Whether the scheduler's DynamicResources plugin scores nodes by the
+    /// `firstAvailable` subrequests their allocation uses, preferring earlier ones
+    /// (kubernetes#134711, from 1.35: `Score`/`computeScore`, weight 2 in the default
+    /// profile). 1.34 has no such score: any node where the claim fits may win.
+    pub fn scores_prioritized_list(self) -> bool {
+        self.minor >= 35
+    }
 }
 
 impl fmt::Display for KubeVersion {
@@ -285,6 +293,9 @@ impl FeatureGates {
 
     pub fn partitionable_devices(&self) -> bool {
         self.enabled("DRAPartitionableDevices")
+    }
+    pub fn prioritized_list(&self) -> bool {
+        self.enabled("DRAPrioritizedList")
     }
     pub fn consumable_capacity(&self) -> bool {
         self.enabled("DRAConsumableCapacity")

@@ -322,6 +322,131 @@ fn first_available_takes_the_first_subrequest_the_whole_claim_fits_with() {
     );
 }
 
+/// Three nodes in slice order: `node-a` has only a whole GPU, `node-b` and `node-c` a
+/// whole GPU and a MIG device each.
+fn a_gpu_node_then_two_mig_nodes() -> Vec<ResourceSlice> {
+    let mut slices = pool("node-a", vec![devices(vec![dev("a-gpu", &[])])]);
+    for n in ["b", "c"] {
+        let mig = dev(&format!("{n}-mig"), &[("type", "mig")]);
+        slices.extend(pool(
+            &format!("node-{n}"),
+            vec![devices(vec![mig, dev(&format!("{n}-gpu"), &[])])],
+        ));
+    }
+    slices
+}
+
+/// `firstAvailable` of a MIG device, else a whole GPU.
+fn mig_else_gpu(name: &str) -> ResourceClaim {
+    let sub = |n: &str, class: &str| json!({"name": n, "deviceClassName": class});
+    let r = json!({"name": "r", "firstAvailable": [sub("mig", "mig"), sub("gpu", "gpu")]});
+    claim_of(name, vec![r])
+}
+
+/// The node and `request=device` of an allocation.
+fn placed(r: Result<AllocationResult, AllocError>) -> (String, Vec<String>) {
+    let r = r.unwrap();
+    (node_of(&r), picked(&r))
+}
+
+/// From 1.35 the scheduler scores nodes by the `firstAvailable` subrequests their
+/// allocation uses (DynamicResources `computeScore`: 8 minus the subrequest's index),
+/// so a claim goes where its first alternative fits even when an earlier node fits only
+/// a later one; among equal scores plan takes the first node in order. With no node
+/// left for the first alternative, the first node where a later one fits wins; a claim
+/// without `firstAvailable` still takes the first node where it fits. (The 1.37.2
+/// scheduler at 1,000 nodes gave every such claim its first alternative; docs/scale.md.)
+#[test]
+fn first_available_prefers_the_node_where_an_earlier_subrequest_fits() {
+    let mut a = allocator(&a_gpu_node_then_two_mig_nodes());
+    let node = |n: &str, p: &str| (n.to_string(), vec![p.to_string()]);
+    assert_eq!(
+        placed(a.allocate(&mig_else_gpu("first"))),
+        node("node-b", "r/mig=b-mig")
+    );
+    assert_eq!(
+        placed(a.allocate(&mig_else_gpu("second"))),
+        node("node-c", "r/mig=c-mig")
+    );
+    assert_eq!(
+        placed(a.allocate(&mig_else_gpu("third"))),
+        node("node-a", "r/gpu=a-gpu")
+    );
+    a.release("default", "third");
+    let exact = claim_of("exact", vec![req("r", "gpu", 1, &[])]);
+    assert_eq!(placed(a.allocate(&exact)), node("node-a", "r=a-gpu"));
+}
+
+/// The score adds up over a claim's `firstAvailable` requests: a node where one request
+/// gets its first alternative and the other its second beats an earlier node where
+/// both get their second; an `exactly` request adds nothing.
+#[test]
+fn first_available_scores_add_up_over_the_claims_requests() {
+    let mut slices = pool("node-a", vec![devices(gpus(3))]);
+    let mig = dev("b-mig", &[("type", "mig")]);
+    slices.extend(pool(
+        "node-b",
+        vec![devices(vec![mig, dev("b-g0", &[]), dev("b-g1", &[])])],
+    ));
+    let mut a = allocator(&slices);
+    let sub = |n: &str, class: &str| json!({"name": n, "deviceClassName": class});
+    let fa = |name: &str| json!({"name": name, "firstAvailable": [sub("mig", "mig"), sub("gpu", "gpu")]});
+    let claim = claim_of("c", vec![fa("x"), fa("y"), req("z", "gpu", 1, &[])]);
+    assert_eq!(
+        placed(a.allocate(&claim)),
+        (
+            "node-b".into(),
+            vec!["x/mig=b-mig".into(), "y/gpu=b-g0".into(), "z=b-g1".into()]
+        )
+    );
+}
+
+/// A device of an `allNodes` slice is usable on every node, beside that node's own
+/// devices: a claim for a node's GPU and the shared device fits on the first node, and
+/// on the second once the first node's GPU is taken.
+#[test]
+fn an_all_nodes_device_joins_any_nodes_devices() {
+    let mut slices = pool("node-a", vec![devices(vec![dev("a0", &[])])]);
+    slices.extend(pool("node-b", vec![devices(vec![dev("b0", &[])])]));
+    let fabric = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "fabric"},
+        "spec": {"driver": D, "allNodes": true,
+            "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+            "devices": [dev("f0", &[("type", "mig")])]}});
+    slices.push(serde_json::from_value(fabric).unwrap());
+    let mut a = allocator(&slices);
+    let both = |n: &str| claim_of(n, vec![req("g", "gpu", 1, &[]), req("m", "mig", 1, &[])]);
+    assert_eq!(
+        placed(a.allocate(&both("first"))),
+        ("node-a".into(), vec!["g=a0".into(), "m=f0".into()])
+    );
+    a.release("default", "first");
+    a.allocate(&claim_of("gpu", vec![req("g", "gpu", 1, &[])]))
+        .unwrap();
+    assert_eq!(
+        placed(a.allocate(&both("second"))),
+        ("node-b".into(), vec!["g=b0".into(), "m=f0".into()])
+    );
+}
+
+/// 1.34's DynamicResources plugin has no Score: the scheduler may bind a
+/// `firstAvailable` claim to any node where it fits, whichever alternative that takes.
+/// Plan keeps its first-fit node order there, so the first node, with the second
+/// alternative.
+#[test]
+fn on_1_34_first_available_takes_the_first_node_where_it_fits() {
+    let gates = FeatureGates::defaults(KubeVersion::new(34).unwrap());
+    let mut a = Allocator::new(&a_gpu_node_then_two_mig_nodes(), &classes(), &gates).unwrap();
+    assert_eq!(
+        placed(a.allocate(&mig_else_gpu("first"))),
+        ("node-a".into(), vec!["r/gpu=a-gpu".into()])
+    );
+    assert_eq!(
+        placed(a.allocate(&mig_else_gpu("second"))),
+        ("node-b".into(), vec!["r/mig=b-mig".into()])
+    );
+}
+
 /// The allocation's config lists the class configs of the (sub)requests actually
 /// allocated, named by `req/sub`, then the claim's own configs, in that order.
 #[test]

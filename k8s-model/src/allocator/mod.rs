@@ -10,6 +10,10 @@
 //!   appearance; a depth-first search with backtracking, so the first solution found is
 //!   the first-fit solution the scheduler finds, including cases plain first fit fails
 //!   (`matchAttribute`, `distinctAttribute`, `firstAvailable`);
+//! * node choice: the first node where the claim fits; from 1.35, for a claim with
+//!   `firstAvailable`, the first node whose solution scores highest by the scheduler's
+//!   DynamicResources score (earlier subrequests score more), as the real scheduler
+//!   prefers nodes where a better-ranked subrequest fits;
 //! * DeviceClass and request CEL selectors, `exactly` and `firstAvailable`, `count` and
 //!   `allocationMode: All`;
 //! * counters of partitionable devices;
@@ -27,7 +31,11 @@
 //! * `nodeSelector` slices and devices are treated as usable on every node;
 //! * shareIDs are generated deterministically (a hash of the claim plus a sequence) so
 //!   that plans are reproducible; the scheduler uses random UUIDs;
-//! * admin access is not modelled (such requests allocate like any other).
+//! * admin access is not modelled (such requests allocate like any other);
+//! * node choice ignores the scheduler's other scores (resources, spreading; the
+//!   DynamicResources score has weight 2 of them), its sampling of nodes
+//!   (`percentageOfNodesToScore`) and its ties, which it breaks by heap order (1.37) or
+//!   at random (1.34): plan takes the first node in order.
 
 pub mod capacity;
 
@@ -119,6 +127,8 @@ struct Spec {
     /// Name in allocation results: `req` or `req/sub`.
     name: String,
     parent: String,
+    /// Its index in `firstAvailable`; `None` for an `exactly` request.
+    sub_index: Option<usize>,
     class: String,
     selectors: Vec<usize>,
     mode: Mode,
@@ -164,10 +174,20 @@ struct Held {
 pub struct Allocator {
     candidates: Vec<Candidate>,
     nodes: Vec<Option<String>>,
+    /// Per entry of `nodes`: the candidates usable there, in candidate order (a node's
+    /// search scans its own devices, not the whole cluster's).
+    node_candidates: Vec<Vec<usize>>,
     counter_sets: HashMap<(String, String, String), BTreeMap<String, Q>>,
     skipped: Vec<SkippedPool>,
     classes: BTreeMap<String, Class>,
     selectors: Vec<DeviceSelector>,
+    /// Index in `selectors` of each expression compiled so far: claims from one
+    /// template share their selectors, and with them the results cache.
+    selector_index: HashMap<String, usize>,
+    /// Selector results by (selector, candidate), kept across claims: a device's
+    /// attributes and capacities do not change during a plan, and evaluating every
+    /// selector on every device of a large cluster for each claim would dominate.
+    selector_results: HashMap<(usize, usize), bool>,
     gates: FeatureGates,
     exclusive: HashSet<usize>,
     shared_use: HashMap<usize, BTreeMap<String, Q>>,
@@ -227,10 +247,13 @@ impl Allocator {
         let mut a = Allocator {
             candidates: Vec::new(),
             nodes: Vec::new(),
+            node_candidates: Vec::new(),
             counter_sets: HashMap::new(),
             skipped: Vec::new(),
             classes: BTreeMap::new(),
             selectors: Vec::new(),
+            selector_index: HashMap::new(),
+            selector_results: HashMap::new(),
             gates: gates.clone(),
             exclusive: HashSet::new(),
             shared_use: HashMap::new(),
@@ -268,9 +291,15 @@ impl Allocator {
         let mut out = Vec::new();
         for (i, s) in sels.iter().enumerate() {
             let Some(cel) = &s.cel else { continue };
+            if let Some(&known) = self.selector_index.get(&cel.expression) {
+                out.push(known);
+                continue;
+            }
             let compiled = DeviceSelector::compile(&cel.expression)
                 .map_err(|e| AllocError::Invalid(format!("{what}: selector #{i}: {e}")))?;
             self.selectors.push(compiled);
+            self.selector_index
+                .insert(cel.expression.clone(), self.selectors.len() - 1);
             out.push(self.selectors.len() - 1);
         }
         Ok(out)
@@ -380,6 +409,17 @@ impl Allocator {
         if self.nodes.is_empty() {
             self.nodes.push(None);
         }
+        let index: HashMap<&Option<String>, usize> =
+            self.nodes.iter().enumerate().map(|(i, n)| (n, i)).collect();
+        let mut per_node = vec![Vec::new(); self.nodes.len()];
+        for (cand, c) in self.candidates.iter().enumerate() {
+            match index.get(&c.node) {
+                Some(&i) if c.node.is_some() => per_node[i].push(cand),
+                // Usable on every node (or there are no nodes: the one `None` entry).
+                _ => per_node.iter_mut().for_each(|l| l.push(cand)),
+            }
+        }
+        self.node_candidates = per_node;
     }
 
     /// Pools left out, with the reason (incomplete, or failing the cross-slice checks).
@@ -401,6 +441,7 @@ impl Allocator {
             let mut alts = Vec::new();
             let mut push = |this: &mut Self,
                             name: String,
+                            sub_index: Option<usize>,
                             class: &str,
                             sels: &[K8sSelector],
                             mode: Option<&str>,
@@ -428,6 +469,7 @@ impl Allocator {
                 alts.push(Spec {
                     parent: name.split('/').next().unwrap_or(&name).to_string(),
                     name,
+                    sub_index,
                     class: class.to_string(),
                     selectors,
                     mode,
@@ -439,6 +481,7 @@ impl Allocator {
                 push(
                     self,
                     r.name.clone(),
+                    None,
                     &e.device_class_name,
                     e.selectors.as_deref().unwrap_or_default(),
                     e.allocation_mode.as_deref(),
@@ -446,10 +489,11 @@ impl Allocator {
                     e.capacity.as_ref().and_then(|c| c.requests.as_ref()),
                 )?;
             }
-            for sub in r.first_available.iter().flatten() {
+            for (i, sub) in r.first_available.iter().flatten().enumerate() {
                 push(
                     self,
                     format!("{}/{}", r.name, sub.name),
+                    Some(i),
                     &sub.device_class_name,
                     sub.selectors.as_deref().unwrap_or_default(),
                     sub.allocation_mode.as_deref(),
@@ -801,7 +845,8 @@ impl Allocator {
 /// Search context for one claim on one node.
 struct Search<'a> {
     alloc: &'a Allocator,
-    node: &'a Option<String>,
+    /// The candidates usable on the node, in order.
+    cands: &'a [usize],
     reqs: &'a [Vec<Spec>],
     constraints: &'a [Constraint],
     specs_of: HashMap<String, Spec>,
@@ -811,11 +856,6 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    fn on_node(&self, cand: usize) -> bool {
-        let n = &self.alloc.candidates[cand].node;
-        n.is_none() || self.node.is_none() || n == self.node
-    }
-
     fn tick(&mut self) -> Result<(), AllocError> {
         self.steps += 1;
         if self.steps > self.limit {
@@ -839,11 +879,10 @@ impl Search<'_> {
                     let before = picks.len();
                     let mut ok = true;
                     let mut any = false;
-                    for cand in 0..self.alloc.candidates.len() {
+                    let cands = self.cands;
+                    for &cand in cands {
                         self.tick()?;
-                        if !self.on_node(cand)
-                            || !self.alloc.matches(&mut self.cache, &spec, cand)?
-                        {
+                        if !self.alloc.matches(&mut self.cache, &spec, cand)? {
                             continue;
                         }
                         any = true;
@@ -891,9 +930,10 @@ impl Search<'_> {
         if remaining == 0 {
             return self.solve(r + 1, picks);
         }
-        for cand in start..self.alloc.candidates.len() {
+        for pos in start..self.cands.len() {
+            let cand = self.cands[pos];
             self.tick()?;
-            if !self.on_node(cand) || !self.alloc.matches(&mut self.cache, spec, cand)? {
+            if !self.alloc.matches(&mut self.cache, spec, cand)? {
                 continue;
             }
             let Some(consumed) = self.alloc.available(spec, cand, picks)? else {
@@ -916,7 +956,7 @@ impl Search<'_> {
             let next = if self.alloc.gates.version().rescans_each_pick() {
                 0
             } else {
-                cand + 1
+                pos + 1
             };
             if self.fill(r, spec, remaining - 1, next, picks)? {
                 return Ok(true);
@@ -925,6 +965,26 @@ impl Search<'_> {
         }
         Ok(false)
     }
+}
+
+/// `FirstAvailableDeviceRequestMaxSize`: the most subrequests a request may list.
+const FIRST_AVAILABLE_MAX: u64 = 8;
+
+/// The score the scheduler's DynamicResources plugin gives a node (`computeScore`,
+/// 1.35+): for each `firstAvailable` request, [`FIRST_AVAILABLE_MAX`] minus the index of
+/// the subrequest the node's solution uses; `exactly` requests add nothing.
+fn prioritized_score<'s>(used: impl Iterator<Item = &'s Spec>) -> u64 {
+    used.filter_map(|s| s.sub_index)
+        .map(|i| FIRST_AVAILABLE_MAX.saturating_sub(i as u64))
+        .sum()
+}
+
+/// The (sub)request of each request that a solution allocated.
+fn used_specs<'s>(reqs: &'s [Vec<Spec>], picks: &[Pick]) -> impl Iterator<Item = &'s Spec> {
+    reqs.iter().filter_map(|alts| {
+        alts.iter()
+            .find(|s| picks.iter().any(|p| p.spec_name == s.name))
+    })
 }
 
 impl Allocator {
@@ -942,27 +1002,49 @@ impl Allocator {
             .flatten()
             .map(|s| (s.name.clone(), s.clone()))
             .collect();
-        let mut found: Option<(Option<String>, Vec<Pick>)> = None;
-        for node in self.nodes.clone() {
+        // Node choice. Where the scheduler scores firstAvailable (1.35+), the node
+        // whose solution uses the best-ranked subrequests wins, the first such node in
+        // order; elsewhere the first node where the claim fits.
+        let scored = self.gates.version().scores_prioritized_list()
+            && self.gates.prioritized_list()
+            && reqs.iter().flatten().any(|s| s.sub_index.is_some());
+        let best_possible = prioritized_score(reqs.iter().map(|alts| &alts[0]));
+        let mut found: Option<(usize, u64, Vec<Pick>)> = None;
+        let mut cache = std::mem::take(&mut self.selector_results);
+        for (node, cands) in self.node_candidates.iter().enumerate() {
             let mut search = Search {
                 alloc: self,
-                node: &node,
+                cands,
                 reqs: &reqs,
                 constraints: &constraints,
                 specs_of: specs_of.clone(),
-                cache: HashMap::new(),
+                cache: std::mem::take(&mut cache),
                 steps: 0,
                 limit: self.step_limit,
             };
             let mut picks = Vec::new();
-            if search.solve(0, &mut picks)? {
-                found = Some((node, picks));
+            let solved = search.solve(0, &mut picks);
+            cache = search.cache;
+            if !solved? {
+                continue;
+            }
+            let score = if scored {
+                prioritized_score(used_specs(&reqs, &picks))
+            } else {
+                best_possible
+            };
+            if found.as_ref().is_none_or(|(_, best, _)| score > *best) {
+                found = Some((node, score, picks));
+            }
+            if score == best_possible {
                 break;
             }
         }
-        let Some((node, mut picks)) = found else {
+        self.selector_results = cache;
+        let Some((node, _, mut picks)) = found else {
             return Err(AllocError::Unsatisfiable(self.diagnose(&reqs)?));
         };
+        let node = self.nodes[node].clone();
         for p in picks.iter_mut() {
             if self.candidates[p.cand].multi {
                 self.share_seq += 1;
