@@ -19,14 +19,10 @@ ELSEWHERE = {
     ("tessera-shim-cuda", "tessera_shim_cuda"): "cargo clippy-preload",
     ("tessera-shim-nvml", "tessera_shim_nvml"): "cargo clippy-preload",
     ("tessera-cluster-tests", "*"): "the cluster lane's test build",
-    ("tessera-fuzz", "abi_files"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "cdi_spec"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "claim_plan"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "node_config"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "node_prepare"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "plan"): "fuzz/tests/afl_entries.rs",
-    ("tessera-fuzz", "quantity_semver"): "fuzz/tests/afl_entries.rs",
 }
+# The AFL++ entries (`required-features = ["afl"]`): that test checks it compiles them all.
+AFL_ENTRIES = ["abi_files", "cdi_spec", "claim_plan", "node_config", "node_prepare", "plan", "quantity_semver"]
+ELSEWHERE.update({("tessera-fuzz", e): "fuzz/tests/afl_entries.rs" for e in AFL_ENTRIES})
 
 meta = json.loads(subprocess.check_output(["cargo", "metadata", "--no-deps", "--format-version", "1"]))
 members = {p["id"]: p for p in meta["packages"]}
