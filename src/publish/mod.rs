@@ -8,6 +8,8 @@
 //! validated against the server version's limits; an invalid pool is refused.
 
 pub mod conflicts;
+pub mod dryrun;
+pub mod echoes;
 pub mod slices;
 
 use std::collections::{BTreeMap, HashMap};
@@ -113,6 +115,8 @@ pub struct Publisher {
     health: Option<std::sync::Arc<crate::telemetry::http::Health>>,
     /// The NVIDIA device plugin's resources on our Node, seen at start-up.
     device_plugin: Option<crate::publish::conflicts::Conflict>,
+    /// Our writes not yet seen coming back through `run`'s watch.
+    echoes: echoes::Echoes,
 }
 
 impl Publisher {
@@ -145,6 +149,7 @@ impl Publisher {
             written: HashMap::new(),
             health: None,
             device_plugin,
+            echoes: echoes::Echoes::default(),
         })
     }
 
@@ -207,16 +212,17 @@ impl Publisher {
         }
     }
 
-    /// Creates each desired slice with `dryRun=All` and reports the fields the server
-    /// dropped (disabled feature gates), e.g. `spec.devices[0].allowMultipleAllocations`.
-    /// Writes nothing.
+    /// Creates with `dryRun=All` one desired slice per gate the pool uses
+    /// ([`dryrun::slices_to_probe`]) and reports the fields the server dropped (disabled
+    /// feature gates), e.g. `slice 1: spec.devices[0].allowMultipleAllocations`: the
+    /// examples found in the probed slices. Writes nothing.
     pub async fn detect_dropped_fields(
         &self,
         desired: &[ResourceSlice],
     ) -> Result<Vec<String>, PublishError> {
         let mut dropped = Vec::new();
-        for s in desired {
-            let probe = self.with_metadata(s, 1, None);
+        for i in dryrun::slices_to_probe(desired) {
+            let probe = self.with_metadata(&desired[i], 1, None);
             let stored = self
                 .slices
                 .create(
@@ -228,18 +234,23 @@ impl Publisher {
                 )
                 .await
                 .map_err(api("dry-run create resourceslice"))?;
-            dropped.extend(validation::dropped_fields(&probe, &stored));
+            dropped.extend(
+                validation::dropped_fields(&probe, &stored)
+                    .into_iter()
+                    .map(|path| format!("slice {i}: {path}")),
+            );
         }
         dropped.sort();
         dropped.dedup();
         Ok(dropped)
     }
 
-    /// Learns which gated fields the server keeps by creating three probe slices with
-    /// `dryRun=All` (nothing is stored): one with a counter set (DRAPartitionableDevices),
-    /// one with a multi-allocatable device with a request policy
-    /// (DRAConsumableCapacity), and one with a tainted device (DRADeviceTaints). Run before building the pool, so that Tessera publishes
-    /// a layout the server keeps.
+    /// Learns which gated fields the server keeps by creating two probe slices with
+    /// `dryRun=All` (nothing is stored): one with a counter set (DRAPartitionableDevices;
+    /// from 1.35 a counter set has a slice of its own), and one with two devices, a
+    /// multi-allocatable one with a request policy (DRAConsumableCapacity) and a tainted
+    /// one (DRADeviceTaints). Run before building the pool, so that Tessera publishes a
+    /// layout the server keeps.
     pub async fn probe_features(&self) -> Result<ServerFeatures, PublishError> {
         let probe = |spec: ResourceSliceSpec| ResourceSlice {
             metadata: ObjectMeta {
@@ -285,59 +296,53 @@ impl Publisher {
             max: None,
             step: Some(Quantity("1".into())),
         };
-        let shared = probe(ResourceSliceSpec {
-            devices: Some(vec![Device {
-                name: "probe".into(),
-                allow_multiple_allocations: Some(true),
-                capacity: Some(BTreeMap::from([(
-                    "probe".to_string(),
-                    DeviceCapacity {
-                        value: Quantity("2".into()),
-                        request_policy: Some(CapacityRequestPolicy {
-                            default: Some(Quantity("1".into())),
-                            valid_range: Some(range),
-                            valid_values: None,
-                        }),
-                    },
-                )])),
-                ..Default::default()
-            }]),
+        let devices = probe(ResourceSliceSpec {
+            devices: Some(vec![
+                Device {
+                    name: "probe-shared".into(),
+                    allow_multiple_allocations: Some(true),
+                    capacity: Some(BTreeMap::from([(
+                        "probe".to_string(),
+                        DeviceCapacity {
+                            value: Quantity("2".into()),
+                            request_policy: Some(CapacityRequestPolicy {
+                                default: Some(Quantity("1".into())),
+                                valid_range: Some(range),
+                                valid_values: None,
+                            }),
+                        },
+                    )])),
+                    ..Default::default()
+                },
+                Device {
+                    name: "probe-tainted".into(),
+                    taints: Some(vec![DeviceTaint {
+                        key: crate::device_health::policy::TAINT_KEY.into(),
+                        value: Some("probe".into()),
+                        effect: "NoSchedule".into(),
+                        time_added: None,
+                    }]),
+                    ..Default::default()
+                },
+            ]),
             ..Default::default()
         });
         let stored = self
             .slices
-            .create(&dry, &shared)
+            .create(&dry, &devices)
             .await
             .map_err(api("dry-run create probe slice"))?;
-        let consumable_capacity = stored
-            .spec
-            .devices
-            .as_ref()
-            .and_then(|d| d.first())
+        let stored_device = |name: &str| {
+            stored
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .find(|d| d.name == name)
+        };
+        let consumable_capacity = stored_device("probe-shared")
             .is_some_and(|d| d.allow_multiple_allocations == Some(true));
-        let taints = probe(ResourceSliceSpec {
-            devices: Some(vec![Device {
-                name: "probe".into(),
-                taints: Some(vec![DeviceTaint {
-                    key: crate::device_health::policy::TAINT_KEY.into(),
-                    value: Some("probe".into()),
-                    effect: "NoSchedule".into(),
-                    time_added: None,
-                }]),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        });
-        let stored = self
-            .slices
-            .create(&dry, &taints)
-            .await
-            .map_err(api("dry-run create probe slice"))?;
-        let device_taints = stored
-            .spec
-            .devices
-            .as_ref()
-            .and_then(|d| d.first())
+        let device_taints = stored_device("probe-tainted")
             .is_some_and(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
         if !partitionable {
             info!(
@@ -389,8 +394,27 @@ impl Publisher {
             .list(&ListParams::default().fields(&self.field_selector()))
             .await
             .map_err(api("list resourceslices"))?;
-        let existing: Vec<ResourceSlice> = list
-            .items
+        self.apply(desired, list.items).await
+    }
+
+    /// [`Publisher::sync`] against `listed`, the node's slices of this driver as just
+    /// listed (`run`'s first sync uses its watch's initial list: one LIST, not two).
+    async fn sync_listed(
+        &mut self,
+        desired: &[ResourceSlice],
+        listed: Vec<ResourceSlice>,
+    ) -> Result<SyncReport, PublishError> {
+        self.prevalidate(desired)?;
+        self.apply(desired, listed).await
+    }
+
+    /// Writes what makes the listed pool equal to `desired` (validated).
+    async fn apply(
+        &mut self,
+        desired: &[ResourceSlice],
+        listed: Vec<ResourceSlice>,
+    ) -> Result<SyncReport, PublishError> {
+        let existing: Vec<ResourceSlice> = listed
             .into_iter()
             .filter(|s| s.spec.pool.name == self.node)
             .collect();
@@ -448,7 +472,10 @@ impl Publisher {
                 ..Default::default()
             };
             match self.slices.delete(&name, &dp).await {
-                Ok(_) => report.deleted += 1,
+                Ok(_) => {
+                    self.echoes.deleted(s);
+                    report.deleted += 1;
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(api("delete resourceslice")(e)),
             }
@@ -462,6 +489,7 @@ impl Publisher {
                 .replace(&name, &PostParams::default(), &obj)
                 .await
                 .map_err(api("update resourceslice"))?;
+            self.echoes.stored(&stored);
             self.written.insert(i, (obj.spec, stored.spec));
             report.updated += 1;
         }
@@ -472,6 +500,7 @@ impl Publisher {
                 .create(&PostParams::default(), &obj)
                 .await
                 .map_err(api("create resourceslice"))?;
+            self.echoes.stored(&stored);
             self.written.insert(i, (obj.spec, stored.spec));
             report.created += 1;
         }
@@ -487,18 +516,45 @@ impl Publisher {
     }
 
     /// Keeps the pool published until `shutdown` resolves: syncs whenever the desired
-    /// pool changes or our slices change on the server (for example the kubelet wiping
-    /// them at its start), retrying failures with a capped backoff. Leaves the slices in
-    /// place at shutdown (the kubelet wipes them when the driver is gone).
+    /// pool changes or somebody else changes our slices on the server (for example the
+    /// kubelet wiping them at its start), retrying failures with a capped backoff. Our
+    /// own writes coming back through the watch cause no sync ([`echoes`]). Leaves the
+    /// slices in place at shutdown (the kubelet wipes them when the driver is gone).
     pub async fn run(
         mut self,
         mut desired: watch::Receiver<Vec<ResourceSlice>>,
         debounce: Duration,
         shutdown: impl Future<Output = ()>,
     ) {
-        let cfg = watcher::Config::default().fields(&self.field_selector());
+        // One unpaginated list: with a limit, the API server serves each page from
+        // etcd rather than its watch cache (at 1,000 nodes starting at once, etcd ran
+        // out of memory).
+        let mut cfg = watcher::Config::default().fields(&self.field_selector());
+        cfg.page_size = None;
         let mut events = watcher(self.slices.clone(), cfg).default_backoff().boxed();
         tokio::pin!(shutdown);
+        // The first sync works from the watch's initial list instead of a LIST of its own.
+        let mut listed: Option<Vec<ResourceSlice>> = None;
+        let mut initial = Vec::new();
+        while listed.is_none() {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                ev = events.next() => match ev {
+                    Some(Ok(watcher::Event::Init)) => initial.clear(),
+                    Some(Ok(watcher::Event::InitApply(s))) => initial.push(s),
+                    Some(Ok(watcher::Event::InitDone)) => listed = Some(std::mem::take(&mut initial)),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        // The watcher retries with its own backoff.
+                        warn!(error = %e, "listing our ResourceSlices failed");
+                        if let Some(h) = &self.health {
+                            h.set_published(Err(format!("listing our ResourceSlices failed: {e}")));
+                        }
+                    }
+                    None => return,
+                }
+            }
+        }
         let mut backoff = Duration::from_millis(200);
         let mut reported_drops: Option<Vec<String>> = None;
         loop {
@@ -513,7 +569,10 @@ impl Publisher {
                     Err(e) => warn!(error = %e, "dry-run probe for dropped fields failed"),
                 }
             }
-            let result = self.sync(&want).await;
+            let result = match listed.take() {
+                Some(l) => self.sync_listed(&want, l).await,
+                None => self.sync(&want).await,
+            };
             if let Some(h) = &self.health {
                 h.set_published(result.as_ref().map(drop).map_err(|e| e.to_string()));
             }
@@ -541,13 +600,22 @@ impl Publisher {
                         reported_drops = None;
                         break;
                     }
-                    ev = events.next() => match ev {
-                        Some(Ok(watcher::Event::Delete(_) | watcher::Event::Apply(_) | watcher::Event::InitDone)) => {
+                    ev = events.next() => {
+                        let theirs = match ev {
+                            Some(Ok(watcher::Event::Apply(s))) => !self.echoes.is_own_write(&s),
+                            Some(Ok(watcher::Event::Delete(s))) => !self.echoes.is_own_delete(&s),
+                            Some(Ok(watcher::Event::InitDone)) => {
+                                // A relist: echoes of earlier writes may never come.
+                                self.echoes.forget();
+                                true
+                            }
+                            Some(_) => false,
+                            None => return,
+                        };
+                        if theirs {
                             tokio::time::sleep(debounce).await;
                             break;
                         }
-                        Some(_) => {}
-                        None => return,
                     }
                 }
             }

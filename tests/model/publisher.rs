@@ -357,3 +357,71 @@ async fn publisher_refuses_an_invalid_pool_without_writing() {
     assert!(err.contains("productName"), "{err}");
     assert_eq!(api.write_count(), 0);
 }
+
+/// A plugin's whole start-up from scratch, as `tessera plugin` makes it, costs exactly
+/// these requests: at 1,000 nodes starting at once every extra one is a thousand.
+/// The dropped-field check dry-runs one slice per gate the pool uses, the first sync
+/// works from the watch's own list, and our writes coming back through the watch cause
+/// no further LIST.
+#[tokio::test]
+async fn publishing_from_scratch_costs_these_calls() {
+    let version = KubeVersion::NEWEST;
+    let api = server(version).await;
+    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+        .await
+        .unwrap();
+    let features = p.probe_features().await.unwrap();
+    let model = default_model();
+    let desired = model.pool(DRIVER, NODE, version, features);
+    assert_eq!(
+        desired.len(),
+        2,
+        "a MIG-mode GPU's counters have a slice of their own"
+    );
+    let uuids: Vec<String> = model
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    assert!(p.conflicts(&uuids).await.unwrap().is_empty());
+    let (_tx, rx) = tokio::sync::watch::channel(desired);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(rx, Duration::from_millis(20), async {
+        let _ = stop_rx.await;
+    }));
+    wait_for_slices(&api, 2).await;
+    // Long enough for the echoes of both creates to come back and, were they taken for
+    // somebody else's change, for the resync they would cause (20 ms debounce).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut calls = std::collections::BTreeMap::<String, usize>::new();
+    for r in api.requests() {
+        let what = match (&r.name, r.dry_run) {
+            _ if r.path == "/version" => "get /version".to_string(),
+            (_, true) => format!("{} {} (dry run)", r.verb, r.resource),
+            (Some(_), _) if r.verb == "get" => format!("get {}/<name>", r.resource),
+            _ => format!("{} {}", r.verb, r.resource),
+        };
+        *calls.entry(what).or_default() += 1;
+    }
+    let want: std::collections::BTreeMap<String, usize> = [
+        ("get /version", 1),
+        ("get nodes/<name>", 1),
+        // Two feature probes, then one slice per gate the pool uses (here one gate,
+        // DRAPartitionableDevices, in both slices).
+        ("create resourceslices (dry run)", 3),
+        // The conflict check (every driver on the node), and the watch's list.
+        ("list resourceslices", 2),
+        ("watch resourceslices", 1),
+        ("create resourceslices", 2),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(calls, want, "{:#?}", api.requests());
+}

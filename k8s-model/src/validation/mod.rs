@@ -31,5 +31,5 @@ pub use slice::{SliceLimits, validate_resource_slice};
 pub use strategy::{
     DroppedField, drop_disabled_claim_fields, drop_disabled_claim_fields_on_update,
     drop_disabled_fields, drop_disabled_fields_on_update, dropped_fields,
-    dropped_fields_with_gates,
+    dropped_fields_with_gates, gates_used,
 };

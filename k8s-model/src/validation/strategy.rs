@@ -96,6 +96,27 @@ fn slice_features(slice: &ResourceSlice) -> SliceFeatures {
     f
 }
 
+/// The feature gates whose fields `slice` sets, each once, in a fixed order. On create
+/// the API server drops a gate's fields from every object or from none, so one dry run
+/// of a slice per gate tells what it keeps of a whole pool.
+pub fn gates_used(slice: &ResourceSlice) -> Vec<&'static str> {
+    let f = slice_features(slice);
+    [
+        (f.partitionable, PARTITIONABLE),
+        (f.taints, TAINTS),
+        (f.binding, BINDING),
+        (f.consumable, CONSUMABLE),
+        (f.lists, LISTS),
+        (f.node_allocatable, NODE_ALLOCATABLE),
+        (f.partition_type, PARTITION_TYPE),
+        (f.skip_ops, SKIP_OPS),
+        (f.compat_groups, COMPAT_GROUPS),
+    ]
+    .into_iter()
+    .filter_map(|(used, gate)| used.then_some(gate))
+    .collect()
+}
+
 fn has_list(a: &DeviceAttribute) -> bool {
     a.bools.is_some() || a.ints.is_some() || a.strings.is_some() || a.versions.is_some()
 }

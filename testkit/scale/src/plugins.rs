@@ -1,8 +1,8 @@
 //! The nodes' plugins, as far as the API server sees them: for each node, Tessera's own
 //! start-up sequence against the API (`tessera::publish::Publisher`: the server's
 //! version and the Node, the feature probes, the conflict check, the pool built from
-//! the node model) and then its publisher loop (`Publisher::run`: sync, and a watch of
-//! the node's own slices), each with its own pool, generation and API calls. One
+//! the node model) and then its publisher loop (`Publisher::run`: a watch of the node's
+//! own slices, whose initial list the first sync uses), each with its own pool, generation and API calls. One
 //! process drives them all over one client; each has its own `Health`, whose
 //! "published" state is the plugin's readiness.
 
