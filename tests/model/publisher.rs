@@ -367,7 +367,7 @@ async fn publisher_refuses_an_invalid_pool_without_writing() {
 async fn publishing_from_scratch_costs_these_calls() {
     let version = KubeVersion::NEWEST;
     let api = server(version).await;
-    let mut p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
+    let p = Publisher::new(api.client().unwrap(), DRIVER, NODE)
         .await
         .unwrap();
     let features = p.probe_features().await.unwrap();

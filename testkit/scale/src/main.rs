@@ -507,17 +507,7 @@ async fn main() -> Result<()> {
             .find(|p| p.node.contains(NodeKind::H100Shared.label()))
             .map(|p| scheduling::shares_per_gpu(&p.pool))
             .unwrap_or(0);
-        schedule(
-            &cluster,
-            &fleet_nodes,
-            shares,
-            args.fill,
-            &args.fill_only,
-            args.plain_pods,
-            args.sample,
-            limit,
-        )
-        .await?;
+        schedule(&cluster, &fleet_nodes, shares, &args, limit).await?;
     }
 
     let _ = hb_stop.send(true);
@@ -861,12 +851,11 @@ async fn schedule(
     cluster: &Cluster,
     nodes: &[SimNode],
     shares_per_gpu: u64,
-    fill: f64,
-    fill_only: &[String],
-    plain: Option<usize>,
-    sample_size: usize,
+    args: &Args,
     limit: Duration,
 ) -> Result<()> {
+    let (fill, fill_only, plain, sample_size) =
+        (args.fill, &args.fill_only, args.plain_pods, args.sample);
     scheduling::prepare(&cluster.admin).await?;
     let mut plan = scheduling::plan(nodes, shares_per_gpu, fill);
     let flag = |k: PodKind| match k {
