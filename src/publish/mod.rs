@@ -160,9 +160,17 @@ impl Publisher {
         &self,
         uuids: &[String],
     ) -> Result<Vec<crate::publish::conflicts::Conflict>, PublishError> {
+        // From the API server's watch cache (resourceVersion 0): a start-up check needs
+        // no consistent read, and a consistent read that the cache cannot serve in time
+        // goes to etcd, which reads every node's slices to filter ours (at 1,000 plugins
+        // starting at once, etcd grew past 10 GB).
         let all = self
             .slices
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
+            .list(
+                &ListParams::default()
+                    .fields(&format!("spec.nodeName={}", self.node))
+                    .match_any(),
+            )
             .await
             .map_err(api("list resourceslices"))?;
         let mut out: Vec<_> = self.device_plugin.iter().cloned().collect();
@@ -526,10 +534,16 @@ impl Publisher {
         debounce: Duration,
         shutdown: impl Future<Output = ()>,
     ) {
-        // One unpaginated list: with a limit, the API server serves each page from
-        // etcd rather than its watch cache (at 1,000 nodes starting at once, etcd ran
-        // out of memory).
-        let mut cfg = watcher::Config::default().fields(&self.field_selector());
+        // One unpaginated list from the watch cache (resourceVersion 0), as client-go's
+        // informers list and as the Go kubelet-plugin helper's publisher works from. A
+        // paginated or consistent list that the cache cannot serve in time goes to etcd,
+        // which reads every node's slices to filter ours: at 1,000 plugins starting at
+        // once, etcd ran out of memory. A cached list may be a moment old; the watch
+        // starts from its resourceVersion, so whatever it missed comes as somebody
+        // else's change and causes a sync with a consistent LIST.
+        let mut cfg = watcher::Config::default()
+            .fields(&self.field_selector())
+            .any_semantic();
         cfg.page_size = None;
         let mut events = watcher(self.slices.clone(), cfg).default_backoff().boxed();
         tokio::pin!(shutdown);

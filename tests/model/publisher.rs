@@ -424,4 +424,16 @@ async fn publishing_from_scratch_costs_these_calls() {
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     assert_eq!(calls, want, "{:#?}", api.requests());
+    // Both LISTs come from the API server's watch cache: a consistent read it cannot
+    // serve in time goes to etcd, which reads every node's slices to filter ours.
+    for r in api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "resourceslices")
+    {
+        assert!(
+            r.query.contains("resourceVersion=0"),
+            "an uncached LIST: {r:?}"
+        );
+    }
 }
