@@ -29,6 +29,9 @@ e2e_step "scenario workloads" python3 "$here/scenario-workloads.py" "$DIR"
 e2e_step "scenario rules" python3 "$here/scenario-rules.py" "$DIR"
 e2e_step "scenario workload claims" python3 "$here/scenario-workload-claims.py" "$DIR"
 e2e_step "scenario plan agreement" "$here/scenario-plan-agreement.sh" "$DIR"
+# Every LIST and WATCH the real plugin made (publisher, watchdog, claim GETs, doctor)
+# scoped to its node, from the API server's audit log of its ServiceAccount (#44).
+e2e_step "the plugin's API calls, each scoped to its node" python3 "$here/scale/api-calls.py" "$DIR"
 # TESSERA_E2E_BENCH=quick|full: the pod start-up benchmark too (tests/real_cluster.rs
 # asks for the quick mode on the newest release, so that it cannot rot).
 case ${TESSERA_E2E_BENCH:-} in
