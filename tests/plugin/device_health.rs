@@ -179,7 +179,7 @@ async fn without_taints_the_unhealthy_gpu_is_left_out() {
     };
     let tainted = build_pool_with_health(&with_taint_params, &inv, &gpus, &BTreeMap::new(), &sick);
     let dropped = p.detect_dropped_fields(&tainted).await.unwrap();
-    assert_eq!(dropped, ["spec.devices[2].taints"]);
+    assert_eq!(dropped, ["slice 0: spec.devices[2].taints"]);
 }
 
 /// The taints of every stored device named `name`.
