@@ -497,7 +497,11 @@ impl Publisher {
                 .replace(&name, &PostParams::default(), &obj)
                 .await
                 .map_err(api("update resourceslice"))?;
-            self.echoes.stored(&stored);
+            // A replace the server found to change nothing keeps the resourceVersion
+            // and sends no event: nothing to wait for.
+            if stored.metadata.resource_version != obj.metadata.resource_version {
+                self.echoes.stored(&stored);
+            }
             self.written.insert(i, (obj.spec, stored.spec));
             report.updated += 1;
         }
@@ -584,7 +588,15 @@ impl Publisher {
                 }
             }
             let result = match listed.take() {
-                Some(l) => self.sync_listed(&want, l).await,
+                Some(l) => match self.sync_listed(&want, l).await {
+                    // The cached list was a moment old and a write met a newer object:
+                    // sync again at once from a consistent LIST, not after a backoff.
+                    Err(PublishError::Api {
+                        source: kube::Error::Api(e),
+                        ..
+                    }) if e.code == 409 => self.sync(&want).await,
+                    r => r,
+                },
                 None => self.sync(&want).await,
             };
             if let Some(h) = &self.health {
