@@ -545,10 +545,20 @@ async fn plugin_requests_stay_within_its_cluster_role() {
         .await;
     harness::wait_until("slices", || !h.api.resource_slices().is_empty()).await;
     let name = h.api.resource_slices()[0].metadata.name.clone().unwrap();
+    let count = h.api.resource_slices().len();
     // The test's own calls so far are not the plugin's.
     h.api.clear_requests();
     h.api.delete_resource_slice(&name);
-    harness::wait_until("republish", || !h.api.resource_slices().is_empty()).await;
+    // Republished: the pool whole again, the deleted slice replaced by a new one (the
+    // pool may have other slices, so "not empty" would not wait).
+    harness::wait_until("republish", || {
+        let now = h.api.resource_slices();
+        now.len() == count
+            && now
+                .iter()
+                .all(|s| s.metadata.name.as_deref() != Some(&name))
+    })
+    .await;
     k.prepare_v1(std::slice::from_ref(&c)).await.unwrap();
     k.unprepare_v1(std::slice::from_ref(&c)).await.unwrap();
     let state = std::sync::Arc::new(
